@@ -1,0 +1,111 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/google/uuid"
+	"github.com/riverqueue/river"
+)
+
+// plannedJob is one River job a round will insert.
+type plannedJob struct {
+	sub   *subscription
+	event int // index in the batch of the event the job carries
+	args  river.JobArgs
+	opts  *river.InsertOpts
+	// covers lists the batch indexes of the events whose fanout names this
+	// job: the event itself, plus, for a coalescing subscriber, the earlier
+	// events of the same subject.
+	covers []int
+}
+
+// roundPlan is what a round will do with its batch.
+type roundPlan struct {
+	jobs   []plannedJob
+	failed []error // per batch index: why the event cannot go out now
+}
+
+// plan matches every event of batch (ordered by seq) against the
+// subscribers, maps it to jobs, and coalesces where subscribers opted in.
+//
+// Mapping comes first, for every match: an event whose mapping fails for any
+// subscriber is left out of the round entirely (a row is fanned out whole or
+// not at all), and so can neither carry nor be folded into a coalesced job.
+func (r *Relay) plan(ctx context.Context, batch []claimedRow) roundPlan {
+	type mapped struct {
+		sub  *subscription
+		args river.JobArgs
+		opts *river.InsertOpts
+	}
+	p := roundPlan{failed: make([]error, len(batch))}
+	perEvent := make([][]mapped, len(batch))
+	for i, c := range batch {
+		for _, sub := range r.subs {
+			if !sub.matches(c.Type) {
+				continue
+			}
+			args, opts, err := sub.jobFor(ctx, c.Event)
+			if err != nil {
+				p.failed[i] = err
+				break
+			}
+			if args != nil {
+				perEvent[i] = append(perEvent[i], mapped{sub, args, opts})
+			}
+		}
+	}
+
+	// For coalescing subscribers: (subscriber, subject) -> index in p.jobs.
+	type key struct {
+		sub     *subscription
+		subject string
+	}
+	latest := map[key]int{}
+	for i, ms := range perEvent {
+		if p.failed[i] != nil {
+			continue
+		}
+		for _, m := range ms {
+			if !m.sub.Coalesce || batch[i].Subject == "" {
+				p.jobs = append(p.jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, covers: []int{i}})
+				continue
+			}
+			k := key{m.sub, batch[i].Subject}
+			if j, ok := latest[k]; ok {
+				// Batches are in seq order: this event is the later one.
+				job := &p.jobs[j]
+				job.event, job.args, job.opts = i, m.args, m.opts
+				job.covers = append(job.covers, i)
+				continue
+			}
+			latest[k] = len(p.jobs)
+			p.jobs = append(p.jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, covers: []int{i}})
+		}
+	}
+	return p
+}
+
+// insertOpts returns the job's insert options with the relay's metadata added
+// ("events_subscriber" and "events_event_id"), so the job can be traced to
+// its subscriber and event, in River UI or SQL. The caller's opts are copied,
+// never modified.
+func (j *plannedJob) insertOpts(eventID uuid.UUID) *river.InsertOpts {
+	var opts river.InsertOpts
+	if j.opts != nil {
+		opts = *j.opts
+	}
+	if len(opts.Metadata) == 0 {
+		opts.Metadata = []byte(`{"events_subscriber":"` + j.sub.Name + `","events_event_id":"` + eventID.String() + `"}`)
+		return &opts
+	}
+	var md map[string]any
+	if err := json.Unmarshal(opts.Metadata, &md); err != nil || md == nil {
+		// Not an object: River will refuse it and the row is retried alone.
+		return &opts
+	}
+	md["events_subscriber"] = j.sub.Name
+	md["events_event_id"] = eventID.String()
+	opts.Metadata, _ = json.Marshal(md)
+	return &opts
+}

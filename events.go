@@ -1,0 +1,79 @@
+package events
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Event is a fact the host application recorded: something happened to a
+// subject. It is what subscribers receive.
+type Event struct {
+	// ID identifies the event. [Record] assigns it (a UUIDv7); leave it zero.
+	ID uuid.UUID `json:"id"`
+
+	// Seq orders events by when they were inserted. It is assigned by the
+	// database; commit order may differ, which is why the relay never treats
+	// it as a cursor.
+	Seq int64 `json:"seq"`
+
+	// Type names what happened, as dot-separated segments of ASCII letters,
+	// digits, '_' and '-', for example "corpus.note.changed". Subscribers
+	// select events by type with glob patterns (see [Subscriber.Types]).
+	// Required; at most [MaxTypeLength] bytes.
+	Type string `json:"type"`
+
+	// Subject names what it happened to, for example "note:42". Coalescing
+	// subscribers keep one event per subject and batch. Optional (an event
+	// with no subject is never coalesced); at most [MaxSubjectLength] bytes of
+	// valid UTF-8.
+	Subject string `json:"subject,omitempty"`
+
+	// Payload is a JSON document with the event's data. Empty means {}.
+	// At most [MaxPayloadBytes] bytes.
+	Payload json.RawMessage `json:"payload"`
+
+	// CreatedAt is when the event was inserted (the database's now() of the
+	// recording transaction).
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Limits enforced by [Record] and [RecordMany].
+const (
+	MaxTypeLength    = 255
+	MaxSubjectLength = 255
+	MaxPayloadBytes  = 1 << 20 // 1 MiB
+)
+
+// Notification channels. Record and table triggers notify ChannelEvents in the
+// writing transaction, so relays wake when it commits; relays notify
+// ChannelFanned with the IDs of the events they fanned out.
+const (
+	ChannelEvents = "standmeet_events"
+	ChannelFanned = "standmeet_events_fanned"
+)
+
+// tableName is the outbox table, unqualified.
+const tableName = "outbox_events"
+
+var schemaRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
+
+func validateSchema(schema string) error {
+	if schema != "" && (len(schema) > 63 || !schemaRE.MatchString(schema)) {
+		return fmt.Errorf("%w: Schema %q: must be at most 63 letters, digits and underscores, starting with a letter or underscore", ErrInvalidConfig, schema)
+	}
+	return nil
+}
+
+// qualify returns the quoted name of a library table in schema, or the bare
+// name when schema is empty (the search_path decides).
+func qualify(schema, name string) string {
+	if schema == "" {
+		return name
+	}
+	return pgx.Identifier{schema, name}.Sanitize()
+}

@@ -1,0 +1,300 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+)
+
+// relaySQL holds the relay's statements for one schema.
+type relaySQL struct {
+	claimBatch, claimOne, claimDue string
+	nextRetry, stamp, charge       string
+}
+
+const claimColumns = "seq, id, type, subject, payload, created_at, attempts"
+
+func newRelaySQL(schema string) relaySQL {
+	t := qualify(schema, tableName)
+	pending := "fanned_out_at IS NULL AND poisoned_at IS NULL"
+	return relaySQL{
+		// Never "seq > cursor": a row whose transaction commits late has a
+		// lower seq than rows already fanned out, and must still be found.
+		// Rows that failed before wait for their retry time in claimDue.
+		claimBatch: "SELECT " + claimColumns + " FROM " + t + " WHERE " + pending +
+			" AND attempts = 0 ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
+		claimOne: "SELECT " + claimColumns + " FROM " + t + " WHERE " + pending +
+			" AND seq = $1 FOR UPDATE SKIP LOCKED",
+		claimDue: "SELECT " + claimColumns + " FROM " + t + " WHERE " + pending +
+			" AND attempts > 0 AND next_attempt_at <= now() ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED",
+		nextRetry: "SELECT extract(epoch FROM min(next_attempt_at) - now()) FROM " + t + " WHERE " + pending +
+			" AND attempts > 0",
+		stamp: "UPDATE " + t + " AS e SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL" +
+			" FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout) WHERE e.seq = u.seq",
+		charge: "UPDATE " + t + " SET attempts = attempts + 1, last_error = $2, next_attempt_at = now() + $3::interval," +
+			" poisoned_at = CASE WHEN attempts + 1 >= $4 THEN now() END" +
+			" WHERE seq = $1 AND " + pending + " RETURNING poisoned_at IS NOT NULL",
+	}
+}
+
+// claimedRow is an event a round holds locked.
+type claimedRow struct {
+	Event
+	attempts int
+}
+
+// roundError is a failed round. rowFault says whether the failure belongs to
+// the claimed rows (bad data), as opposed to the database or the network.
+type roundError struct {
+	err      error
+	rowFault bool
+}
+
+func (e *roundError) Error() string { return e.err.Error() }
+func (e *roundError) Unwrap() error { return e.err }
+
+// rowFailure is an event whose fan-out failed on its own.
+type rowFailure struct {
+	row claimedRow
+	err error
+}
+
+// round claims rows with claimSQL and fans them out, all in one transaction.
+// It returns the seqs it claimed, also on failure, so the caller can retry
+// them one by one.
+func (r *Relay) round(ctx context.Context, claimSQL string, arg int64) (claimed []int64, err error) {
+	var poisoned []rowFailure
+	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, claimSQL, arg)
+		if err != nil {
+			return err
+		}
+		batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
+			var c claimedRow
+			err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts)
+			return c, err
+		})
+		if err != nil {
+			return err
+		}
+		for _, c := range batch {
+			claimed = append(claimed, c.Seq)
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		poisoned, err = r.fanOut(ctx, tx, batch)
+		if err != nil {
+			return &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
+		}
+		return nil
+	})
+	if err != nil {
+		return claimed, err
+	}
+	for _, p := range poisoned {
+		r.alert(ctx, p.row.Event, p.err)
+	}
+	return claimed, nil
+}
+
+// fanOut inserts the jobs of a claimed batch and stamps it, inside tx. Events
+// whose subscriber mapping fails are charged a failed attempt in the same
+// transaction and left unstamped; the others go ahead. It returns the events
+// this call poisoned.
+func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, batch []claimedRow) ([]rowFailure, error) {
+	p := r.plan(ctx, batch)
+	var results []*rivertype.JobInsertResult
+	if len(p.jobs) > 0 {
+		params := make([]river.InsertManyParams, len(p.jobs))
+		for i, j := range p.jobs {
+			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].ID)}
+		}
+		var err error
+		if results, err = r.client.InsertManyTx(ctx, tx, params); err != nil {
+			return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
+		}
+		if len(results) != len(params) {
+			return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(results))
+		}
+	}
+	if r.hooks.afterInsert != nil {
+		r.hooks.afterInsert(ctx, tx)
+	}
+
+	// fanout per event: subscriber name -> job ID, in subscriber order.
+	fanout := make([][]fanoutEntry, len(batch))
+	for i, j := range p.jobs {
+		for _, ev := range j.covers {
+			fanout[ev] = append(fanout[ev], fanoutEntry{j.sub.Name, results[i].Job.ID})
+		}
+	}
+	var (
+		seqs    = make([]int64, 0, len(batch))
+		docs    = make([]string, 0, len(batch))
+		ids     = make([]uuid.UUID, 0, len(batch))
+		sendBuf pgx.Batch
+	)
+	for i, c := range batch {
+		if p.failed[i] != nil {
+			continue
+		}
+		seqs = append(seqs, c.Seq)
+		docs = append(docs, encodeFanout(fanout[i]))
+		ids = append(ids, c.ID)
+	}
+	if len(seqs) > 0 {
+		sendBuf.Queue(r.sql.stamp, seqs, docs)
+	}
+	// Delivered at commit, and only if it commits.
+	for _, payload := range notifyPayloads(ids) {
+		sendBuf.Queue("SELECT pg_notify($1, $2)", ChannelFanned, payload)
+	}
+	var failures []rowFailure
+	for i, c := range batch {
+		if p.failed[i] != nil {
+			failures = append(failures, rowFailure{row: c, err: p.failed[i]})
+		}
+	}
+	poisonedAt := r.queueCharges(&sendBuf, failures)
+	if err := tx.SendBatch(ctx, &sendBuf).Close(); err != nil {
+		return nil, fmt.Errorf("stamping %d events: %w", len(seqs), err)
+	}
+	return poisonedAt(), nil
+}
+
+type fanoutEntry struct {
+	subscriber string
+	jobID      int64
+}
+
+// encodeFanout writes {"name":jobID,…}. Subscriber names are restricted to
+// characters that need no JSON escaping.
+func encodeFanout(entries []fanoutEntry) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		b.WriteString(e.subscriber)
+		b.WriteString(`":`)
+		b.WriteString(strconv.FormatInt(e.jobID, 10))
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// maxNotifyIDs keeps a notification payload (IDs joined by commas) under
+// PostgreSQL's 8000-byte limit: 200 × 37 - 1 = 7399 bytes.
+const maxNotifyIDs = 200
+
+// notifyPayloads splits ids into comma-separated notification payloads.
+func notifyPayloads(ids []uuid.UUID) []string {
+	var out []string
+	for len(ids) > 0 {
+		n := min(len(ids), maxNotifyIDs)
+		var b strings.Builder
+		b.Grow(n * 37)
+		for i, id := range ids[:n] {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(id.String())
+		}
+		out = append(out, b.String())
+		ids = ids[n:]
+	}
+	return out
+}
+
+// rowByRow retries the given rows one per transaction, after a failed batch.
+// A row that fails on its own is charged a failed attempt; a failure of the
+// database stops the pass (the rows stay pending, and nothing is charged).
+func (r *Relay) rowByRow(ctx context.Context, seqs []int64) error {
+	for _, seq := range seqs {
+		if r.stopping() || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := r.single(ctx, r.sql.claimOne, seq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// retryDue fans out, one per transaction, the failed events whose retry time
+// has come.
+func (r *Relay) retryDue(ctx context.Context) error {
+	for !r.stopping() && ctx.Err() == nil {
+		seq, err := r.singleClaimed(ctx, r.sql.claimDue, 1)
+		if err != nil {
+			return err
+		}
+		if seq == 0 {
+			return nil
+		}
+	}
+	return nil
+}
+
+func (r *Relay) single(ctx context.Context, claimSQL string, arg int64) error {
+	_, err := r.singleClaimed(ctx, claimSQL, arg)
+	return err
+}
+
+// singleClaimed runs a one-row round and charges the row if it failed on its
+// own. It returns the claimed seq (0 for none) and any error that is not the
+// row's fault.
+func (r *Relay) singleClaimed(ctx context.Context, claimSQL string, arg int64) (int64, error) {
+	claimed, err := r.round(ctx, claimSQL, arg)
+	if len(claimed) == 0 {
+		return 0, err
+	}
+	var re *roundError
+	if err == nil || !errors.As(err, &re) || !re.rowFault {
+		return claimed[0], err
+	}
+	// The row's own transaction is gone; record the failure in a new one.
+	row, err2 := r.loadRow(ctx, claimed[0])
+	if err2 != nil {
+		return claimed[0], err2
+	}
+	var b pgx.Batch
+	poisoned := r.queueCharges(&b, []rowFailure{{row: row, err: re.err}})
+	if err2 := r.pool.SendBatch(ctx, &b).Close(); err2 != nil {
+		return claimed[0], err2
+	}
+	for _, p := range poisoned() {
+		r.alert(ctx, p.row.Event, p.err)
+	}
+	return claimed[0], nil
+}
+
+func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
+	var c claimedRow
+	err := r.pool.QueryRow(ctx, "SELECT "+claimColumns+" FROM "+qualify(r.client.Schema(), tableName)+" WHERE seq = $1", seq).
+		Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts)
+	return c, err
+}
+
+// nextRetryIn reports how long until the earliest failed event is due.
+func (r *Relay) nextRetryIn(ctx context.Context) (time.Duration, bool, error) {
+	var secs *float64
+	if err := r.pool.QueryRow(ctx, r.sql.nextRetry).Scan(&secs); err != nil {
+		return 0, false, err
+	}
+	if secs == nil {
+		return 0, false, nil
+	}
+	return time.Duration(*secs * float64(time.Second)), true, nil
+}

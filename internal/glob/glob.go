@@ -1,0 +1,96 @@
+// Package glob matches dot-separated event types against subscription
+// patterns.
+//
+// A pattern is a dot-separated list of segments. A literal segment matches
+// the same segment exactly; "*" matches exactly one segment; "**" matches
+// zero or more segments. Wildcards stand only as whole segments: "note*" is
+// not a pattern.
+//
+//	corpus.note.*   matches corpus.note.changed, not corpus.note or corpus.note.a.b
+//	supplier.**     matches supplier, supplier.connected, supplier.a.b
+//	**.deleted      matches deleted, note.deleted, corpus.note.deleted
+//	**              matches everything
+package glob
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Pattern is a compiled glob.
+type Pattern struct {
+	raw      string
+	segments []string
+}
+
+// Compile parses a pattern, rejecting empty segments and partial wildcards.
+func Compile(pattern string) (Pattern, error) {
+	if pattern == "" {
+		return Pattern{}, errors.New("empty pattern")
+	}
+	segs := strings.Split(pattern, ".")
+	for i, s := range segs {
+		switch {
+		case s == "":
+			return Pattern{}, fmt.Errorf("pattern %q: empty segment %d", pattern, i+1)
+		case s == "*" || s == "**":
+		case strings.Contains(s, "*"):
+			return Pattern{}, fmt.Errorf("pattern %q: segment %q: a wildcard must be a whole segment (* or **)", pattern, s)
+		case !ValidSegment(s):
+			return Pattern{}, fmt.Errorf("pattern %q: segment %q: only letters, digits, '_' and '-' are allowed", pattern, s)
+		}
+	}
+	return Pattern{raw: pattern, segments: segs}, nil
+}
+
+// String returns the pattern as written.
+func (p Pattern) String() string { return p.raw }
+
+// Match reports whether the dot-separated type t matches the pattern.
+func (p Pattern) Match(t string) bool {
+	return match(p.segments, strings.Split(t, "."))
+}
+
+func match(pat, segs []string) bool {
+	for len(pat) > 0 {
+		switch pat[0] {
+		case "**":
+			rest := pat[1:]
+			if len(rest) == 0 {
+				return true
+			}
+			for i := 0; i <= len(segs); i++ {
+				if match(rest, segs[i:]) {
+					return true
+				}
+			}
+			return false
+		case "*":
+			if len(segs) == 0 {
+				return false
+			}
+		default:
+			if len(segs) == 0 || segs[0] != pat[0] {
+				return false
+			}
+		}
+		pat, segs = pat[1:], segs[1:]
+	}
+	return len(segs) == 0
+}
+
+// ValidSegment reports whether s is a non-empty run of ASCII letters, digits,
+// '_' and '-': the alphabet of event type segments.
+func ValidSegment(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,59 @@
+package glob
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestMatch(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		pattern string
+		typ     string
+		want    bool
+	}{
+		{"corpus.note.changed", "corpus.note.changed", true},
+		{"corpus.note.changed", "corpus.note.created", false},
+		{"corpus.note.changed", "corpus.note", false},
+		{"corpus.note.changed", "corpus.note.changed.x", false},
+		{"corpus.note.*", "corpus.note.changed", true},
+		{"corpus.note.*", "corpus.note", false},
+		{"corpus.note.*", "corpus.note.a.b", false},
+		{"corpus.*.changed", "corpus.note.changed", true},
+		{"corpus.*.changed", "corpus.note.deleted", false},
+		{"*", "supplier", true},
+		{"*", "supplier.connected", false},
+		{"supplier.**", "supplier", true},
+		{"supplier.**", "supplier.connected", true},
+		{"supplier.**", "supplier.a.b.c", true},
+		{"supplier.**", "suppliers.connected", false},
+		{"supplier.**", "corpus.supplier", false},
+		{"**", "a", true},
+		{"**", "a.b.c", true},
+		{"**.deleted", "deleted", true},
+		{"**.deleted", "corpus.note.deleted", true},
+		{"**.deleted", "corpus.note.deleted.not", false},
+		{"a.**.z", "a.z", true},
+		{"a.**.z", "a.b.c.z", true},
+		{"a.**.z", "a.b.c", false},
+		{"a.**.*", "a", false},
+		{"a.**.*", "a.b", true},
+		{"Note", "note", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.pattern+"~"+tt.typ, func(t *testing.T) {
+			p, err := Compile(tt.pattern)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, p.Match(tt.typ))
+		})
+	}
+}
+
+func TestCompileRejects(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{"", ".", "a.", ".a", "a..b", "note*", "a.*b", "***", "a b", "a.ü", "a/b"} {
+		_, err := Compile(bad)
+		require.Error(t, err, "pattern %q", bad)
+	}
+}

@@ -1,0 +1,271 @@
+// Package pgtest starts throwaway PostgreSQL clusters from the server binaries
+// installed on the machine. The quickstart example and the test harness both
+// use it, so "a throwaway PostgreSQL" means the same thing everywhere.
+//
+// It never uses the network beyond the loopback interface and never downloads
+// anything: it needs initdb and postgres on PATH or under
+// /usr/lib/postgresql/*/bin (Debian's postgresql package).
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNoBinaries is returned by Start when no PostgreSQL server binaries can be
+// found.
+var ErrNoBinaries = errors.New("pgtest: no PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin; install them (Debian: apt-get install postgresql) or set TEST_DATABASE_URL")
+
+// Cluster is a running throwaway PostgreSQL cluster. It lives in a temporary
+// directory that Close removes.
+type Cluster struct {
+	binDir  string
+	dir     string
+	dataDir string
+	sockDir string
+	port    int
+	cred    *syscall.Credential
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	logFile *os.File
+}
+
+// FindBinDir returns the directory that holds initdb and postgres: PATH first,
+// then the newest /usr/lib/postgresql/*/bin.
+func FindBinDir() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	sort.Slice(matches, func(i, j int) bool { return versionOf(matches[i]) > versionOf(matches[j]) })
+	for _, m := range matches {
+		dir := filepath.Dir(m)
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", ErrNoBinaries
+}
+
+func versionOf(initdbPath string) float64 {
+	// /usr/lib/postgresql/<version>/bin/initdb
+	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(filepath.Dir(initdbPath))), 64)
+	return v
+}
+
+// Start initialises a cluster in a new temporary directory and starts it on a
+// free loopback port, with durability switched off (this data is thrown away).
+// When the process runs as root, initdb and postgres run as the "postgres"
+// user, because PostgreSQL refuses to run as root.
+func Start(ctx context.Context) (*Cluster, error) {
+	binDir, err := FindBinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "standmeet-events-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	c := &Cluster{
+		binDir:  binDir,
+		dir:     dir,
+		dataDir: filepath.Join(dir, "data"),
+		sockDir: filepath.Join(dir, "sock"),
+	}
+	if err := c.init(ctx); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	// A port picked as free can be taken before postgres binds it: try a few.
+	for attempt := 0; ; attempt++ {
+		if c.port, err = freePort(); err != nil {
+			break
+		}
+		if err = c.Start(ctx); err == nil {
+			return c, nil
+		}
+		if attempt == 4 || ctx.Err() != nil {
+			break
+		}
+	}
+	c.Close()
+	return nil, err
+}
+
+func (c *Cluster) init(ctx context.Context) error {
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return fmt.Errorf("pgtest: running as root, and PostgreSQL refuses root, but there is no postgres user to run it as: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	if err := os.MkdirAll(c.sockDir, 0o700); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	if c.cred != nil {
+		for _, d := range []string{c.dir, c.sockDir} {
+			if err := os.Chown(d, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+				return fmt.Errorf("pgtest: %w", err)
+			}
+		}
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, "initdb"),
+		"-D", c.dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Start starts the server (again) on its data directory and port and waits
+// until it accepts connections. Together with Stop it lets tests restart the
+// database under a running application.
+func (c *Cluster) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd != nil {
+		return errors.New("pgtest: cluster already running")
+	}
+	logFile, err := os.OpenFile(filepath.Join(c.dir, "postgres.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	cmd := exec.Command(filepath.Join(c.binDir, "postgres"),
+		"-D", c.dataDir,
+		"-p", strconv.Itoa(c.port),
+		"-k", c.sockDir,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "fsync=off",
+		"-c", "synchronous_commit=off",
+		"-c", "full_page_writes=off",
+		"-c", "max_connections=500",
+		"-c", "shared_buffers=256MB",
+		"-c", "max_wal_size=2GB",
+	)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	// Pdeathsig is tied to the OS thread that forks, so the fork happens on a
+	// locked thread that stays alive for as long as the server does: a test
+	// binary that dies takes its server with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGKILL}
+	started := make(chan error, 1)
+	exited := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			close(exited)
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		logFile.Close()
+		return fmt.Errorf("pgtest: starting postgres: %w", err)
+	}
+	c.cmd, c.exited, c.logFile = cmd, exited, logFile
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		if err == nil {
+			conn.Close(ctx)
+			return nil
+		}
+		select {
+		case <-exited:
+			c.cmd = nil
+			logFile.Close()
+			return fmt.Errorf("pgtest: postgres exited at start-up; log:\n%s", c.logTail())
+		case <-ctx.Done():
+			c.stopLocked()
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			c.stopLocked()
+			return fmt.Errorf("pgtest: postgres did not accept connections within 60s: %w; log:\n%s", err, c.logTail())
+		}
+	}
+}
+
+// Stop shuts the server down (fast mode: open connections are terminated, as
+// in a real restart) and waits for it to exit. Stopping a stopped cluster does
+// nothing.
+func (c *Cluster) Stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopLocked()
+}
+
+func (c *Cluster) stopLocked() {
+	if c.cmd == nil {
+		return
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-c.exited:
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	}
+	c.logFile.Close()
+	c.cmd = nil
+}
+
+// Close stops the server and removes its directory.
+func (c *Cluster) Close() {
+	c.Stop()
+	os.RemoveAll(c.dir)
+}
+
+// URL returns a connection URL for the named database, as the postgres
+// superuser over TCP on the loopback interface.
+func (c *Cluster) URL(database string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, database)
+}
+
+func (c *Cluster) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, "postgres.log"))
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,243 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/standmeet/events/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	code := testdb.Main(m, func(ctx context.Context, pool *pgxpool.Pool) error {
+		return Migrate(ctx, pool, nil)
+	})
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// testBundle is what a relay test works with.
+type testBundle struct {
+	url    string
+	pool   *pgxpool.Pool
+	client *river.Client[pgx.Tx]
+	relay  *Relay
+	idle   chan struct{} // receives each time the relay goes idle
+}
+
+// setupOpts shapes setup; the zero value is an insert-only River client.
+type setupOpts struct {
+	config *Config
+	url    string // an existing database (another "process"); default: a new one
+	// work makes the River client work jobs (handler subscribers, the sweep).
+	work         bool
+	periodicJobs []*river.PeriodicJob
+	workers      func(*river.Workers)
+	retryPolicy  river.ClientRetryPolicy
+}
+
+// setup builds a relay with subs on its own database (or opts.url), a River
+// client and a pool; it does not start the relay. Everything stops when t ends.
+func setup(t *testing.T, opts setupOpts, subs ...Subscriber) *testBundle {
+	t.Helper()
+	b := &testBundle{url: opts.url, idle: make(chan struct{}, 1)}
+	if b.url == "" {
+		b.url = testdb.URL(t)
+	}
+	b.pool = testdb.Pool(t, b.url)
+	cfg := opts.config
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	relay, err := NewRelay(b.pool, cfg)
+	require.NoError(t, err)
+	relay.hooks.idle = func() {
+		select {
+		case b.idle <- struct{}{}:
+		default:
+		}
+	}
+	for _, s := range subs {
+		require.NoError(t, relay.Subscribe(s))
+	}
+	riverCfg := &river.Config{PeriodicJobs: opts.periodicJobs, Logger: quietLogger(), RetryPolicy: opts.retryPolicy}
+	if opts.work {
+		workers := river.NewWorkers()
+		require.NoError(t, relay.AddWorkers(workers))
+		river.AddWorker(workers, river.WorkFunc(func(context.Context, *river.Job[testArgs]) error { return nil }))
+		if opts.workers != nil {
+			opts.workers(workers)
+		}
+		riverCfg.Workers = workers
+		riverCfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}}
+		riverCfg.FetchPollInterval = 50 * time.Millisecond
+		riverCfg.FetchCooldown = 10 * time.Millisecond
+	}
+	b.client, err = river.NewClient(riverpgxv5.New(b.pool), riverCfg)
+	require.NoError(t, err)
+	if opts.work {
+		require.NoError(t, b.client.Start(context.Background()))
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, b.client.Stop(ctx))
+		})
+	}
+	b.relay = relay
+	return b
+}
+
+// start starts the relay and stops it when t ends.
+func (b *testBundle) start(t *testing.T) {
+	t.Helper()
+	require.NoError(t, b.relay.Start(context.Background(), b.client))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, b.relay.Stop(ctx))
+	})
+}
+
+// waitIdle waits until the relay has nothing left to do and waits for work.
+func (b *testBundle) waitIdle(t *testing.T) {
+	t.Helper()
+	select {
+	case <-b.idle:
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay never went idle")
+	}
+}
+
+// record records es in one committed transaction.
+func (b *testBundle) record(t *testing.T, es ...Event) []Event {
+	t.Helper()
+	var out []Event
+	require.NoError(t, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = RecordMany(context.Background(), tx, es)
+		return err
+	}))
+	return out
+}
+
+// eventRow is an outbox row as tests see it.
+type eventRow struct {
+	Event
+	FannedOut bool
+	Fanout    map[string]int64
+	Attempts  int
+	LastError *string
+	Poisoned  bool
+}
+
+func loadRows(t *testing.T, pool *pgxpool.Pool) map[uuid.UUID]eventRow {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT seq, id, type, subject, payload, created_at,
+		fanned_out_at IS NOT NULL, fanout, attempts, last_error, poisoned_at IS NOT NULL FROM outbox_events`)
+	require.NoError(t, err)
+	out := map[uuid.UUID]eventRow{}
+	for rows.Next() {
+		var r eventRow
+		require.NoError(t, rows.Scan(&r.Seq, &r.ID, &r.Type, &r.Subject, &r.Payload, &r.CreatedAt,
+			&r.FannedOut, &r.Fanout, &r.Attempts, &r.LastError, &r.Poisoned))
+		out[r.ID] = r
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// jobRow is a River job as tests see it.
+type jobRow struct {
+	ID         int64
+	Kind       string
+	Subscriber string
+	EventID    uuid.UUID
+	Args       []byte
+}
+
+func loadJobs(t *testing.T, pool *pgxpool.Pool) map[int64]jobRow {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT id, kind, coalesce(metadata->>'events_subscriber', ''),
+		coalesce(metadata->>'events_event_id', '00000000-0000-0000-0000-000000000000'), args FROM river_job
+		WHERE kind <> 'events.relay_sweep'`)
+	require.NoError(t, err)
+	out := map[int64]jobRow{}
+	for rows.Next() {
+		var j jobRow
+		var eventID string
+		require.NoError(t, rows.Scan(&j.ID, &j.Kind, &j.Subscriber, &eventID, &j.Args))
+		j.EventID = uuid.MustParse(eventID)
+		out[j.ID] = j
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// waitFannedOut waits until every event in the database is fanned out or
+// poisoned.
+func waitFannedOut(t *testing.T, pool *pgxpool.Pool, timeout time.Duration) {
+	t.Helper()
+	var pending int
+	require.Eventually(t, func() bool {
+		err := pool.QueryRow(context.Background(),
+			"SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL AND poisoned_at IS NULL").Scan(&pending)
+		return err == nil && pending == 0
+	}, timeout, 10*time.Millisecond, "events still pending")
+}
+
+// testArgs is a host's own job args for Map subscribers.
+type testArgs struct {
+	EventID uuid.UUID `json:"event_id"`
+	Subject string    `json:"subject"`
+}
+
+func (testArgs) Kind() string { return "test.job" }
+
+// mapSub is a Map subscriber that maps every event to testArgs.
+func mapSub(name string, coalesce bool, types ...string) Subscriber {
+	return Subscriber{Name: name, Types: types, Coalesce: coalesce,
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			return testArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
+		}}
+}
+
+// counter is a concurrency-safe tally for hooks and handlers.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) add(k string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[k]++
+	return c.n[k]
+}
+
+func (c *counter) get(k string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[k]
+}

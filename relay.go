@@ -1,0 +1,349 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/standmeet/events/internal/backoff"
+	"github.com/standmeet/events/internal/listener"
+)
+
+// Config configures a [Relay]. The zero value works; every field documents
+// its default.
+type Config struct {
+	// BatchSize is the most rows one round claims, and so the size of its
+	// transaction. Defaults to 200.
+	BatchSize int
+
+	// MaxAttempts is how many times fanning out one event may fail before the
+	// event is poisoned: set aside, never claimed again until [Requeue].
+	// Defaults to 5.
+	MaxAttempts int
+
+	// RetryBackoff is the pause after the first failure, of a round or of one
+	// event; it doubles with every further failure, up to MaxRetryBackoff.
+	// Defaults to 2 seconds.
+	RetryBackoff time.Duration
+
+	// MaxRetryBackoff caps RetryBackoff's doubling. Defaults to 1 minute.
+	MaxRetryBackoff time.Duration
+
+	// ReconnectBackoff is the first pause before re-establishing a lost
+	// listening connection; it doubles up to MaxReconnectBackoff. Defaults to
+	// 250 milliseconds.
+	ReconnectBackoff time.Duration
+
+	// MaxReconnectBackoff caps ReconnectBackoff's doubling. Defaults to 10
+	// seconds.
+	MaxReconnectBackoff time.Duration
+
+	// OnPoison is called once for every event this relay poisons, with the
+	// event and the error of its last attempt, after the poisoning committed.
+	// An error-level log record is written too. Defaults to nil (log only).
+	OnPoison func(ctx context.Context, e Event, err error)
+
+	// Logger receives the relay's logs. Defaults to warnings and errors on
+	// standard error.
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	if out.BatchSize == 0 {
+		out.BatchSize = 200
+	}
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = 5
+	}
+	if out.RetryBackoff == 0 {
+		out.RetryBackoff = 2 * time.Second
+	}
+	if out.MaxRetryBackoff == 0 {
+		out.MaxRetryBackoff = time.Minute
+	}
+	if out.ReconnectBackoff == 0 {
+		out.ReconnectBackoff = 250 * time.Millisecond
+	}
+	if out.MaxReconnectBackoff == 0 {
+		out.MaxReconnectBackoff = 10 * time.Second
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.BatchSize < 1 || c.BatchSize > 10_000:
+		return fmt.Errorf("%w: BatchSize %d: must be between 1 and 10000", ErrInvalidConfig, c.BatchSize)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("%w: MaxAttempts %d: must be at least 1", ErrInvalidConfig, c.MaxAttempts)
+	case c.RetryBackoff < 0 || c.MaxRetryBackoff < c.RetryBackoff:
+		return fmt.Errorf("%w: RetryBackoff %v and MaxRetryBackoff %v: need 0 < RetryBackoff <= MaxRetryBackoff", ErrInvalidConfig, c.RetryBackoff, c.MaxRetryBackoff)
+	case c.ReconnectBackoff < 0 || c.MaxReconnectBackoff < c.ReconnectBackoff:
+		return fmt.Errorf("%w: ReconnectBackoff %v and MaxReconnectBackoff %v: need 0 < ReconnectBackoff <= MaxReconnectBackoff", ErrInvalidConfig, c.ReconnectBackoff, c.MaxReconnectBackoff)
+	}
+	return nil
+}
+
+// Relay turns committed events into River jobs, one per matching subscriber,
+// exactly once. Run one in every process that should share the work: relays
+// claim rows with FOR UPDATE SKIP LOCKED, so they never fan out a row twice and
+// need no leader.
+type Relay struct {
+	pool   *pgxpool.Pool
+	config Config
+	logger *slog.Logger
+	hooks  testHooks
+
+	mu      sync.RWMutex
+	subs    []*subscription
+	byName  map[string]*subscription
+	running bool
+
+	// Set by Start, for one run.
+	client *river.Client[pgx.Tx]
+	sql    relaySQL
+	wake   chan struct{}
+	stopCh chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	stopMu sync.Mutex
+}
+
+// testHooks let tests in this package observe and steer the relay.
+type testHooks struct {
+	// afterInsert runs inside a round's transaction, after the jobs were
+	// inserted and before the rows are stamped.
+	afterInsert func(ctx context.Context, tx pgx.Tx)
+	// pause replaces the relay's backoff pauses; it reports whether to go on.
+	pause func(ctx context.Context, d time.Duration) bool
+	// idle runs each time the relay has nothing to do and starts waiting.
+	idle func()
+}
+
+// NewRelay returns a relay that reads events through pool. Register
+// subscribers with [Relay.Subscribe] and their workers with
+// [Relay.AddWorkers], build the River client, then call [Relay.Start].
+// A nil config means the defaults.
+func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	if config == nil {
+		config = &Config{}
+	}
+	cfg := config.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{pool: pool, config: cfg, logger: cfg.Logger, byName: map[string]*subscription{}}, nil
+}
+
+// Subscribe registers a subscriber. Call it before [Relay.Start]; names are
+// unique. The error wraps [ErrInvalidSubscriber] and names the field.
+func (r *Relay) Subscribe(s Subscriber) error {
+	sub, err := newSubscription(s)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running {
+		return fmt.Errorf("%w: subscribe %q before Start", ErrStarted, s.Name)
+	}
+	if _, dup := r.byName[s.Name]; dup {
+		return fmt.Errorf("%w: %q: Name is already registered", ErrInvalidSubscriber, s.Name)
+	}
+	r.subs = append(r.subs, sub)
+	r.byName[s.Name] = sub
+	return nil
+}
+
+func (r *Relay) subscription(name string) *subscription {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.byName[name]
+}
+
+// Start starts the relay: a listener for [ChannelEvents] on a dedicated
+// connection and the loop that claims and fans out events, inserting jobs
+// through client. The library's tables are looked for in client's schema.
+// Start returns once both are running; the first round starts at once.
+//
+// Cancelling ctx stops the relay abruptly (a round in flight rolls back);
+// [Relay.Stop] stops it gracefully.
+func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
+	if client == nil {
+		return fmt.Errorf("%w: River client is nil", ErrInvalidConfig)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running {
+		return ErrStarted
+	}
+	r.client = client
+	r.sql = newRelaySQL(client.Schema())
+	r.wake = make(chan struct{}, 1)
+	r.stopCh = make(chan struct{})
+	r.done = make(chan struct{})
+	runCtx, cancel := context.WithCancel(ctx)
+	r.cancel = cancel
+	r.running = true
+
+	l := &listener.Listener{
+		ConnConfig:   r.pool.Config().ConnConfig,
+		Channels:     []string{ChannelEvents},
+		OnNotify:     func(string, string) { r.poke() },
+		OnConnect:    r.poke, // notifications sent while away are lost: look now
+		Logger:       r.logger,
+		ReconnectMin: r.config.ReconnectBackoff,
+		ReconnectMax: r.config.MaxReconnectBackoff,
+		Sleep:        listener.SleepContext,
+	}
+	listenerDone := make(chan struct{})
+	go func() {
+		defer close(listenerDone)
+		l.Run(runCtx)
+	}()
+	go func() {
+		defer close(r.done)
+		r.loop(runCtx)
+		cancel() // ends the listener
+		<-listenerDone
+	}()
+	return nil
+}
+
+// Stop stops the relay gracefully: the round in flight commits or rolls back,
+// the listener closes, and no goroutine of the relay is left when Stop
+// returns. If ctx ends first, the round in flight is cancelled (it rolls
+// back), Stop still waits for the goroutines, and returns ctx's error.
+// Stop is safe before Start and safe to call twice.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.stopMu.Lock()
+	defer r.stopMu.Unlock()
+	r.mu.RLock()
+	running := r.running
+	r.mu.RUnlock()
+	if !running {
+		return nil
+	}
+	close(r.stopCh)
+	var err error
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		r.cancel()
+		<-r.done
+	}
+	r.cancel()
+	r.mu.Lock()
+	r.running = false
+	r.mu.Unlock()
+	return err
+}
+
+// poke wakes the loop; a pending wake-up is enough, so extra ones are dropped.
+func (r *Relay) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Relay) stopping() bool {
+	select {
+	case <-r.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// loop runs rounds until stopped: straight on after a full batch, otherwise
+// waiting for a notification or for the next failed event's retry time.
+func (r *Relay) loop(ctx context.Context) {
+	failures := 0
+	fail := func(err error) bool {
+		failures++
+		d := backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
+		r.logger.WarnContext(ctx, "events: relay round failed; backing off",
+			slog.String("err", err.Error()), slog.Int("failures", failures), slog.Duration("pause", d))
+		return r.pause(ctx, d)
+	}
+	for !r.stopping() && ctx.Err() == nil {
+		claimed, err := r.round(ctx, r.sql.claimBatch, int64(r.config.BatchSize))
+		if err != nil {
+			if ctx.Err() != nil || !fail(err) {
+				return
+			}
+			// One bad row must not hold back the rest: retry the batch
+			// row by row, so the bad one is found and charged alone.
+			if err := r.rowByRow(ctx, claimed); err != nil && ctx.Err() == nil {
+				r.logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
+			}
+			continue
+		}
+		failures = 0
+		if len(claimed) == r.config.BatchSize {
+			continue
+		}
+		if err := r.retryDue(ctx); err != nil {
+			if ctx.Err() != nil || !fail(err) {
+				return
+			}
+			continue
+		}
+		r.wait(ctx)
+	}
+}
+
+// pause sleeps d unless the relay stops first; it reports whether to go on.
+func (r *Relay) pause(ctx context.Context, d time.Duration) bool {
+	if r.hooks.pause != nil {
+		return r.hooks.pause(ctx, d) && !r.stopping()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.stopCh:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// wait blocks until a notification, the next retry of a failed event, or a
+// stop.
+func (r *Relay) wait(ctx context.Context) {
+	var timer <-chan time.Time
+	if d, ok, err := r.nextRetryIn(ctx); err != nil {
+		r.logger.WarnContext(ctx, "events: reading the next retry time", slog.String("err", err.Error()))
+	} else if ok {
+		t := time.NewTimer(max(d, time.Millisecond))
+		defer t.Stop()
+		timer = t.C
+	}
+	if r.hooks.idle != nil {
+		r.hooks.idle()
+	}
+	select {
+	case <-r.wake:
+	case <-timer:
+	case <-r.stopCh:
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,114 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+
+	"github.com/riverqueue/river"
+
+	"github.com/standmeet/events/internal/glob"
+)
+
+// Subscriber is something that wants River jobs for events of some types.
+// Register it with [Relay.Subscribe]. Exactly one of Map and Handle is set.
+type Subscriber struct {
+	// Name identifies the subscriber. It is the key under which an event's
+	// fanout records the subscriber's job, so keep it stable across releases.
+	// 1 to 64 characters: lowercase ASCII letters, digits, '_', '-' and '.'.
+	Name string
+
+	// Types selects events by type, with glob patterns on dot-separated
+	// segments: a literal segment matches itself, "*" matches exactly one
+	// segment and "**" matches zero or more. For example "corpus.note.*"
+	// matches corpus.note.changed, and "supplier.**" matches supplier,
+	// supplier.connected and supplier.a.b. At least one pattern.
+	Types []string
+
+	// Coalesce asks for one job per subject per relay batch, for the latest
+	// event of that subject (the highest Seq); the fanout of every earlier
+	// event of that subject in the batch names the same job. Fit for
+	// subscribers that re-read current state (a search index); not for ones
+	// where every event is a fact to deliver (webhooks, e-mail). Events with
+	// an empty Subject are never coalesced.
+	Coalesce bool
+
+	// Map turns an event into the host's own River job. The host registers
+	// the worker for the returned args as usual. Returning nil args skips the
+	// event for this subscriber (no job, no fanout entry). Returned opts may be
+	// nil; they are copied, never modified.
+	//
+	// Map is called inside the relay's transaction for every matching event,
+	// including ones a coalescing subscriber then folds, so keep it a cheap,
+	// pure function of the event. An error or a panic counts as a failed
+	// attempt for that event alone (see [Config.MaxAttempts]).
+	Map func(ctx context.Context, e Event) (river.JobArgs, *river.InsertOpts, error)
+
+	// Handle is called with the full event from a River job of kind
+	// [HandleArgs.Kind], worked by the worker that [Relay.AddWorkers]
+	// registers. An error is retried by River's retry policy, like any job.
+	Handle func(ctx context.Context, e Event) error
+
+	// InsertOpts are the River insert options of a Handle subscriber's jobs
+	// (queue, priority, max attempts, …). Ignored for Map subscribers. Nil
+	// means River's defaults.
+	InsertOpts *river.InsertOpts
+}
+
+var subscriberNameRE = regexp.MustCompile(`^[a-z0-9_.-]{1,64}$`)
+
+// subscription is a validated Subscriber.
+type subscription struct {
+	Subscriber
+	patterns []glob.Pattern
+}
+
+func newSubscription(s Subscriber) (*subscription, error) {
+	bad := func(field, msg string, args ...any) error {
+		return fmt.Errorf("%w: %q: %s %s", ErrInvalidSubscriber, s.Name, field, fmt.Sprintf(msg, args...))
+	}
+	if !subscriberNameRE.MatchString(s.Name) {
+		return nil, bad("Name", "must be 1 to 64 characters of a-z, 0-9, '_', '-' and '.'")
+	}
+	if len(s.Types) == 0 {
+		return nil, bad("Types", "is empty; give at least one pattern, such as \"**\" for every event")
+	}
+	if (s.Map == nil) == (s.Handle == nil) {
+		return nil, bad("Map/Handle", "exactly one must be set")
+	}
+	sub := &subscription{Subscriber: s}
+	for _, t := range s.Types {
+		p, err := glob.Compile(t)
+		if err != nil {
+			return nil, bad("Types", "%v", err)
+		}
+		sub.patterns = append(sub.patterns, p)
+	}
+	return sub, nil
+}
+
+func (s *subscription) matches(eventType string) bool {
+	for _, p := range s.patterns {
+		if p.Match(eventType) {
+			return true
+		}
+	}
+	return false
+}
+
+// jobFor maps e to the subscriber's job, turning a panic into an error.
+func (s *subscription) jobFor(ctx context.Context, e Event) (args river.JobArgs, opts *river.InsertOpts, err error) {
+	if s.Handle != nil {
+		return HandleArgs{Subscriber: s.Name, Event: e}, s.InsertOpts, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			args, opts, err = nil, nil, fmt.Errorf("subscriber %q: Map panicked: %v", s.Name, p)
+		}
+	}()
+	args, opts, err = s.Map(ctx, e)
+	if err != nil {
+		return nil, nil, fmt.Errorf("subscriber %q: Map: %w", s.Name, err)
+	}
+	return args, opts, nil
+}

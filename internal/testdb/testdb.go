@@ -236,3 +236,18 @@ func NewCluster(t testing.TB) *Cluster {
 	}
 	return &Cluster{Cluster: c, URL: c.URL("events")}
 }
+
+// EmptyURL creates an empty database (not migrated) for t and returns its
+// URL; it is dropped when t ends.
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	if err := setup(); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("%s_e%d", template, counter.Add(1))
+	if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("testdb: creating %s: %v", name, err)
+	}
+	t.Cleanup(func() { dropDatabase(name) })
+	return WithDatabase(adminURL, name)
+}

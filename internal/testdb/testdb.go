@@ -142,16 +142,27 @@ func New(t testing.TB) *pgxpool.Pool {
 // URL; the database is dropped when t ends.
 func URL(t testing.TB) string {
 	t.Helper()
-	if err := setup(); err != nil {
+	url, drop, err := NewDatabase()
+	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	return url
+}
+
+// NewDatabase creates a database from the migrated template, for code that
+// has no testing.TB (runnable examples). drop removes it; whatever is not
+// dropped goes when the test binary's server does.
+func NewDatabase() (url string, drop func(), err error) {
+	if err := setup(); err != nil {
+		return "", nil, err
 	}
 	name := fmt.Sprintf("%s_t%d", template, counter.Add(1))
 	if _, err := admin.Exec(context.Background(),
 		"CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{template}.Sanitize()); err != nil {
-		t.Fatalf("testdb: creating %s: %v", name, err)
+		return "", nil, fmt.Errorf("testdb: creating %s: %w", name, err)
 	}
-	t.Cleanup(func() { dropDatabase(name) })
-	return WithDatabase(adminURL, name)
+	return WithDatabase(adminURL, name), func() { dropDatabase(name) }, nil
 }
 
 func newPool(t testing.TB, dbURL string) *pgxpool.Pool {

@@ -1,0 +1,56 @@
+// Package events is a transactional outbox for Go services on PostgreSQL
+// that turns every committed event into River jobs, one per matching
+// subscriber, exactly once.
+//
+// # Recording
+//
+// A service records events inside its own pgx write transaction with
+// [Record] (or [RecordMany] for many in one round trip). The event commits or
+// vanishes with the write it describes: nothing is visible to a relay before
+// commit, and a rollback leaves no trace.
+//
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if _, err := tx.Exec(ctx, "UPDATE notes SET title = $2 WHERE id = $1", id, title); err != nil {
+//			return err
+//		}
+//		_, err := events.Record(ctx, tx, events.Event{Type: "note.changed", Subject: "note:42"})
+//		return err
+//	})
+//
+// # Relaying
+//
+// A [Relay] runs in every process. Each round claims up to [Config.BatchSize]
+// rows that are not yet fanned out, with FOR UPDATE SKIP LOCKED (never a
+// sequence cursor, which loses events whose transactions commit out of
+// order), inserts one River job per matching [Subscriber] with a single
+// InsertManyTx, and stamps the rows' fanned_out_at and fanout (subscriber name
+// to River job ID) in the same transaction. Relays need no leader: a row
+// claimed by one is skipped by the others. A crash mid-round rolls back the
+// jobs and the stamps together, and the rows are claimed again.
+//
+// Relays wake on the notification [Record] sends; [SweepJob] is a periodic
+// River job that pokes them once a minute in case a notification was lost.
+//
+// # Subscribers
+//
+// A subscriber selects events by type with glob patterns ("note.*",
+// "supplier.**") and either maps each event to the host's own River job args
+// ([Subscriber.Map]) or handles the event in a job worked by the library's
+// worker ([Subscriber.Handle], registered by [Relay.AddWorkers]). A subscriber
+// may coalesce: one job per subject per batch, for the latest event.
+//
+// # Guarantees
+//
+// Fan-out happens exactly once per committed event; processing happens at
+// least once (River may run a job again after a crash, so handlers must be
+// idempotent). No order is promised between events: several relays work in
+// parallel and River runs jobs concurrently.
+//
+// # Failures
+//
+// An event whose fan-out fails on its own (its mapping errors or panics,
+// River refuses its job) is retried alone with backoff and, after
+// [Config.MaxAttempts] failures, poisoned: set aside and reported through
+// [Config.OnPoison], never blocking the others. Failures of the database are
+// never counted against an event.
+package events

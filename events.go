@@ -1,6 +1,7 @@
 package events
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Event is a fact the host application recorded: something happened to a
@@ -56,6 +58,24 @@ const (
 	ChannelEvents = "standmeet_events"
 	ChannelFanned = "standmeet_events_fanned"
 )
+
+// Outbox is the library's tables in one schema. The package-level functions
+// ([Record], [Requeue], …) use the zero Outbox: the tables on the
+// connection's search_path. Use an Outbox with Schema set when [Migrate] was
+// given one.
+type Outbox struct {
+	// Schema holds the library's tables, as given to [MigrateOpts]. Empty
+	// means the connection's search_path.
+	Schema string
+}
+
+// DB is what the read and requeue functions need: a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // tableName is the outbox table, unqualified.
 const tableName = "outbox_events"

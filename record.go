@@ -22,30 +22,22 @@ import (
 // Invalid input is refused before anything is sent, with an error wrapping
 // [ErrInvalidEvent] that names the field, so tx stays usable.
 //
-// Record uses the tables on the connection's search_path; see [Recorder] for
+// Record uses the tables on the connection's search_path; see [Outbox] for
 // another schema.
 func Record(ctx context.Context, tx pgx.Tx, e Event) (Event, error) {
-	return Recorder{}.Record(ctx, tx, e)
+	return Outbox{}.Record(ctx, tx, e)
 }
 
 // RecordMany is [Record] for many events, in one round trip. Either all are
 // refused or none: validation covers the whole slice before anything is sent.
 // The returned events are in the order given.
 func RecordMany(ctx context.Context, tx pgx.Tx, es []Event) ([]Event, error) {
-	return Recorder{}.RecordMany(ctx, tx, es)
+	return Outbox{}.RecordMany(ctx, tx, es)
 }
 
-// Recorder records events into the library's tables in a given schema. The
-// zero Recorder uses the connection's search_path, like [Record].
-type Recorder struct {
-	// Schema holds the library's tables, as given to [Migrate]. Empty means
-	// the search_path.
-	Schema string
-}
-
-// Record is [Record] for r's schema.
-func (r Recorder) Record(ctx context.Context, tx pgx.Tx, e Event) (Event, error) {
-	if err := validateSchema(r.Schema); err != nil {
+// Record is [Record] in o's schema.
+func (o Outbox) Record(ctx context.Context, tx pgx.Tx, e Event) (Event, error) {
+	if err := validateSchema(o.Schema); err != nil {
 		return Event{}, err
 	}
 	if err := prepare(&e); err != nil {
@@ -54,7 +46,7 @@ func (r Recorder) Record(ctx context.Context, tx pgx.Tx, e Event) (Event, error)
 	// The NOTIFY rides on the same statement: one round trip. Its payload is
 	// constant so PostgreSQL folds a transaction's notifies into one.
 	err := tx.QueryRow(ctx, `WITH ins AS (
-		INSERT INTO `+qualify(r.Schema, tableName)+` (id, type, subject, payload)
+		INSERT INTO `+qualify(o.Schema, tableName)+` (id, type, subject, payload)
 		VALUES ($1, $2, $3, $4::text::jsonb)
 		RETURNING seq, created_at)
 		SELECT seq, created_at, pg_notify('`+ChannelEvents+`', '') FROM ins`,
@@ -65,9 +57,9 @@ func (r Recorder) Record(ctx context.Context, tx pgx.Tx, e Event) (Event, error)
 	return e, nil
 }
 
-// RecordMany is [RecordMany] for r's schema.
-func (r Recorder) RecordMany(ctx context.Context, tx pgx.Tx, es []Event) ([]Event, error) {
-	if err := validateSchema(r.Schema); err != nil {
+// RecordMany is [RecordMany] in o's schema.
+func (o Outbox) RecordMany(ctx context.Context, tx pgx.Tx, es []Event) ([]Event, error) {
+	if err := validateSchema(o.Schema); err != nil {
 		return nil, err
 	}
 	if len(es) == 0 {
@@ -93,7 +85,7 @@ func (r Recorder) RecordMany(ctx context.Context, tx pgx.Tx, es []Event) ([]Even
 	// NOTIFY sits in a materialised CTE so it runs once, not once per row.
 	rows, err := tx.Query(ctx, `WITH notify AS MATERIALIZED (SELECT pg_notify('`+ChannelEvents+`', '')),
 		ins AS (
-			INSERT INTO `+qualify(r.Schema, tableName)+` (id, type, subject, payload)
+			INSERT INTO `+qualify(o.Schema, tableName)+` (id, type, subject, payload)
 			SELECT id, type, subject, payload::jsonb
 			  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS u(id, type, subject, payload)
 			RETURNING id, seq, created_at)

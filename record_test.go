@@ -141,7 +141,7 @@ func TestRecordInASchema(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.New(t)
 	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: "outbox"}))
-	rec := Recorder{Schema: "outbox"}
+	rec := Outbox{Schema: "outbox"}
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := rec.Record(ctx, tx, Event{Type: "a"})
 		return err
@@ -151,7 +151,7 @@ func TestRecordInASchema(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.Empty(t, loadRows(t, pool), "the search_path's table is untouched")
 
-	_, err := Recorder{Schema: `x"; DROP TABLE river_job; --`}.Record(ctx, nil, Event{Type: "a"})
+	_, err := Outbox{Schema: `x"; DROP TABLE river_job; --`}.Record(ctx, nil, Event{Type: "a"})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
 

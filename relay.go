@@ -130,6 +130,11 @@ type testHooks struct {
 	pause func(ctx context.Context, d time.Duration) bool
 	// idle runs each time the relay has nothing to do and starts waiting.
 	idle func()
+	// charged runs for every failed attempt charged to an event, with the
+	// pause before its next attempt.
+	charged func(seq int64, attempt int, next time.Duration)
+	// reconnectPause replaces the listener's pause before reconnecting.
+	reconnectPause func(ctx context.Context, d time.Duration)
 }
 
 // NewRelay returns a relay that reads events through pool. Register
@@ -201,6 +206,10 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	r.cancel = cancel
 	r.running = true
 
+	sleep := listener.SleepContext
+	if r.hooks.reconnectPause != nil {
+		sleep = r.hooks.reconnectPause
+	}
 	l := &listener.Listener{
 		ConnConfig:   r.pool.Config().ConnConfig,
 		Channels:     []string{ChannelEvents},
@@ -209,7 +218,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 		Logger:       r.logger,
 		ReconnectMin: r.config.ReconnectBackoff,
 		ReconnectMax: r.config.MaxReconnectBackoff,
-		Sleep:        listener.SleepContext,
+		Sleep:        sleep,
 	}
 	listenerDone := make(chan struct{})
 	go func() {

@@ -1,0 +1,300 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+)
+
+// In a batch of 50, one event's mapping always fails: the other 49 go out at
+// once, the bad one is poisoned after exactly MaxAttempts attempts with the
+// backoff doubling between them, the alert fires once, and after the cause is
+// fixed Requeue gets it fanned out exactly once.
+func TestOneBadEventIsPoisonedAloneAndRequeued(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var (
+		fixed        atomic.Bool
+		badCalls     atomic.Int32
+		othersAtCall = map[int32]int{}
+		mu           sync.Mutex
+		alerts       []uuid.UUID
+		delays       []time.Duration
+	)
+	var b *testBundle
+	sub := Subscriber{Name: "mailer", Types: []string{"**"},
+		Map: func(ctx context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			if e.Subject == "bad" && !fixed.Load() {
+				n := badCalls.Add(1)
+				var fanned int
+				_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NOT NULL").Scan(&fanned)
+				mu.Lock()
+				othersAtCall[n] = fanned
+				mu.Unlock()
+				return nil, nil, errors.New("template missing")
+			}
+			return testArgs{EventID: e.ID}, nil, nil
+		}}
+	b = setup(t, setupOpts{config: &Config{
+		RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 70 * time.Millisecond,
+		OnPoison: func(_ context.Context, e Event, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			alerts = append(alerts, e.ID)
+			require.ErrorContains(t, err, "template missing")
+		},
+	}}, sub)
+	b.relay.hooks.charged = func(_ int64, _ int, d time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		delays = append(delays, d)
+	}
+	es := make([]Event, 50)
+	for i := range es {
+		es[i] = Event{Type: "order.placed", Subject: fmt.Sprintf("order:%d", i)}
+	}
+	es[17].Subject = "bad"
+	es = b.record(t, es...)
+	bad := es[17]
+	b.start(t)
+
+	require.Eventually(t, func() bool {
+		info, err := Inspect(ctx, b.pool, bad.ID)
+		return err == nil && info.Poisoned()
+	}, 30*time.Second, 5*time.Millisecond)
+	info, err := Inspect(ctx, b.pool, bad.ID)
+	require.NoError(t, err)
+	require.Equal(t, 5, info.Attempts)
+	require.Contains(t, info.LastError, "template missing")
+	require.Nil(t, info.Fanout)
+	require.EqualValues(t, 5, badCalls.Load(), "attempts")
+
+	mu.Lock()
+	require.Equal(t, 49, othersAtCall[2], "the other 49 were fanned out before the bad one's second attempt")
+	require.Equal(t, []time.Duration{20 * time.Millisecond, 40 * time.Millisecond, 70 * time.Millisecond, 70 * time.Millisecond, 70 * time.Millisecond}, delays)
+	require.Equal(t, []uuid.UUID{bad.ID}, alerts)
+	mu.Unlock()
+
+	// Poisoned means set aside: not claimed again.
+	b.waitIdle(t)
+	require.EqualValues(t, 5, badCalls.Load())
+
+	list, err := ListPoisoned(ctx, b.pool, nil)
+	require.NoError(t, err)
+	require.Len(t, list.Events, 1)
+	require.Equal(t, bad.ID, list.Events[0].ID)
+
+	fixed.Store(true)
+	require.NoError(t, Requeue(ctx, b.pool, bad.ID))
+	require.Eventually(t, func() bool {
+		info, err := Inspect(ctx, b.pool, bad.ID)
+		return err == nil && !info.FannedOutAt.IsZero()
+	}, 10*time.Second, 5*time.Millisecond)
+	info, err = Inspect(ctx, b.pool, bad.ID)
+	require.NoError(t, err)
+	require.Zero(t, info.Attempts)
+	require.Empty(t, info.LastError)
+	perEvent := map[uuid.UUID]int{}
+	for _, j := range loadJobs(t, b.pool) {
+		perEvent[j.EventID]++
+	}
+	require.Len(t, perEvent, 50)
+	for id, n := range perEvent {
+		require.Equal(t, 1, n, "jobs for %s", id)
+	}
+	mu.Lock()
+	require.Len(t, alerts, 1, "the alert fires once")
+	mu.Unlock()
+}
+
+func TestMappingThatFailsTwiceThenSucceedsIsNeverPoisoned(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	sub := Subscriber{Name: "flaky", Types: []string{"**"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			if calls.Add(1) <= 2 {
+				return nil, nil, errors.New("downstream config not loaded yet")
+			}
+			return testArgs{EventID: e.ID}, nil, nil
+		}}
+	b := setup(t, setupOpts{config: &Config{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond}}, sub)
+	e := b.record(t, Event{Type: "a"})[0]
+	b.start(t)
+	waitFannedOut(t, b.pool, 10*time.Second)
+	info, err := Inspect(context.Background(), b.pool, e.ID)
+	require.NoError(t, err)
+	require.False(t, info.Poisoned())
+	require.False(t, info.FannedOutAt.IsZero())
+	require.Equal(t, 2, info.Attempts, "the failed attempts stay on record")
+	require.Len(t, info.Fanout, 1)
+	require.EqualValues(t, 3, calls.Load())
+}
+
+// A panic in Map is a failure of that event, not of the relay.
+func TestPanickingMapIsChargedToItsEvent(t *testing.T) {
+	t.Parallel()
+	sub := Subscriber{Name: "panicky", Types: []string{"**"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			if e.Subject == "boom" {
+				panic("nil map")
+			}
+			return testArgs{EventID: e.ID}, nil, nil
+		}}
+	b := setup(t, setupOpts{config: &Config{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}}, sub)
+	es := b.record(t, Event{Type: "a", Subject: "boom"}, Event{Type: "a", Subject: "fine"})
+	b.start(t)
+	waitFannedOut(t, b.pool, 10*time.Second)
+	rows := loadRows(t, b.pool)
+	require.True(t, rows[es[0].ID].Poisoned)
+	require.Contains(t, *rows[es[0].ID].LastError, "panicked: nil map")
+	require.True(t, rows[es[1].ID].FannedOut)
+}
+
+// Failures River or PostgreSQL report for a whole batch cannot be pinned on a
+// row up front: the batch fails, and the row-by-row retry finds the culprits.
+func TestBatchFailuresAreRetriedRowByRow(t *testing.T) {
+	t.Parallel()
+	sub := Subscriber{Name: "hooks", Types: []string{"**"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			switch e.Subject {
+			case "bad-queue": // refused by River before anything is sent
+				return testArgs{EventID: e.ID}, &river.InsertOpts{Queue: "no spaces allowed"}, nil
+			case "bad-args": // refused by PostgreSQL: jsonb cannot hold \u0000
+				return testArgs{EventID: e.ID, Subject: "nul\x00"}, nil, nil
+			}
+			return testArgs{EventID: e.ID}, nil, nil
+		}}
+	var mu sync.Mutex
+	var pauses []time.Duration
+	b := setup(t, setupOpts{config: &Config{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 3}}, sub)
+	b.relay.hooks.pause = func(_ context.Context, d time.Duration) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		pauses = append(pauses, d)
+		return true
+	}
+	es := make([]Event, 20)
+	for i := range es {
+		es[i] = Event{Type: "a", Subject: fmt.Sprintf("ok-%d", i)}
+	}
+	es[3].Subject, es[11].Subject = "bad-queue", "bad-args"
+	es = b.record(t, es...)
+	b.start(t)
+	waitFannedOut(t, b.pool, 20*time.Second)
+	rows := loadRows(t, b.pool)
+	for i, e := range es {
+		r := rows[e.ID]
+		switch i {
+		case 3:
+			require.True(t, r.Poisoned)
+			require.Contains(t, *r.LastError, "queue")
+		case 11:
+			require.True(t, r.Poisoned)
+			require.Contains(t, *r.LastError, "22P05")
+		default:
+			require.True(t, r.FannedOut, "event %d", i)
+			require.Zero(t, r.Attempts, "event %d was charged for another's failure", i)
+		}
+	}
+	require.Len(t, loadJobs(t, b.pool), 18)
+	mu.Lock()
+	require.NotEmpty(t, pauses, "the failed batch was retried after a pause")
+	mu.Unlock()
+}
+
+// A database failure is not a row's fault: rounds back off, doubling up to
+// the cap, and no event is charged. Delays are recorded, not slept.
+func TestRoundBackoffDoublesAndIsCapped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var (
+		mu     sync.Mutex
+		pauses []time.Duration
+	)
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	enough := make(chan struct{})
+	b.relay.hooks.pause = func(_ context.Context, d time.Duration) bool {
+		mu.Lock()
+		pauses = append(pauses, d)
+		n := len(pauses)
+		mu.Unlock()
+		if n == 8 {
+			close(enough)
+		}
+		return n < 8 // then the loop ends; Stop still works
+	}
+	e := b.record(t, Event{Type: "a"})[0]
+	_, err := b.pool.Exec(ctx, "ALTER TABLE outbox_events RENAME TO outbox_events_away")
+	require.NoError(t, err)
+	b.start(t)
+	<-enough
+	mu.Lock()
+	require.Equal(t, []time.Duration{
+		2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+		32 * time.Second, time.Minute, time.Minute, time.Minute,
+	}, pauses[:8])
+	mu.Unlock()
+	_, err = b.pool.Exec(ctx, "ALTER TABLE outbox_events_away RENAME TO outbox_events")
+	require.NoError(t, err)
+	info, err := Inspect(ctx, b.pool, e.ID)
+	require.NoError(t, err)
+	require.Zero(t, info.Attempts)
+}
+
+func TestListPoisonedPagesNewestFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	es := make([]Event, 7)
+	for i := range es {
+		es[i] = Event{Type: "a"}
+	}
+	es = b.record(t, es...)
+	for i, e := range es {
+		_, err := b.pool.Exec(ctx, "UPDATE outbox_events SET poisoned_at = now() - make_interval(mins => $2), attempts = 5, last_error = 'x' WHERE id = $1",
+			e.ID, len(es)-i)
+		require.NoError(t, err)
+	}
+	// The two newest share a poisoning time: the seq breaks the tie.
+	_, err := b.pool.Exec(ctx, "UPDATE outbox_events SET poisoned_at = (SELECT max(poisoned_at) FROM outbox_events) WHERE id = $1", es[5].ID)
+	require.NoError(t, err)
+
+	var got []uuid.UUID
+	params := &ListPoisonedParams{Limit: 3}
+	for {
+		page, err := ListPoisoned(ctx, b.pool, params)
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(page.Events), 3)
+		for _, e := range page.Events {
+			got = append(got, e.ID)
+		}
+		if page.Next == "" {
+			break
+		}
+		params.After = page.Next
+	}
+	want := []uuid.UUID{es[6].ID, es[5].ID, es[4].ID, es[3].ID, es[2].ID, es[1].ID, es[0].ID}
+	require.Equal(t, want, got)
+
+	_, err = ListPoisoned(ctx, b.pool, &ListPoisonedParams{After: "garbage"})
+	require.ErrorContains(t, err, "After")
+}
+
+func TestRequeueRefusesWhatIsNotPoisoned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	e := b.record(t, Event{Type: "a"})[0]
+	require.ErrorIs(t, Requeue(ctx, b.pool, e.ID), ErrNotPoisoned)
+	require.ErrorIs(t, Requeue(ctx, b.pool, uuid.New()), ErrNotFound)
+	_, err := Inspect(ctx, b.pool, uuid.New())
+	require.ErrorIs(t, err, ErrNotFound)
+}

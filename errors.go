@@ -28,6 +28,10 @@ var (
 	// poisoned.
 	ErrNotPoisoned = errors.New("events: event not poisoned")
 
+	// ErrNotRunning is returned by [Awaiter.AwaitFanout] when the awaiter is
+	// not started, or stops during the wait.
+	ErrNotRunning = errors.New("events: not running")
+
 	// ErrStarted is returned when a relay is configured after it started, or
 	// started twice.
 	ErrStarted = errors.New("events: relay already started")

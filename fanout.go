@@ -39,9 +39,12 @@ func newRelaySQL(schema string) relaySQL {
 			" AND attempts > 0",
 		stamp: "UPDATE " + t + " AS e SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL" +
 			" FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout) WHERE e.seq = u.seq",
-		charge: "UPDATE " + t + " SET attempts = attempts + 1, last_error = $2, next_attempt_at = now() + $3::interval," +
+		// A poisoning is announced on ChannelFanned too: receipts waiting
+		// for the event must learn it will not be fanned out.
+		charge: "WITH c AS (UPDATE " + t + " SET attempts = attempts + 1, last_error = $2, next_attempt_at = now() + $3::interval," +
 			" poisoned_at = CASE WHEN attempts + 1 >= $4 THEN now() END" +
-			" WHERE seq = $1 AND " + pending + " RETURNING poisoned_at IS NOT NULL",
+			" WHERE seq = $1 AND " + pending + " RETURNING id, poisoned_at IS NOT NULL AS poisoned)" +
+			" SELECT poisoned, CASE WHEN poisoned THEN pg_notify('" + ChannelFanned + "', id::text) END FROM c",
 	}
 }
 

@@ -35,7 +35,7 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 		}
 		delay := backoff.Delay(f.row.attempts+1, r.config.RetryBackoff, r.config.MaxRetryBackoff)
 		b.Queue(r.sql.charge, f.row.Seq, msg, delay, r.config.MaxAttempts).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&poisoned[i])
+			err := row.Scan(&poisoned[i], nil)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil // fanned out or poisoned meanwhile by another relay
 			}

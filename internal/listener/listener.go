@@ -12,15 +12,20 @@ import (
 	"github.com/standmeet/events/internal/backoff"
 )
 
-// ApplicationName tags listener connections in pg_stat_activity, so an
+// Application names tag listening connections in pg_stat_activity, so an
 // operator (or a test) can find them.
-const ApplicationName = "standmeet_events_listener"
+const (
+	ApplicationName        = "standmeet_events_listener" // a relay's
+	AwaiterApplicationName = "standmeet_events_awaiter"  // an Awaiter's
+)
 
 // Listener is configured by its fields and run by Run.
 type Listener struct {
 	// ConnConfig is copied for every connection attempt.
 	ConnConfig *pgx.ConnConfig
 	Channels   []string
+	// ApplicationName is set on the connection; defaults to ApplicationName.
+	ApplicationName string
 
 	// OnNotify is called, on the Run goroutine, for every notification.
 	OnNotify func(channel, payload string)
@@ -61,6 +66,9 @@ func (l *Listener) session(ctx context.Context, failures *int) error {
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["application_name"] = ApplicationName
+	if l.ApplicationName != "" {
+		cfg.RuntimeParams["application_name"] = l.ApplicationName
+	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err

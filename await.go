@@ -1,0 +1,352 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/standmeet/events/internal/listener"
+)
+
+// Receipt says that an event has become River jobs.
+type Receipt struct {
+	EventID uuid.UUID
+	// Fanout maps each subscriber that got a job to the River job's ID (for a
+	// coalesced event, the job it was folded into). Empty when no subscriber
+	// matched.
+	Fanout map[string]int64
+	// FannedOutAt is when the relay committed the jobs.
+	FannedOutAt time.Time
+}
+
+// AwaiterConfig configures an [Awaiter]. The zero value works.
+type AwaiterConfig struct {
+	// Schema holds the library's tables. Defaults to the connection's
+	// search_path.
+	Schema string
+
+	// NotFoundGrace is how long [Awaiter.AwaitFanout] waits for an ID it
+	// cannot see before returning ErrNotFound. It covers a writer that calls
+	// AwaitFanout while its commit is still on the way; a writer that awaits
+	// after its commit returned never needs it. Defaults to 2 seconds.
+	NotFoundGrace time.Duration
+
+	// ReconnectBackoff and MaxReconnectBackoff bound the pause before
+	// re-establishing a lost listening connection. Default to 250 ms and 10 s.
+	ReconnectBackoff, MaxReconnectBackoff time.Duration
+
+	// Logger receives the awaiter's logs. Defaults to warnings and errors on
+	// standard error.
+	Logger *slog.Logger
+}
+
+// Awaiter gives write receipts: [Awaiter.AwaitFanout] blocks until events
+// have been fanned out by any relay in any process. One Awaiter per process
+// serves any number of concurrent waiters over a single listening
+// connection; it needs no relay in the same process.
+type Awaiter struct {
+	pool   *pgxpool.Pool
+	config AwaiterConfig
+	sql    string
+
+	// reconnectPause replaces the listener's pause before reconnecting
+	// (tests).
+	reconnectPause func(ctx context.Context, d time.Duration)
+
+	mu      sync.Mutex
+	running bool
+	waiters map[uuid.UUID]map[*waiter]struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+type waiter struct {
+	wake    chan struct{}
+	stopped bool // set under Awaiter.mu when the awaiter stops
+}
+
+func (w *waiter) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// NewAwaiter returns an awaiter reading through pool. Call
+// [Awaiter.Start] before waiting. A nil config means the defaults.
+func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	cfg := AwaiterConfig{}
+	if config != nil {
+		cfg = *config
+	}
+	if err := validateSchema(cfg.Schema); err != nil {
+		return nil, err
+	}
+	if cfg.NotFoundGrace == 0 {
+		cfg.NotFoundGrace = 2 * time.Second
+	}
+	if cfg.ReconnectBackoff == 0 {
+		cfg.ReconnectBackoff = 250 * time.Millisecond
+	}
+	if cfg.MaxReconnectBackoff == 0 {
+		cfg.MaxReconnectBackoff = 10 * time.Second
+	}
+	switch {
+	case cfg.NotFoundGrace < 0:
+		return nil, fmt.Errorf("%w: NotFoundGrace %v: must not be negative", ErrInvalidConfig, cfg.NotFoundGrace)
+	case cfg.ReconnectBackoff < 0 || cfg.MaxReconnectBackoff < cfg.ReconnectBackoff:
+		return nil, fmt.Errorf("%w: ReconnectBackoff %v and MaxReconnectBackoff %v: need 0 < ReconnectBackoff <= MaxReconnectBackoff", ErrInvalidConfig, cfg.ReconnectBackoff, cfg.MaxReconnectBackoff)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return &Awaiter{
+		pool:    pool,
+		config:  cfg,
+		sql:     "SELECT id, fanned_out_at, fanout, poisoned_at IS NOT NULL, coalesce(last_error, '') FROM " + qualify(cfg.Schema, tableName) + " WHERE id = ANY($1)",
+		waiters: map[uuid.UUID]map[*waiter]struct{}{},
+	}, nil
+}
+
+// Start opens the listening connection (in the background; it reconnects
+// whenever it is lost) and returns. Cancelling ctx stops the awaiter like
+// [Awaiter.Stop].
+func (a *Awaiter) Start(ctx context.Context) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.running {
+		return ErrStarted
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	a.cancel, a.done, a.running = cancel, make(chan struct{}), true
+	l := &listener.Listener{
+		ConnConfig:      a.pool.Config().ConnConfig,
+		Channels:        []string{ChannelFanned},
+		ApplicationName: listener.AwaiterApplicationName,
+		OnNotify:        func(_, payload string) { a.notified(payload) },
+		OnConnect:       a.pokeAll, // notifications sent while away are lost: re-check
+		Logger:          a.config.Logger,
+		ReconnectMin:    a.config.ReconnectBackoff,
+		ReconnectMax:    a.config.MaxReconnectBackoff,
+		Sleep:           listener.SleepContext,
+	}
+	if a.reconnectPause != nil {
+		l.Sleep = a.reconnectPause
+	}
+	done := a.done
+	go func() {
+		defer close(done)
+		l.Run(runCtx)
+	}()
+	return nil
+}
+
+// Stop closes the listening connection and waits for its goroutine. Waits in
+// progress return an error wrapping [ErrNotRunning]. Safe before Start and
+// safe twice.
+func (a *Awaiter) Stop(ctx context.Context) error {
+	a.mu.Lock()
+	if !a.running {
+		a.mu.Unlock()
+		return nil
+	}
+	a.running = false
+	a.cancel()
+	done := a.done
+	for _, ws := range a.waiters {
+		for w := range ws {
+			w.stopped = true
+			w.poke()
+		}
+	}
+	a.mu.Unlock()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// AwaitFanout blocks until every event in ids has been fanned out, by any
+// relay in any process, and returns their receipts in the order of ids. It
+// returns early with an error:
+//
+//   - wrapping [ErrPoisoned], with the event ID and its last error, when an
+//     event is poisoned;
+//   - wrapping [ErrNotFound] when an ID is still not visible after
+//     [AwaiterConfig.NotFoundGrace] (its transaction rolled back, or never
+//     committed);
+//   - ctx's error when ctx ends first.
+//
+// An event fanned out before the call is reported at once. A receipt means
+// the River jobs exist (committed), not that they have run.
+func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) ([]Receipt, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	w := &waiter{wake: make(chan struct{}, 1)}
+	if err := a.register(w, ids); err != nil {
+		return nil, err
+	}
+	defer a.unregister(w, ids)
+
+	receipts := make(map[uuid.UUID]Receipt, len(ids))
+	pending := append([]uuid.UUID(nil), ids...)
+	grace := time.NewTimer(a.config.NotFoundGrace)
+	defer grace.Stop()
+	graceOver := false
+	for {
+		// Registered first, then checked: a fan-out that lands in between
+		// is seen here or wakes us.
+		missing, err := a.check(ctx, pending, receipts)
+		if err != nil {
+			return nil, err
+		}
+		if len(missing) > 0 && graceOver {
+			return nil, fmt.Errorf("%w: %s (not visible after %v)", ErrNotFound, missing[0], a.config.NotFoundGrace)
+		}
+		pending = pending[:0]
+		for _, id := range ids {
+			if _, ok := receipts[id]; !ok {
+				pending = append(pending, id)
+			}
+		}
+		if len(pending) == 0 {
+			out := make([]Receipt, len(ids))
+			for i, id := range ids {
+				out[i] = receipts[id]
+			}
+			return out, nil
+		}
+		select {
+		case <-w.wake:
+			a.mu.Lock()
+			stopped := w.stopped
+			a.mu.Unlock()
+			if stopped {
+				return nil, fmt.Errorf("%w: the awaiter stopped", ErrNotRunning)
+			}
+		case <-grace.C:
+			graceOver = true
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// check reads the pending events, fills receipts for the fanned-out ones, and
+// returns the IDs it could not see.
+func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt) ([]uuid.UUID, error) {
+	seen := make(map[uuid.UUID]bool, len(pending))
+	var poisonErr error
+	rows, err := a.pool.Query(ctx, a.sql, pending)
+	if err != nil {
+		return nil, fmt.Errorf("events: await fanout: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			r         Receipt
+			fannedAt  *time.Time
+			poisoned  bool
+			lastError string
+		)
+		if err := rows.Scan(&r.EventID, &fannedAt, &r.Fanout, &poisoned, &lastError); err != nil {
+			return nil, fmt.Errorf("events: await fanout: %w", err)
+		}
+		seen[r.EventID] = true
+		switch {
+		case fannedAt != nil:
+			r.FannedOutAt = *fannedAt
+			receipts[r.EventID] = r
+		case poisoned && poisonErr == nil:
+			poisonErr = fmt.Errorf("%w: %s: %s", ErrPoisoned, r.EventID, lastError)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("events: await fanout: %w", err)
+	}
+	if poisonErr != nil {
+		return nil, poisonErr
+	}
+	var missing []uuid.UUID
+	for _, id := range pending {
+		if !seen[id] {
+			missing = append(missing, id)
+		}
+	}
+	return missing, nil
+}
+
+func (a *Awaiter) register(w *waiter, ids []uuid.UUID) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.running {
+		return fmt.Errorf("%w: call Awaiter.Start first", ErrNotRunning)
+	}
+	for _, id := range ids {
+		ws := a.waiters[id]
+		if ws == nil {
+			ws = map[*waiter]struct{}{}
+			a.waiters[id] = ws
+		}
+		ws[w] = struct{}{}
+	}
+	return nil
+}
+
+func (a *Awaiter) unregister(w *waiter, ids []uuid.UUID) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, id := range ids {
+		if ws := a.waiters[id]; ws != nil {
+			delete(ws, w)
+			if len(ws) == 0 {
+				delete(a.waiters, id)
+			}
+		}
+	}
+}
+
+// notified wakes the waiters of the IDs in a ChannelFanned payload.
+func (a *Awaiter) notified(payload string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range strings.Split(payload, ",") {
+		id, err := uuid.Parse(s)
+		if err != nil {
+			continue
+		}
+		for w := range a.waiters[id] {
+			w.poke()
+		}
+	}
+}
+
+func (a *Awaiter) pokeAll() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, ws := range a.waiters {
+		for w := range ws {
+			w.poke()
+		}
+	}
+}
+
+// waiting counts the IDs with a waiter, for tests.
+func (a *Awaiter) waiting() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.waiters)
+}

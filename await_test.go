@@ -1,0 +1,231 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/listener"
+)
+
+func startAwaiter(t *testing.T, b *testBundle, cfg *AwaiterConfig) *Awaiter {
+	t.Helper()
+	if cfg == nil {
+		cfg = &AwaiterConfig{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	a, err := NewAwaiter(b.pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, a.Start(context.Background()))
+	t.Cleanup(func() { require.NoError(t, a.Stop(context.Background())) })
+	return a
+}
+
+func within(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestAwaitFanoutReturnsTheStoredFanout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, mapSub("search", true, "**"), mapSub("webhooks", false, "**"))
+	a := startAwaiter(t, b, nil)
+	// Both in one batch, so the first is coalesced into the second's job.
+	es := b.record(t, Event{Type: "note.changed", Subject: "n1"}, Event{Type: "note.renamed", Subject: "n1"})
+	b.start(t)
+	got, err := a.AwaitFanout(within(t, 10*time.Second), es[0].ID, es[1].ID)
+	require.NoError(t, err)
+	rows := loadRows(t, b.pool)
+	for i, e := range es {
+		require.Equal(t, e.ID, got[i].EventID)
+		require.Equal(t, rows[e.ID].Fanout, got[i].Fanout)
+		require.False(t, got[i].FannedOutAt.IsZero())
+	}
+	require.Equal(t, got[1].Fanout["search"], got[0].Fanout["search"], "the coalesced event's receipt names the job it went into")
+	require.NotEqual(t, got[1].Fanout["webhooks"], got[0].Fanout["webhooks"])
+}
+
+func TestAwaitFanoutOfAnEventFannedOutBeforeTheCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	b.start(t)
+	e := b.record(t, Event{Type: "a"})[0]
+	waitFannedOut(t, b.pool, 10*time.Second)
+	a := startAwaiter(t, b, nil)
+	// No notification is coming any more: the row itself must answer.
+	got, err := a.AwaitFanout(within(t, time.Second), e.ID)
+	require.NoError(t, err)
+	require.Len(t, got[0].Fanout, 1)
+}
+
+// The writer's process runs no relay; the relay is another process with its
+// own pool.
+func TestAwaitFanoutFromAnotherProcess(t *testing.T) {
+	t.Parallel()
+	writer := setup(t, setupOpts{})
+	relayProcess := setup(t, setupOpts{url: writer.url}, mapSub("audit", false, "**"))
+	relayProcess.start(t)
+	a := startAwaiter(t, writer, nil)
+	for range 20 {
+		e := writer.record(t, Event{Type: "a"})[0]
+		got, err := a.AwaitFanout(within(t, 10*time.Second), e.ID)
+		require.NoError(t, err)
+		require.Len(t, got[0].Fanout, 1)
+	}
+}
+
+func TestAwaitFanoutOfAPoisonedEvent(t *testing.T) {
+	t.Parallel()
+	sub := Subscriber{Name: "broken", Types: []string{"**"},
+		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
+			return nil, nil, errors.New("no template for this event")
+		}}
+	b := setup(t, setupOpts{config: &Config{MaxAttempts: 2, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond}}, sub)
+	a := startAwaiter(t, b, nil)
+	e := b.record(t, Event{Type: "a"})[0]
+	b.start(t)
+	_, err := a.AwaitFanout(within(t, 10*time.Second), e.ID)
+	require.ErrorIs(t, err, ErrPoisoned)
+	require.ErrorContains(t, err, e.ID.String())
+	require.ErrorContains(t, err, "no template for this event")
+}
+
+func TestAwaitFanoutOfAnEventNeverCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	b.start(t)
+	a := startAwaiter(t, b, &AwaiterConfig{NotFoundGrace: 100 * time.Millisecond})
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	e, err := Record(ctx, tx, Event{Type: "a"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	start := time.Now()
+	_, err = a.AwaitFanout(within(t, 10*time.Second), e.ID)
+	require.ErrorIs(t, err, ErrNotFound)
+	require.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "the grace is waited out")
+
+	// Within the grace, a commit that lands late is still seen.
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	late, err := Record(ctx, tx, Event{Type: "a"})
+	require.NoError(t, err)
+	a2 := startAwaiter(t, b, &AwaiterConfig{NotFoundGrace: 5 * time.Second})
+	result := make(chan error, 1)
+	go func() {
+		_, err := a2.AwaitFanout(within(t, 10*time.Second), late.ID)
+		result <- err
+	}()
+	require.Eventually(t, func() bool { return a2.waiting() == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-result)
+}
+
+func TestAwaitFanoutEndsWithItsContextAndLeavesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**")) // relay never started
+	a := startAwaiter(t, b, nil)
+	e := b.record(t, Event{Type: "a"})[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := a.AwaitFanout(ctx, e.ID)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Zero(t, a.waiting(), "a cancelled wait left its registration behind")
+
+	_, err = (&Awaiter{}).AwaitFanout(context.Background(), e.ID)
+	require.ErrorIs(t, err, ErrNotRunning)
+}
+
+// 1,000 concurrent waiters share one listening connection.
+func TestThousandWaitersOneConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	a := startAwaiter(t, b, nil)
+	es := make([]Event, 1000)
+	for i := range es {
+		es[i] = Event{Type: "a", Subject: fmt.Sprint(i)}
+	}
+	es = b.record(t, es...)
+	ctx := within(t, 60*time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(es))
+	for _, e := range es {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := a.AwaitFanout(ctx, e.ID)
+			if err == nil && len(got[0].Fanout) != 1 {
+				err = fmt.Errorf("fanout of %s: %v", e.ID, got[0].Fanout)
+			}
+			errs <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return a.waiting() == 1000 }, 30*time.Second, 5*time.Millisecond)
+	var listeners int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()",
+		listener.AwaiterApplicationName).Scan(&listeners))
+	require.Equal(t, 1, listeners)
+	var backends int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()").Scan(&backends))
+	require.LessOrEqual(t, backends, int(b.pool.Config().MaxConns)+1, "waiters do not hold connections")
+
+	b.start(t)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Zero(t, a.waiting())
+}
+
+// The awaiter's listener dies while waiters are pending and the fan-out
+// happens while it is away: the notification is lost, and the waiters learn
+// of the fan-out when the listener is back.
+func TestAwaitFanoutSurvivesALostListener(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	// A long grace, so its timer's re-check cannot stand in for the reconnect's.
+	a, err := NewAwaiter(b.pool, &AwaiterConfig{Logger: quietLogger(), NotFoundGrace: time.Hour})
+	require.NoError(t, err)
+	var once sync.Once
+	a.reconnectPause = func(ctx context.Context, _ time.Duration) {
+		once.Do(func() {
+			b.start(t)
+			waitFannedOut(t, b.pool, 10*time.Second)
+		})
+	}
+	require.NoError(t, a.Start(context.Background()))
+	t.Cleanup(func() { require.NoError(t, a.Stop(context.Background())) })
+
+	es := b.record(t, Event{Type: "a"}, Event{Type: "b"})
+	ctx := within(t, 20*time.Second)
+	results := make(chan error, 2)
+	for _, e := range es {
+		go func() {
+			_, err := a.AwaitFanout(ctx, e.ID)
+			results <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return a.waiting() == 2 }, 5*time.Second, time.Millisecond)
+	var pid int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		"SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()",
+		listener.AwaiterApplicationName).Scan(&pid))
+	_, err = b.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", pid)
+	require.NoError(t, err)
+	for range es {
+		require.NoError(t, <-results)
+	}
+}

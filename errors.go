@@ -17,6 +17,10 @@ var (
 	// configuration that cannot work. The wrapping error names the field.
 	ErrInvalidConfig = errors.New("events: invalid config")
 
+	// ErrInvalidWatch is returned by [InstallWatch] for a watch that cannot
+	// be installed: a missing table or column, or a bad field.
+	ErrInvalidWatch = errors.New("events: invalid watch")
+
 	// ErrNotFound is returned for an event ID that does not exist.
 	ErrNotFound = errors.New("events: event not found")
 

@@ -234,3 +234,33 @@ func hex4(b []byte) rune {
 	v, _ := strconv.ParseUint(string(b), 16, 32)
 	return rune(v)
 }
+
+// RecordedInTx returns the events that tx's transaction has recorded so far
+// — by Record, RecordMany, the SQL function outbox_record or a watch trigger
+// (see [InstallWatch]) — oldest first. It is how a writer learns the IDs of
+// events its triggers made, to wait for them with [Awaiter.AwaitFanout]
+// after commit. It reads only pending rows, through the relay's index.
+func RecordedInTx(ctx context.Context, tx pgx.Tx) ([]Event, error) {
+	return Outbox{}.RecordedInTx(ctx, tx)
+}
+
+// RecordedInTx is [RecordedInTx] in o's schema.
+func (o Outbox) RecordedInTx(ctx context.Context, tx pgx.Tx) ([]Event, error) {
+	if err := validateSchema(o.Schema); err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, "SELECT seq, id, type, subject, payload, created_at FROM "+qualify(o.Schema, tableName)+
+		" WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND xact_id = pg_current_xact_id_if_assigned() ORDER BY seq")
+	if err != nil {
+		return nil, fmt.Errorf("events: recorded in tx: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
+		var e Event
+		err := row.Scan(&e.Seq, &e.ID, &e.Type, &e.Subject, &e.Payload, &e.CreatedAt)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: recorded in tx: %w", err)
+	}
+	return out, nil
+}

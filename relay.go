@@ -135,6 +135,8 @@ type testHooks struct {
 	charged func(seq int64, attempt int, next time.Duration)
 	// reconnectPause replaces the listener's pause before reconnecting.
 	reconnectPause func(ctx context.Context, d time.Duration)
+	// notified runs for every notification the listener receives.
+	notified func()
 }
 
 // NewRelay returns a relay that reads events through pool. Register
@@ -211,9 +213,14 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 		sleep = r.hooks.reconnectPause
 	}
 	l := &listener.Listener{
-		ConnConfig:   r.pool.Config().ConnConfig,
-		Channels:     []string{ChannelEvents},
-		OnNotify:     func(string, string) { r.poke() },
+		ConnConfig: r.pool.Config().ConnConfig,
+		Channels:   []string{ChannelEvents},
+		OnNotify: func(string, string) {
+			if r.hooks.notified != nil {
+				r.hooks.notified()
+			}
+			r.poke()
+		},
 		OnConnect:    r.poke, // notifications sent while away are lost: look now
 		Logger:       r.logger,
 		ReconnectMin: r.config.ReconnectBackoff,

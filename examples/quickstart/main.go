@@ -57,16 +57,11 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		fmt.Println("DATABASE_URL is not set: starting a throwaway PostgreSQL …")
-		cluster, err := pgtest.Start(ctx)
-		if err != nil {
-			return err
-		}
-		defer cluster.Close()
-		url = cluster.URL("postgres")
+	url, cleanup, err := pgtest.FromEnv(ctx, "DATABASE_URL")
+	if err != nil {
+		return err
 	}
+	defer cleanup()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err

@@ -269,3 +269,19 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// FromEnv returns the URL in the environment variable env when it is set;
+// otherwise it starts a throwaway cluster and returns a URL to its postgres
+// database, with a function that removes the cluster. The example programs
+// and the benchmark use it.
+func FromEnv(ctx context.Context, env string) (url string, cleanup func(), err error) {
+	if url := os.Getenv(env); url != "" {
+		return url, func() {}, nil
+	}
+	fmt.Printf("%s is not set: starting a throwaway PostgreSQL …\n", env)
+	c, err := Start(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	return c.URL("postgres"), c.Close, nil
+}

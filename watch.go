@@ -1,0 +1,307 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Op is a kind of write a [Watch] records events for.
+type Op string
+
+// The operations a watch can cover.
+const (
+	OpInsert Op = "INSERT"
+	OpUpdate Op = "UPDATE"
+	OpDelete Op = "DELETE"
+)
+
+// PayloadMode says what a watch puts in its events' payload.
+type PayloadMode string
+
+// Payload modes of a [Watch].
+const (
+	// PayloadNone records {}.
+	PayloadNone PayloadMode = "none"
+	// PayloadRow records the row as a JSON object: the new row, or the old
+	// one for DELETE.
+	PayloadRow PayloadMode = "row"
+	// PayloadOldNew records {"old": …, "new": …}, with null for the side an
+	// INSERT or DELETE does not have.
+	PayloadOldNew PayloadMode = "old_new"
+	// PayloadColumns records only [Watch.PayloadColumns], as a JSON object.
+	PayloadColumns PayloadMode = "columns"
+)
+
+// Watch describes a trigger that records events for writes to a host table,
+// including writes that never pass through Go (psql, other services, bulk
+// SQL). The events are recorded in the writer's transaction and are ordinary
+// events in every way. Install it with [InstallWatch].
+type Watch struct {
+	// Table is the watched table. TableSchema qualifies it; empty means the
+	// search_path decides.
+	Table, TableSchema string
+
+	// Name tells this watch's triggers apart from other watches on the same
+	// table. Defaults to "events". Letters, digits and '_'.
+	Name string
+
+	// Types maps each operation to watch to the type of the events it
+	// records, for example {OpUpdate: "corpus.note.changed"}. At least one.
+	Types map[Op]string
+
+	// Columns limits UPDATE events to updates where at least one of these
+	// columns actually changed (IS DISTINCT FROM its old value). Empty means
+	// an UPDATE that changes anything in the row.
+	Columns []string
+
+	// SubjectPrefix and SubjectColumn form each event's subject:
+	// SubjectPrefix followed by the value of SubjectColumn, for example
+	// "note:" and "id" give "note:42". SubjectColumn defaults to the table's
+	// primary key when that is a single column; set SubjectColumn to "-" for
+	// no column (the subject is then SubjectPrefix alone).
+	SubjectPrefix, SubjectColumn string
+
+	// Payload says what the payload holds. Defaults to PayloadNone.
+	Payload PayloadMode
+
+	// PayloadColumns are the columns recorded with PayloadColumns.
+	PayloadColumns []string
+}
+
+var watchNameRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,20}$`)
+
+// InstallWatch installs w's triggers, replacing any triggers the same watch
+// (same table and Name) had, in one transaction: installing the same spec
+// again changes nothing, and installing another spec replaces the old one.
+// Table and column names are checked against the catalog and quoted as
+// identifiers; an error wrapping [ErrInvalidWatch] names what is wrong.
+//
+// The library's functions are looked for on the search_path; use
+// [Outbox.InstallWatch] for another schema.
+func InstallWatch(ctx context.Context, db Beginner, w Watch) error {
+	return Outbox{}.InstallWatch(ctx, db, w)
+}
+
+// RemoveWatch removes the triggers of the watch named name (default
+// "events") on table. Removing a watch that is not there does nothing.
+func RemoveWatch(ctx context.Context, db Beginner, tableSchema, table, name string) error {
+	return Outbox{}.RemoveWatch(ctx, db, tableSchema, table, name)
+}
+
+// Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx
+// (which starts a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// InstallWatch is [InstallWatch] with o's schema holding the library.
+func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
+	if err := validateSchema(o.Schema); err != nil {
+		return err
+	}
+	if w.Name == "" {
+		w.Name = "events"
+	}
+	if w.Payload == "" {
+		w.Payload = PayloadNone
+	}
+	if err := w.validate(); err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		table, err := resolveTable(ctx, tx, w.TableSchema, w.Table)
+		if err != nil {
+			return err
+		}
+		cols, pk, err := tableColumns(ctx, tx, table)
+		if err != nil {
+			return err
+		}
+		has := func(c string) bool { return slices.Contains(cols, c) }
+		for _, c := range append(slices.Clone(w.Columns), w.PayloadColumns...) {
+			if !has(c) {
+				return fmt.Errorf("%w: table %s has no column %q", ErrInvalidWatch, table, c)
+			}
+		}
+		subjectCol := w.SubjectColumn
+		switch {
+		case subjectCol == "-":
+			subjectCol = ""
+		case subjectCol == "" && len(pk) == 1:
+			subjectCol = pk[0]
+		case subjectCol == "":
+			return fmt.Errorf("%w: table %s has no single-column primary key: set SubjectColumn (or \"-\" for none)", ErrInvalidWatch, table)
+		case !has(subjectCol):
+			return fmt.Errorf("%w: table %s has no column %q (SubjectColumn)", ErrInvalidWatch, table, subjectCol)
+		}
+		if err := dropWatch(ctx, tx, table, w.Name); err != nil {
+			return err
+		}
+		fn := qualify(o.Schema, "outbox_watch")
+		for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
+			typ, ok := w.Types[op]
+			if !ok {
+				continue
+			}
+			args := []string{typ, w.SubjectPrefix, subjectCol, string(w.Payload)}
+			if w.Payload == PayloadColumns {
+				args = append(args, w.PayloadColumns...)
+			}
+			quoted := make([]string, len(args))
+			for i, a := range args {
+				quoted[i] = quoteLiteral(a)
+			}
+			on, when := string(op), ""
+			if op == OpUpdate {
+				if len(w.Columns) > 0 {
+					var of, changed []string
+					for _, c := range w.Columns {
+						id := pgx.Identifier{c}.Sanitize()
+						of = append(of, id)
+						changed = append(changed, "OLD."+id+" IS DISTINCT FROM NEW."+id)
+					}
+					on += " OF " + strings.Join(of, ", ")
+					when = " WHEN (" + strings.Join(changed, " OR ") + ")"
+				} else {
+					when = " WHEN (OLD.* IS DISTINCT FROM NEW.*)"
+				}
+			}
+			ddl := "CREATE TRIGGER " + pgx.Identifier{triggerName(w.Name, op)}.Sanitize() +
+				" AFTER " + on + " ON " + table + " FOR EACH ROW" + when +
+				" EXECUTE FUNCTION " + fn + "(" + strings.Join(quoted, ", ") + ")"
+			if _, err := tx.Exec(ctx, ddl); err != nil {
+				return fmt.Errorf("events: install watch on %s: %w", table, err)
+			}
+		}
+		return nil
+	})
+}
+
+// RemoveWatch is [RemoveWatch]; o's schema plays no part in it.
+func (o Outbox) RemoveWatch(ctx context.Context, db Beginner, tableSchema, table, name string) error {
+	if name == "" {
+		name = "events"
+	}
+	if !watchNameRE.MatchString(name) {
+		return fmt.Errorf("%w: Name %q: 1 to 20 letters, digits and '_'", ErrInvalidWatch, name)
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		qualified, err := resolveTable(ctx, tx, tableSchema, table)
+		if err != nil {
+			return err
+		}
+		return dropWatch(ctx, tx, qualified, name)
+	})
+}
+
+func (w *Watch) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidWatch, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case w.Table == "":
+		return bad("Table is empty")
+	case !watchNameRE.MatchString(w.Name):
+		return bad("Name %q: 1 to 20 letters, digits and '_'", w.Name)
+	case len(w.Types) == 0:
+		return bad("Types is empty: map at least one of OpInsert, OpUpdate, OpDelete to an event type")
+	}
+	for op, typ := range w.Types {
+		if op != OpInsert && op != OpUpdate && op != OpDelete {
+			return bad("Types: unknown operation %q", op)
+		}
+		if err := ValidateType(typ); err != nil {
+			return bad("Types[%s]: %v", op, err)
+		}
+	}
+	switch w.Payload {
+	case PayloadNone, PayloadRow, PayloadOldNew:
+		if len(w.PayloadColumns) > 0 {
+			return bad("PayloadColumns is set but Payload is %q, not %q", w.Payload, PayloadColumns)
+		}
+	case PayloadColumns:
+		if len(w.PayloadColumns) == 0 {
+			return bad("Payload is %q but PayloadColumns is empty", PayloadColumns)
+		}
+	default:
+		return bad("Payload %q: use PayloadNone, PayloadRow, PayloadOldNew or PayloadColumns", w.Payload)
+	}
+	if strings.ContainsRune(w.SubjectPrefix, 0) {
+		return bad("SubjectPrefix contains a NUL byte")
+	}
+	return nil
+}
+
+// resolveTable returns the quoted, schema-qualified name of an existing
+// table, or an error naming the one that does not exist.
+func resolveTable(ctx context.Context, tx pgx.Tx, schema, table string) (string, error) {
+	name := pgx.Identifier{table}
+	if schema != "" {
+		name = pgx.Identifier{schema, table}
+	}
+	var nsp, rel *string
+	err := tx.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p')`, name.Sanitize()).Scan(&nsp, &rel)
+	if err == pgx.ErrNoRows || (err == nil && rel == nil) {
+		return "", fmt.Errorf("%w: table %s does not exist", ErrInvalidWatch, name.Sanitize())
+	}
+	if err != nil {
+		return "", fmt.Errorf("events: watch: looking up %s: %w", name.Sanitize(), err)
+	}
+	return pgx.Identifier{*nsp, *rel}.Sanitize(), nil
+}
+
+// tableColumns lists a table's columns and its primary key's columns.
+func tableColumns(ctx context.Context, tx pgx.Tx, table string) (cols, pk []string, err error) {
+	rows, err := tx.Query(ctx, `SELECT a.attname, coalesce(a.attnum = ANY(i.indkey), false)
+		FROM pg_attribute a
+		LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
+		ORDER BY a.attnum`, table)
+	if err != nil {
+		return nil, nil, fmt.Errorf("events: watch: columns of %s: %w", table, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var inPK bool
+		if err := rows.Scan(&name, &inPK); err != nil {
+			return nil, nil, err
+		}
+		cols = append(cols, name)
+		if inPK {
+			pk = append(pk, name)
+		}
+	}
+	return cols, pk, rows.Err()
+}
+
+func dropWatch(ctx context.Context, tx pgx.Tx, table, name string) error {
+	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
+		if _, err := tx.Exec(ctx, "DROP TRIGGER IF EXISTS "+pgx.Identifier{triggerName(name, op)}.Sanitize()+" ON "+table); err != nil {
+			return fmt.Errorf("events: watch: dropping the triggers on %s: %w", table, err)
+		}
+	}
+	return nil
+}
+
+func triggerName(name string, op Op) string {
+	return "outbox_watch_" + name + "_" + strings.ToLower(string(op))
+}
+
+// quoteLiteral quotes s as an SQL string literal, whatever
+// standard_conforming_strings says: quotes are doubled, and a string with a
+// backslash uses the E'' form with backslashes doubled. Callers have refused
+// NUL bytes.
+func quoteLiteral(s string) string {
+	s = strings.ReplaceAll(s, "'", "''")
+	if strings.Contains(s, `\`) {
+		return "E'" + strings.ReplaceAll(s, `\`, `\\`) + "'"
+	}
+	return "'" + s + "'"
+}

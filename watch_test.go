@@ -1,0 +1,265 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+func createNotes(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	exec(t, pool, `CREATE TABLE corpus_notes (
+			id int PRIMARY KEY, title text NOT NULL, body text NOT NULL DEFAULT '', views int NOT NULL DEFAULT 0)`)
+	exec(t, pool, "INSERT INTO corpus_notes (id, title) SELECT g, 'note ' || g FROM generate_series(1, $1::int) g", n)
+}
+
+func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), sql, args...)
+	require.NoError(t, err)
+}
+
+func eventsOfType(t *testing.T, pool *pgxpool.Pool, typ string) []eventRow {
+	t.Helper()
+	var out []eventRow
+	for _, r := range loadRows(t, pool) {
+		if r.Type == typ {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func TestWatchRecordsOnlyRealChangesOfWatchedColumns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	createNotes(t, b.pool, 3)
+	require.NoError(t, InstallWatch(ctx, b.pool, Watch{
+		Table: "corpus_notes", Types: map[Op]string{OpUpdate: "corpus.note.changed"},
+		Columns: []string{"title", "body"}, SubjectPrefix: "note:",
+	}))
+	exec(t, b.pool, "UPDATE corpus_notes SET title = 'renamed' WHERE id = 1")
+	exec(t, b.pool, "UPDATE corpus_notes SET views = views + 1")                    // unwatched column only
+	exec(t, b.pool, "UPDATE corpus_notes SET title = title, body = body")           // same values
+	exec(t, b.pool, "UPDATE corpus_notes SET title = 'x', body = 'y' WHERE id = 2") // two watched columns, one row
+	got := eventsOfType(t, b.pool, "corpus.note.changed")
+	require.Len(t, got, 2)
+	subjects := map[string]bool{}
+	for _, r := range got {
+		subjects[r.Subject] = true
+		require.JSONEq(t, `{}`, string(r.Payload))
+	}
+	require.Equal(t, map[string]bool{"note:1": true, "note:2": true}, subjects)
+}
+
+func TestWatchInsertDeleteAndPayloads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	createNotes(t, b.pool, 0)
+	require.NoError(t, InstallWatch(ctx, b.pool, Watch{
+		Table: "corpus_notes", Name: "cols",
+		Types:   map[Op]string{OpInsert: "note.created", OpDelete: "note.deleted"},
+		Payload: PayloadColumns, PayloadColumns: []string{"title"}, SubjectPrefix: "note:",
+	}))
+	require.NoError(t, InstallWatch(ctx, b.pool, Watch{
+		Table: "corpus_notes", Name: "audit", Types: map[Op]string{OpUpdate: "note.audit"},
+		Payload: PayloadOldNew, SubjectColumn: "-", SubjectPrefix: "notes",
+	}))
+	exec(t, b.pool, "INSERT INTO corpus_notes (id, title, body) VALUES (7, 'seven', 'secret')")
+	exec(t, b.pool, "UPDATE corpus_notes SET views = 1 WHERE id = 7")
+	exec(t, b.pool, "DELETE FROM corpus_notes WHERE id = 7")
+
+	created := eventsOfType(t, b.pool, "note.created")
+	require.Len(t, created, 1)
+	require.Equal(t, "note:7", created[0].Subject)
+	require.JSONEq(t, `{"title":"seven"}`, string(created[0].Payload))
+	deleted := eventsOfType(t, b.pool, "note.deleted")
+	require.Len(t, deleted, 1)
+	require.JSONEq(t, `{"title":"seven"}`, string(deleted[0].Payload), "DELETE reads the old row")
+	audit := eventsOfType(t, b.pool, "note.audit")
+	require.Len(t, audit, 1)
+	require.Equal(t, "notes", audit[0].Subject)
+	var p struct{ Old, New map[string]any }
+	require.NoError(t, json.Unmarshal(audit[0].Payload, &p))
+	require.EqualValues(t, 0, p.Old["views"])
+	require.EqualValues(t, 1, p.New["views"])
+
+	// PayloadRow: the whole row.
+	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes", Name: "cols",
+		Types: map[Op]string{OpInsert: "note.created"}, Payload: PayloadRow}))
+	exec(t, b.pool, "INSERT INTO corpus_notes (id, title) VALUES (8, 'eight')")
+	var payload []byte
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT payload FROM outbox_events WHERE type = 'note.created' AND subject = '8'").Scan(&payload))
+	require.JSONEq(t, `{"id":8,"title":"eight","body":"","views":0}`, string(payload))
+}
+
+func TestWatchBulkUpdateAndRollback(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	createNotes(t, b.pool, 500)
+	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes",
+		Types: map[Op]string{OpUpdate: "corpus.note.changed"}, Columns: []string{"title"}}))
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "UPDATE corpus_notes SET title = title || '!'")
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Empty(t, loadRows(t, b.pool), "a rolled-back write records nothing")
+
+	exec(t, b.pool, "UPDATE corpus_notes SET title = title || '!'")
+	got := eventsOfType(t, b.pool, "corpus.note.changed")
+	require.Len(t, got, 500)
+	subjects := map[string]bool{}
+	for _, r := range got {
+		subjects[r.Subject] = true
+	}
+	require.Len(t, subjects, 500, "one event per row, subject from the primary key")
+}
+
+// Trigger-made events are ordinary events: fanned out, coalesced, receipted.
+// A 500-row update sends 500 notifies that reach the relay as one wake-up.
+func TestWatchEventsAreFannedOutEndToEnd(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// One batch holds the whole transaction, so coalescing spans it.
+	b := setup(t, setupOpts{config: &Config{BatchSize: 1000}}, mapSub("search", true, "corpus.**"), mapSub("webhooks", false, "corpus.**"))
+	createNotes(t, b.pool, 500)
+	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes",
+		Types: map[Op]string{OpUpdate: "corpus.note.changed"}, Columns: []string{"title"}, SubjectPrefix: "note:"}))
+	var notifications atomic.Int32
+	b.relay.hooks.notified = func() { notifications.Add(1) }
+	a := startAwaiter(t, b, nil)
+	b.start(t)
+	b.waitIdle(t)
+
+	var mine []Event
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "UPDATE corpus_notes SET title = 'bulk'"); err != nil {
+			return err
+		}
+		// In a savepoint, too: still this transaction's.
+		return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			if _, err := sp.Exec(ctx, "UPDATE corpus_notes SET title = 'again' WHERE id = 1"); err != nil {
+				return err
+			}
+			var err error
+			mine, err = RecordedInTx(ctx, sp)
+			return err
+		})
+	}))
+	require.Len(t, mine, 501)
+	ids := make([]uuid.UUID, len(mine))
+	for i, e := range mine {
+		ids[i] = e.ID
+	}
+	receipts, err := a.AwaitFanout(within(t, 30*time.Second), ids...)
+	require.NoError(t, err)
+	require.Len(t, receipts, 501)
+	require.Equal(t, receipts[0].Fanout["search"], receipts[500].Fanout["search"], "note:1's two events coalesce")
+	require.NotEqual(t, receipts[0].Fanout["webhooks"], receipts[500].Fanout["webhooks"])
+	b.waitIdle(t)
+	require.EqualValues(t, 1, notifications.Load(), "one wake-up for one transaction")
+}
+
+func TestRemoveAndReplaceWatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	createNotes(t, b.pool, 1)
+	w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed", OpDelete: "note.deleted"}, Columns: []string{"title"}}
+	require.NoError(t, InstallWatch(ctx, b.pool, w))
+	defs := func() []string {
+		rows, err := b.pool.Query(ctx, "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'corpus_notes'::regclass ORDER BY tgname")
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	first := defs()
+	require.Len(t, first, 2)
+	require.NoError(t, InstallWatch(ctx, b.pool, w))
+	require.Equal(t, first, defs(), "installing the same spec twice yields the same triggers")
+
+	// Another spec replaces it: updates of body now, and no delete events.
+	w.Types = map[Op]string{OpUpdate: "note.changed"}
+	w.Columns = []string{"body"}
+	require.NoError(t, InstallWatch(ctx, b.pool, w))
+	require.Len(t, defs(), 1)
+	exec(t, b.pool, "UPDATE corpus_notes SET title = 'no event'")
+	exec(t, b.pool, "UPDATE corpus_notes SET body = 'event'")
+	require.Len(t, eventsOfType(t, b.pool, "note.changed"), 1)
+
+	require.NoError(t, RemoveWatch(ctx, b.pool, "", "corpus_notes", ""))
+	require.Empty(t, defs())
+	exec(t, b.pool, "UPDATE corpus_notes SET body = 'no event now'")
+	exec(t, b.pool, "DELETE FROM corpus_notes")
+	require.Len(t, loadRows(t, b.pool), 1)
+	require.NoError(t, RemoveWatch(ctx, b.pool, "", "corpus_notes", ""), "removing twice is fine")
+}
+
+func TestWatchQuotesOrRefusesHostileNames(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	evilTable := `notes"; DROP TABLE victims; --`
+	evilCol := `title'); DROP TABLE victims; --`
+	exec(t, b.pool, "CREATE TABLE victims (id int)")
+	exec(t, b.pool, "CREATE TABLE "+pgx.Identifier{evilTable}.Sanitize()+" (id int PRIMARY KEY, "+pgx.Identifier{evilCol}.Sanitize()+" text)")
+	exec(t, b.pool, "INSERT INTO "+pgx.Identifier{evilTable}.Sanitize()+" VALUES (1, 'a')")
+
+	// Hostile but existing names are quoted and work.
+	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: evilTable,
+		Types:   map[Op]string{OpUpdate: "evil.changed"},
+		Columns: []string{evilCol}, SubjectPrefix: `it's \'); DROP TABLE victims; --`,
+		Payload: PayloadColumns, PayloadColumns: []string{evilCol},
+	}))
+	exec(t, b.pool, "UPDATE "+pgx.Identifier{evilTable}.Sanitize()+" SET "+pgx.Identifier{evilCol}.Sanitize()+" = 'b'")
+	got := eventsOfType(t, b.pool, "evil.changed")
+	require.Len(t, got, 1)
+	require.Equal(t, `it's \'); DROP TABLE victims; --1`, got[0].Subject)
+	var p map[string]string
+	require.NoError(t, json.Unmarshal(got[0].Payload, &p))
+	require.Equal(t, "b", p[evilCol])
+
+	// Names that do not exist are refused before any DDL runs.
+	for _, w := range []Watch{
+		{Table: `nope"; DROP TABLE victims; --`, Types: map[Op]string{OpInsert: "a"}},
+		{Table: evilTable, TableSchema: `public"; DROP TABLE victims; --`, Types: map[Op]string{OpInsert: "a"}},
+		{Table: evilTable, Types: map[Op]string{OpUpdate: "a"}, Columns: []string{`x" = 1; DROP TABLE victims; --`}},
+		{Table: evilTable, Types: map[Op]string{OpInsert: "a"}, SubjectColumn: `x"; DROP TABLE victims; --`},
+		{Table: evilTable, Types: map[Op]string{OpInsert: "a'; DROP TABLE victims; --"}},
+		{Table: evilTable, Name: `x"; DROP`, Types: map[Op]string{OpInsert: "a"}},
+		{Table: evilTable, Types: map[Op]string{"TRUNCATE; DROP TABLE victims": "a"}},
+	} {
+		err := InstallWatch(ctx, b.pool, w)
+		require.ErrorIs(t, err, ErrInvalidWatch, "%+v", w)
+	}
+	var victims bool
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT to_regclass('victims') IS NOT NULL").Scan(&victims))
+	require.True(t, victims)
+}
+
+func TestOutboxRecordFromSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	b.start(t)
+	b.waitIdle(t)
+	var id uuid.UUID
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT outbox_record('billing.invoice.paid', 'invoice:9', '{"cents": 1200}')`).Scan(&id))
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[id].FannedOut }, 5*time.Second, 5*time.Millisecond,
+		"fanned out through the notification outbox_record sends")
+	_, err := b.pool.Exec(ctx, `SELECT outbox_record('bad type')`)
+	require.ErrorContains(t, err, "invalid event type")
+	require.Len(t, loadRows(t, b.pool), 1)
+}

@@ -297,8 +297,7 @@ func triggerName(name string, op Op) string {
 // quoteLiteral quotes s as an SQL string literal, whatever
 // standard_conforming_strings says: quotes are doubled, and a string with a
 // backslash becomes an escape string (E prefix) with backslashes doubled.
-// Callers have refused
-// NUL bytes.
+// Callers have refused NUL bytes.
 func quoteLiteral(s string) string {
 	s = strings.ReplaceAll(s, "'", "''")
 	if strings.Contains(s, `\`) {

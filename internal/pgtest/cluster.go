@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -284,4 +285,15 @@ func FromEnv(ctx context.Context, env string) (url string, cleanup func(), err e
 		return "", nil, err
 	}
 	return c.URL("postgres"), c.Close, nil
+}
+
+// WithDatabase returns dbURL (a URL or a keyword=value string) pointing at
+// another database.
+func WithDatabase(dbURL, database string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil || u.Scheme == "" {
+		return strings.TrimSpace(dbURL) + " dbname=" + database
+	}
+	u.Path = "/" + database
+	return u.String()
 }

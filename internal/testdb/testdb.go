@@ -17,9 +17,7 @@ package testdb
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,15 +195,7 @@ func dropDatabase(name string) {
 }
 
 // WithDatabase returns dbURL pointing at another database.
-func WithDatabase(dbURL, database string) string {
-	u, err := url.Parse(dbURL)
-	if err != nil || u.Scheme == "" {
-		// keyword=value form
-		return strings.TrimSpace(dbURL) + " dbname=" + database
-	}
-	u.Path = "/" + database
-	return u.String()
-}
+func WithDatabase(dbURL, database string) string { return pgtest.WithDatabase(dbURL, database) }
 
 // Cluster is a throwaway server of a test's own, for tests that stop and
 // restart the database under a running application.
@@ -261,4 +251,14 @@ func EmptyURL(t testing.TB) string {
 	}
 	t.Cleanup(func() { dropDatabase(name) })
 	return WithDatabase(adminURL, name)
+}
+
+// AdminURL returns a URL to the test server's maintenance database, for code
+// that creates databases of its own (the benchmark's smoke test).
+func AdminURL(t testing.TB) string {
+	t.Helper()
+	if err := setup(); err != nil {
+		t.Fatal(err)
+	}
+	return adminURL
 }

@@ -1,0 +1,107 @@
+// Command eventsbench measures the library against baselines measured in the
+// same run and prints a table; -json writes the same results for tooling.
+//
+//	go run ./cmd/eventsbench                 # the full suite (a few minutes)
+//	go run ./cmd/eventsbench -smoke          # tiny sizes: checks it works
+//	go run ./cmd/eventsbench -only receipts  # one section
+//
+// It uses DATABASE_URL when set (a server where it may create databases),
+// otherwise a throwaway PostgreSQL started from the server binaries on the
+// machine. Every figure is measured on a fresh database.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/standmeet/events/internal/bench"
+	"github.com/standmeet/events/internal/pgtest"
+)
+
+func main() {
+	var (
+		jsonPath = flag.String("json", "", "also write the results as JSON to this file")
+		only     = flag.String("only", "", "comma-separated sections: throughput,record,latency,receipts,memory")
+		smoke    = flag.Bool("smoke", false, "tiny sizes, to check that the suite runs")
+		evs      = flag.Int("events", 0, "backlog for the throughput runs (default 50000)")
+		batch    = flag.Int("batch", 0, "relay batch size (default 200)")
+		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	)
+	flag.Parse()
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "eventsbench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(*jsonPath, *only, *smoke, *evs, *batch); err != nil {
+		fmt.Fprintln(os.Stderr, "eventsbench:", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+func run(jsonPath, only string, smoke bool, evs, batch int) error {
+	ctx := context.Background()
+	url, cleanup, err := pgtest.FromEnv(ctx, "DATABASE_URL")
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	opts := bench.Options{AdminURL: url, Events: evs, Batch: batch, Log: os.Stderr}
+	if smoke {
+		opts = bench.SmokeOptions(url)
+		opts.Log = os.Stderr
+	}
+	if only != "" {
+		opts.Only = map[string]bool{}
+		for _, s := range strings.Split(only, ",") {
+			opts.Only[strings.TrimSpace(s)] = true
+		}
+	}
+	rep, err := bench.Run(ctx, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("eventsbench %s — Go %s, %d CPUs, PostgreSQL %s\n\n", rep.Date.Format(time.DateOnly), rep.GoVersion, rep.CPUs, rep.Postgres)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "section\tmeasure\tvalue\tunit\ttarget\t")
+	for _, r := range rep.Results {
+		target := r.Target
+		if r.Met != nil {
+			if *r.Met {
+				target += " ✓"
+			} else {
+				target += " ✗ missed"
+			}
+		}
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t\n", r.Section, r.Name, r.Value, r.Unit, target)
+	}
+	w.Flush()
+	fmt.Printf("\nevents lost or fanned out wrongly: %d\n", rep.Lost)
+	if jsonPath != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(jsonPath, b, 0o644); err != nil {
+			return err
+		}
+	}
+	if rep.Lost != 0 {
+		return fmt.Errorf("%d events lost or fanned out wrongly", rep.Lost)
+	}
+	return nil
+}

@@ -1,0 +1,482 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/standmeet/events"
+)
+
+// startRelay starts one relay with the benchmark's subscribers on pool.
+func startRelay(ctx context.Context, pool *pgxpool.Pool, batch int) (*events.Relay, error) {
+	client, err := riverClient(pool)
+	if err != nil {
+		return nil, err
+	}
+	r, err := events.NewRelay(pool, &events.Config{BatchSize: batch, Logger: quiet})
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range subscribers() {
+		if err := r.Subscribe(s); err != nil {
+			return nil, err
+		}
+	}
+	return r, r.Start(ctx, client)
+}
+
+// roundTrips counts the statements a function sends on conn.
+type roundTrips struct{ n atomic.Int64 }
+
+func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func runRecordOverhead(ctx context.Context, h *harness, o Options, rep *Report) error {
+	pool, err := h.database(ctx, 4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	hostTx := func(withRecord bool, i int) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "UPDATE bench_accounts SET balance = balance + 1 WHERE id = $1", 1+i%1000); err != nil {
+				return err
+			}
+			if withRecord {
+				_, err := events.Record(ctx, tx, events.Event{Type: "account.credited", Subject: fmt.Sprintf("account:%d", 1+i%1000),
+					Payload: []byte(`{"amount_cents":100}`)})
+				return err
+			}
+			return nil
+		})
+	}
+	// Warm the pool's connections and the table first; then alternate
+	// blocks, so drift in the machine hits both sides alike.
+	for i := range 50 {
+		if err := hostTx(i%2 == 0, i); err != nil {
+			return err
+		}
+	}
+	var without, with time.Duration
+	const block = 100
+	for done := 0; done < o.HostTxs; done += block {
+		for _, withRecord := range []bool{false, true} {
+			start := time.Now()
+			for i := range min(block, o.HostTxs-done) {
+				if err := hostTx(withRecord, done+i); err != nil {
+					return err
+				}
+			}
+			if withRecord {
+				with += time.Since(start)
+			} else {
+				without += time.Since(start)
+			}
+		}
+	}
+	perTx := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(o.HostTxs) }
+	rep.add("record", "host tx (UPDATE one row)", perTx(without), "µs/tx")
+	rep.add("record", "host tx + Record", perTx(with), "µs/tx")
+	rep.add("record", "host tx + Record ÷ host tx", with.Seconds()/without.Seconds(), "×")
+
+	// Round trips, counted on a traced connection.
+	cfg, err := pgx.ParseConfig(pool.Config().ConnString())
+	if err != nil {
+		return err
+	}
+	tracer := &roundTrips{}
+	cfg.Tracer = tracer
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	count := func(withRecord bool) (int64, error) {
+		before := tracer.n.Load()
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "UPDATE bench_accounts SET balance = balance + 1 WHERE id = 1"); err != nil {
+				return err
+			}
+			if withRecord {
+				_, err := events.Record(ctx, tx, events.Event{Type: "account.credited"})
+				return err
+			}
+			return nil
+		})
+		return tracer.n.Load() - before, err
+	}
+	rtWithout, err := count(false)
+	if err != nil {
+		return err
+	}
+	rtWith, err := count(true)
+	if err != nil {
+		return err
+	}
+	rep.addTarget("record", "round trips added by Record", float64(rtWith-rtWithout), "round trips", "≤ 1", rtWith-rtWithout <= 1)
+
+	// RecordMany of 2,000 against a plain multi-row insert and COPY of the
+	// same rows into the same table.
+	const n = 2000
+	mk := func() ([]events.Event, []uuid.UUID, []string, []string, []string) {
+		es := make([]events.Event, n)
+		ids, types, subjects, payloads := make([]uuid.UUID, n), make([]string, n), make([]string, n), make([]string, n)
+		for i := range es {
+			es[i] = events.Event{Type: "doc.imported", Subject: fmt.Sprintf("doc:%d", i), Payload: []byte(`{"pages":12,"lang":"en"}`)}
+			ids[i], types[i], subjects[i], payloads[i] = uuid.Must(uuid.NewV7()), es[i].Type, es[i].Subject, string(es[i].Payload)
+		}
+		return es, ids, types, subjects, payloads
+	}
+	reps := max(3, min(15, o.HostTxs/100))
+	var tMany, tInsert, tCopy time.Duration
+	for range reps {
+		es, ids, types, subjects, payloads := mk()
+		start := time.Now()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := events.RecordMany(ctx, tx, es); return err }); err != nil {
+			return err
+		}
+		tMany += time.Since(start)
+
+		_, ids, types, subjects, payloads = mk()
+		start = time.Now()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO outbox_events (id, type, subject, payload)
+				SELECT id, type, subject, payload::jsonb FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS u(id, type, subject, payload)`,
+				ids, types, subjects, payloads)
+			return err
+		}); err != nil {
+			return err
+		}
+		tInsert += time.Since(start)
+
+		_, ids, types, subjects, payloads = mk()
+		rows := make([][]any, n)
+		for i := range rows {
+			rows[i] = []any{ids[i], types[i], subjects[i], payloads[i]}
+		}
+		start = time.Now()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{"outbox_events"}, []string{"id", "type", "subject", "payload"}, pgx.CopyFromRows(rows))
+			return err
+		}); err != nil {
+			return err
+		}
+		tCopy += time.Since(start)
+	}
+	perBatch := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(reps) }
+	rep.add("record", "RecordMany(2000)", perBatch(tMany), "ms")
+	rep.add("record", "plain multi-row INSERT (2000)", perBatch(tInsert), "ms")
+	rep.add("record", "COPY (2000)", perBatch(tCopy), "ms")
+	rep.add("record", "RecordMany ÷ multi-row INSERT", tMany.Seconds()/tInsert.Seconds(), "×")
+	rep.add("record", "RecordMany ÷ COPY", tMany.Seconds()/tCopy.Seconds(), "×")
+	return nil
+}
+
+// fannedListener collects commit-to-fanned latencies from the relays'
+// notifications.
+type fannedListener struct {
+	mu      sync.Mutex
+	pending map[string]time.Time
+	lat     []time.Duration
+}
+
+func (f *fannedListener) committing(id uuid.UUID, at time.Time) {
+	f.mu.Lock()
+	f.pending[id.String()] = at
+	f.mu.Unlock()
+}
+
+func (f *fannedListener) run(ctx context.Context, conn *pgx.Conn) {
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		f.mu.Lock()
+		for _, id := range strings.Split(n.Payload, ",") {
+			if at, ok := f.pending[id]; ok {
+				f.lat = append(f.lat, now.Sub(at))
+				delete(f.pending, id)
+			}
+		}
+		f.mu.Unlock()
+	}
+}
+
+func runLatency(ctx context.Context, h *harness, o Options, rep *Report) error {
+	for _, rate := range o.Rates {
+		if err := latencyAt(ctx, h, o, rate, rep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func latencyAt(ctx context.Context, h *harness, o Options, rate int, rep *Report) error {
+	writers := max(2, rate/100)
+	pool, err := h.database(ctx, int32(writers+10))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	relay, err := startRelay(ctx, pool, o.Batch)
+	if err != nil {
+		return err
+	}
+	defer relay.Stop(ctx)
+	conn, err := pgx.Connect(ctx, pool.Config().ConnString())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+events.ChannelFanned); err != nil {
+		return err
+	}
+	fl := &fannedListener{pending: map[string]time.Time{}}
+	lctx, stopListening := context.WithCancel(ctx)
+	listening := make(chan struct{})
+	go func() { defer close(listening); fl.run(lctx, conn) }()
+
+	total := int(o.LatencyFor.Seconds() * float64(rate))
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(total) {
+					return
+				}
+				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					e, err := events.Record(ctx, tx, events.Event{Type: "order.placed", Subject: fmt.Sprintf("order:%d", i)})
+					if err == nil {
+						fl.committing(e.ID, time.Now()) // the commit is next
+					}
+					return err
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		stopListening()
+		<-listening
+		return err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		fl.mu.Lock()
+		left := len(fl.pending)
+		fl.mu.Unlock()
+		if left == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopListening()
+	<-listening
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	rep.Lost += len(fl.pending)
+	p50, p95, p99 := percentiles(fl.lat)
+	name := fmt.Sprintf("commit→fanned at %d/s", rate)
+	rep.add("latency", name+" (achieved rate)", float64(total)/elapsed.Seconds(), "events/s")
+	if rate <= 200 {
+		rep.addTarget("latency", name+" p50", ms(p50), "ms", "≤ 5", ms(p50) <= 5)
+		rep.add("latency", name+" p95", ms(p95), "ms")
+		rep.addTarget("latency", name+" p99", ms(p99), "ms", "≤ 50", ms(p99) <= 50)
+	} else {
+		rep.add("latency", name+" p50", ms(p50), "ms")
+		rep.add("latency", name+" p95", ms(p95), "ms")
+		rep.add("latency", name+" p99", ms(p99), "ms")
+	}
+	fmt.Fprintf(o.Log, "commit→fanned at %d/s: p50 %.2fms p95 %.2fms p99 %.2fms over %d events\n", rate, ms(p50), ms(p95), ms(p99), len(fl.lat))
+	return nil
+}
+
+func runReceipts(ctx context.Context, h *harness, o Options, rep *Report) error {
+	for _, writers := range []int{1, 50} {
+		pool, err := h.database(ctx, int32(writers+10))
+		if err != nil {
+			return err
+		}
+		err = func() error {
+			defer pool.Close()
+			relay, err := startRelay(ctx, pool, o.Batch)
+			if err != nil {
+				return err
+			}
+			defer relay.Stop(ctx)
+			awaiter, err := events.NewAwaiter(pool, &events.AwaiterConfig{Logger: quiet})
+			if err != nil {
+				return err
+			}
+			if err := awaiter.Start(ctx); err != nil {
+				return err
+			}
+			defer awaiter.Stop(ctx)
+			per := max(1, o.Receipts/writers)
+			var (
+				mu  sync.Mutex
+				lat []time.Duration
+				wg  sync.WaitGroup
+			)
+			errs := make(chan error, writers)
+			for w := range writers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range per {
+						tx, err := pool.Begin(ctx)
+						if err != nil {
+							errs <- err
+							return
+						}
+						e, err := events.Record(ctx, tx, events.Event{Type: "order.placed", Subject: fmt.Sprintf("order:%d:%d", w, i)})
+						if err != nil {
+							_ = tx.Rollback(ctx)
+							errs <- err
+							return
+						}
+						start := time.Now()
+						if err := tx.Commit(ctx); err != nil {
+							errs <- err
+							return
+						}
+						got, err := awaiter.AwaitFanout(ctx, e.ID)
+						if err != nil {
+							errs <- err
+							return
+						}
+						d := time.Since(start)
+						if len(got[0].Fanout) != len(subscriberNames) {
+							errs <- fmt.Errorf("receipt of %s has fanout %v", e.ID, got[0].Fanout)
+							return
+						}
+						mu.Lock()
+						lat = append(lat, d)
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			if err := <-errs; err != nil {
+				return err
+			}
+			p50, p95, p99 := percentiles(lat)
+			name := fmt.Sprintf("commit→receipt, %d writer(s)", writers)
+			if writers == 1 {
+				rep.addTarget("receipts", name+" p50", ms(p50), "ms", "< 5", ms(p50) < 5)
+				rep.add("receipts", name+" p95", ms(p95), "ms")
+				rep.addTarget("receipts", name+" p99", ms(p99), "ms", "< 25", ms(p99) < 25)
+			} else {
+				rep.add("receipts", name+" p50", ms(p50), "ms")
+				rep.add("receipts", name+" p95", ms(p95), "ms")
+				rep.add("receipts", name+" p99", ms(p99), "ms")
+			}
+			fmt.Fprintf(o.Log, "%s: p50 %.2fms p95 %.2fms p99 %.2fms over %d receipts\n", name, ms(p50), ms(p95), ms(p99), len(lat))
+			return nil
+		}()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peakHeap drains a backlog of n events with one relay and reports the
+// highest live heap seen, sampled every 5 ms, above the heap before.
+func peakHeap(ctx context.Context, h *harness, o Options, n int, rep *Report) (uint64, error) {
+	pool, err := h.database(ctx, 10)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	if err := backlog(ctx, pool, n); err != nil {
+		return 0, err
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapAlloc
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				var m runtime.MemStats
+				runtime.ReadMemStats(&m)
+				if m.HeapAlloc > peak.Load() {
+					peak.Store(m.HeapAlloc)
+				}
+			}
+		}
+	}()
+	_, err = drainWithRelays(ctx, pool, 1, o.Batch)
+	close(stop)
+	<-sampled
+	if err != nil {
+		return 0, err
+	}
+	bad, err := checkFanout(ctx, pool)
+	if err != nil {
+		return 0, err
+	}
+	rep.Lost += bad
+	if peak.Load() < base {
+		return 0, nil
+	}
+	return peak.Load() - base, nil
+}
+
+func runMemory(ctx context.Context, h *harness, o Options, rep *Report) error {
+	small := max(o.MemoryEvents/10, 100)
+	smallPeak, err := peakHeap(ctx, h, o, small, rep)
+	if err != nil {
+		return err
+	}
+	bigPeak, err := peakHeap(ctx, h, o, o.MemoryEvents, rep)
+	if err != nil {
+		return err
+	}
+	mib := func(b uint64) float64 { return float64(b) / (1 << 20) }
+	rep.add("memory", fmt.Sprintf("peak heap draining %d events", small), mib(smallPeak), "MiB")
+	rep.add("memory", fmt.Sprintf("peak heap draining %d events", o.MemoryEvents), mib(bigPeak), "MiB")
+	ratio := float64(bigPeak) / float64(max(smallPeak, 1))
+	rep.addTarget("memory", fmt.Sprintf("peak heap ratio, %d÷%d-event backlog", o.MemoryEvents, small), ratio, "×", "bounded (≈1, not 10)", ratio < 2)
+	fmt.Fprintf(o.Log, "peak heap: %.1f MiB for %d events, %.1f MiB for %d\n", mib(smallPeak), small, mib(bigPeak), o.MemoryEvents)
+	return nil
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/listener"
 )
 
@@ -189,6 +190,9 @@ func (a *Awaiter) Stop(ctx context.Context) error {
 //     committed);
 //   - ctx's error when ctx ends first.
 //
+// While the database is unreachable (a restart, a lost connection) it keeps
+// waiting and reads again, with backoff, until ctx ends.
+//
 // An event fanned out before the call is reported at once. A receipt means
 // the River jobs exist (committed), not that they have run.
 func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) ([]Receipt, error) {
@@ -206,13 +210,31 @@ func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) ([]Receipt,
 	grace := time.NewTimer(a.config.NotFoundGrace)
 	defer grace.Stop()
 	graceOver := false
+	failures := 0
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
 	for {
 		// Registered first, then checked: a fan-out that lands in between
 		// is seen here or wakes us.
 		missing, err := a.check(ctx, pending, receipts)
+		if err != nil && isTransient(err) && ctx.Err() == nil {
+			// The database is away (restarting, connection lost): keep
+			// waiting, and look again shortly.
+			failures++
+			a.config.Logger.WarnContext(ctx, "events: await fanout: reading events failed; retrying", slog.String("err", err.Error()))
+			retry.Reset(backoff.Delay(failures, 50*time.Millisecond, time.Second))
+			select {
+			case <-retry.C:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		if err != nil {
 			return nil, err
 		}
+		failures = 0
 		if len(missing) > 0 && graceOver {
 			return nil, fmt.Errorf("%w: %s (not visible after %v)", ErrNotFound, missing[0], a.config.NotFoundGrace)
 		}

@@ -86,9 +86,7 @@ func isRowFault(ctx context.Context, tx pgx.Tx, err error) bool {
 		class := pgErr.Code[:2]
 		return class == "22" || class == "23"
 	}
-	var netErr net.Error
-	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+	if isConnError(err) {
 		return false
 	}
 	// Anything else was refused before reaching the database (River's checks
@@ -98,6 +96,28 @@ func isRowFault(ctx context.Context, tx pgx.Tx, err error) bool {
 	}
 	_, probeErr := tx.Exec(ctx, "SELECT 1")
 	return probeErr == nil
+}
+
+// isConnError reports a failure to talk to the database at all: the network,
+// a closed connection, a timeout.
+func isConnError(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || pgconn.Timeout(err) || pgconn.SafeToRetry(err)
+}
+
+// isTransient reports a failure that passes when the database is back: a
+// lost connection, a server shutting down or starting, too many connections.
+func isTransient(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "57", "53", "40":
+			return true
+		}
+		return false
+	}
+	return isConnError(err)
 }
 
 // EventInfo is an event with the relay's state of it, for an operator's view.

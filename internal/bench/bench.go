@@ -142,6 +142,7 @@ type harness struct {
 	admin    *pgxpool.Pool
 	template string
 	made     []string
+	n        int
 }
 
 func newHarness(ctx context.Context, adminURL string) (*harness, error) {
@@ -174,18 +175,33 @@ func newHarness(ctx context.Context, adminURL string) (*harness, error) {
 }
 
 // database returns a pool to a new database cloned from the template.
+// Closing the pool drops the database, so that no earlier measurement's
+// tables (and their autovacuum) weigh on the next one.
 func (h *harness) database(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
-	name := fmt.Sprintf("%s_%d", h.template, len(h.made))
+	h.n++
+	name := fmt.Sprintf("%s_%d", h.template, h.n)
 	if _, err := h.admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+h.template); err != nil {
 		return nil, err
 	}
-	h.made = append(h.made, name)
 	cfg, err := pgxpool.ParseConfig(pgtest.WithDatabase(h.adminURL, name))
 	if err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
-	return pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.made = append(h.made, name)
+	return pool, nil
+}
+
+// drop removes the databases made so far, but the template.
+func (h *harness) drop(ctx context.Context) {
+	for _, name := range h.made[1:] {
+		_, _ = h.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	}
+	h.made = h.made[:1]
 }
 
 func (h *harness) close() {

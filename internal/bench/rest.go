@@ -48,6 +48,7 @@ func runRecordOverhead(ctx context.Context, h *harness, o Options, rep *Report) 
 	if err != nil {
 		return err
 	}
+	defer h.drop(ctx)
 	defer pool.Close()
 
 	hostTx := func(withRecord bool, i int) error {
@@ -232,6 +233,7 @@ func latencyAt(ctx context.Context, h *harness, o Options, rate int, rep *Report
 	if err != nil {
 		return err
 	}
+	defer h.drop(ctx)
 	defer pool.Close()
 	relay, err := startRelay(ctx, pool, o.Batch)
 	if err != nil {
@@ -326,6 +328,7 @@ func runReceipts(ctx context.Context, h *harness, o Options, rep *Report) error 
 			return err
 		}
 		err = func() error {
+			defer h.drop(ctx)
 			defer pool.Close()
 			relay, err := startRelay(ctx, pool, o.Batch)
 			if err != nil {
@@ -417,6 +420,7 @@ func peakHeap(ctx context.Context, h *harness, o Options, n int, rep *Report) (u
 	if err != nil {
 		return 0, err
 	}
+	defer h.drop(ctx)
 	defer pool.Close()
 	if err := backlog(ctx, pool, n); err != nil {
 		return 0, err

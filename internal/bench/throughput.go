@@ -345,6 +345,7 @@ func drainOnce(ctx context.Context, h *harness, o Options, workers int,
 	if err != nil {
 		return 0, err
 	}
+	defer h.drop(ctx)
 	defer pool.Close()
 	if err := backlog(ctx, pool, o.Events); err != nil {
 		return 0, err

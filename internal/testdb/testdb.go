@@ -36,14 +36,15 @@ import (
 type MigrateFunc func(ctx context.Context, pool *pgxpool.Pool) error
 
 var (
-	migrate  MigrateFunc
-	adminURL string // a URL to the server's maintenance database
-	admin    *pgxpool.Pool
-	template string
-	counter  atomic.Int64
-	cleanups []func()
-	setupErr error
-	once     sync.Once
+	migrate    MigrateFunc
+	adminURL   string // a URL to the server's maintenance database
+	admin      *pgxpool.Pool
+	template   string
+	counter    atomic.Int64
+	cleanups   []func()
+	cleanupsMu sync.Mutex
+	setupErr   error
+	once       sync.Once
 )
 
 // Main runs the tests of a package against a real PostgreSQL prepared by
@@ -52,6 +53,8 @@ var (
 func Main(m *testing.M, fn MigrateFunc) int {
 	migrate = fn
 	code := m.Run()
+	cleanupsMu.Lock()
+	defer cleanupsMu.Unlock()
 	for i := len(cleanups) - 1; i >= 0; i-- {
 		cleanups[i]()
 	}
@@ -70,7 +73,7 @@ func doSetup(ctx context.Context) error {
 	default:
 		c, err := pgtest.Start(ctx)
 		if err == nil {
-			cleanups = append(cleanups, c.Close)
+			AtExit(c.Close)
 			adminURL = c.URL("postgres")
 			break
 		}
@@ -89,12 +92,12 @@ func doSetup(ctx context.Context) error {
 	if admin, err = pgxpool.New(ctx, adminURL); err != nil {
 		return fmt.Errorf("testdb: %w", err)
 	}
-	cleanups = append(cleanups, admin.Close)
+	AtExit(admin.Close)
 	template = fmt.Sprintf("events_tmpl_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{template}.Sanitize()); err != nil {
 		return fmt.Errorf("testdb: creating the template database: %w", err)
 	}
-	cleanups = append(cleanups, func() { dropDatabase(template) })
+	AtExit(func() { dropDatabase(template) })
 	pool, err := pgxpool.New(ctx, WithDatabase(adminURL, template))
 	if err != nil {
 		return fmt.Errorf("testdb: %w", err)
@@ -125,7 +128,7 @@ func startContainer(ctx context.Context) (url string, err error) {
 	if err != nil {
 		return "", err
 	}
-	cleanups = append(cleanups, func() { _ = testcontainers.TerminateContainer(c) })
+	AtExit(func() { _ = testcontainers.TerminateContainer(c) })
 	return c.ConnectionString(ctx, "sslmode=disable")
 }
 
@@ -261,4 +264,13 @@ func AdminURL(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return adminURL
+}
+
+// AtExit registers f to run when the test binary's tests are done, before the
+// server is removed: for state shared across tests, such as a fuzz target's
+// pool.
+func AtExit(f func()) {
+	cleanupsMu.Lock()
+	defer cleanupsMu.Unlock()
+	cleanups = append(cleanups, f)
 }

@@ -1,0 +1,486 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/testdb"
+)
+
+// TestChaosSoak runs a randomized workload against several relays while
+// faults are injected, then checks the final state against what the writers
+// know they committed. It runs for EVENTS_SOAK (a Go duration; default 40s)
+// with the seed EVENTS_SOAK_SEED (default: the clock), printed so a failing
+// run can be repeated:
+//
+//	EVENTS_SOAK=10m EVENTS_SOAK_SEED=42 go test -run TestChaosSoak -timeout 30m .
+func TestChaosSoak(t *testing.T) {
+	duration := 40 * time.Second
+	if v := os.Getenv("EVENTS_SOAK"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err, "EVENTS_SOAK")
+		duration = d
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("EVENTS_SOAK_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		require.NoError(t, err, "EVENTS_SOAK_SEED")
+		seed = s
+	}
+	t.Logf("chaos soak: seed %d, %v (repeat with EVENTS_SOAK_SEED=%d EVENTS_SOAK=%v)", seed, duration, seed, duration)
+	s := newSoak(t, seed)
+	s.run(duration)
+	s.check()
+}
+
+// Subscribers of the soak. "mail" fails transiently; "ledger" always fails
+// for ledger.* events, which must end poisoned, and only those.
+var soakTypes = []string{"order.placed", "order.paid", "note.changed", "supplier.connected", "ledger.entry"}
+
+type soak struct {
+	t       *testing.T
+	cluster *testdb.Cluster
+	admin   *pgxpool.Pool
+	rng     *rand.Rand
+	rngMu   sync.Mutex
+
+	// What the writers know.
+	mu         sync.Mutex
+	committed  map[uuid.UUID]bool // commit returned success
+	rolledBack map[uuid.UUID]bool // explicit rollback
+	unknown    map[uuid.UUID]bool // commit returned an error: may or may not exist
+	receipts   map[uuid.UUID]map[string]int64
+	// poisonRcpt holds the ID groups for which AwaitFanout said ErrPoisoned.
+	poisonRcpt [][]uuid.UUID
+
+	mailFailed sync.Map // event ID -> true once mail's Map failed for it
+	faults     map[string]int
+	faultsMu   sync.Mutex
+	writes     atomic.Int64
+}
+
+func newSoak(t *testing.T, seed uint64) *soak {
+	c := testdb.NewCluster(t)
+	s := &soak{
+		t: t, cluster: c, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		committed: map[uuid.UUID]bool{}, rolledBack: map[uuid.UUID]bool{}, unknown: map[uuid.UUID]bool{},
+		receipts: map[uuid.UUID]map[string]int64{}, faults: map[string]int{},
+	}
+	s.admin = testdb.Pool(t, c.URL)
+	ctx := context.Background()
+	_, err := s.admin.Exec(ctx, `CREATE TABLE soak_notes (id int PRIMARY KEY, title text NOT NULL)`)
+	require.NoError(t, err)
+	_, err = s.admin.Exec(ctx, `INSERT INTO soak_notes SELECT g, 'n' FROM generate_series(1, 20) g`)
+	require.NoError(t, err)
+	require.NoError(t, InstallWatch(ctx, s.admin, Watch{Table: "soak_notes",
+		Types: map[Op]string{OpUpdate: "note.changed"}, Columns: []string{"title"}, SubjectPrefix: "subject-"}))
+	return s
+}
+
+func (s *soak) intn(n int) int {
+	s.rngMu.Lock()
+	defer s.rngMu.Unlock()
+	return s.rng.IntN(n)
+}
+
+func (s *soak) fault(kind string) {
+	s.faultsMu.Lock()
+	s.faults[kind]++
+	s.faultsMu.Unlock()
+}
+
+func (s *soak) subscribers() []Subscriber {
+	mapTo := func(name string) func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
+		return func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			switch name {
+			case "mail":
+				// Fails the first time it meets an event in three, then clears.
+				if e.Seq%3 == 0 {
+					if _, failedBefore := s.mailFailed.LoadOrStore(e.ID, true); !failedBefore {
+						return nil, nil, errors.New("smtp relay warming up")
+					}
+				}
+			case "ledger":
+				return nil, nil, errors.New("ledger schema mismatch")
+			}
+			return testArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
+		}
+	}
+	return []Subscriber{
+		{Name: "webhooks", Types: []string{"**"}, Map: mapTo("webhooks")},
+		{Name: "mail", Types: []string{"order.*", "note.*"}, Map: mapTo("mail")},
+		{Name: "search", Types: []string{"**"}, Coalesce: true, Map: mapTo("search")},
+		{Name: "ledger", Types: []string{"ledger.**"}, Map: mapTo("ledger")},
+	}
+}
+
+// relaySlot is one "process": a pool, a River client and a relay that chaos
+// restarts.
+type relaySlot struct {
+	pool   *pgxpool.Pool
+	client *river.Client[pgx.Tx]
+	relay  *Relay
+	cancel context.CancelFunc
+}
+
+func (s *soak) startSlot(slot *relaySlot) {
+	relay, err := NewRelay(slot.pool, &Config{
+		BatchSize: 1 + s.intn(60), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 300 * time.Millisecond,
+		ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond, Logger: quietLogger(),
+	})
+	require.NoError(s.t, err)
+	for _, sub := range s.subscribers() {
+		require.NoError(s.t, relay.Subscribe(sub))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(s.t, relay.Start(ctx, slot.client))
+	slot.relay, slot.cancel = relay, cancel
+}
+
+func (s *soak) stopSlot(slot *relaySlot, abrupt bool) {
+	if abrupt {
+		slot.cancel() // mid-round, if a round is in flight
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = slot.relay.Stop(stopCtx)
+	slot.cancel()
+}
+
+func (s *soak) run(duration time.Duration) {
+	t := s.t
+	var slots []*relaySlot
+	for range 3 {
+		pool := testdb.Pool(t, s.cluster.URL)
+		client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()})
+		require.NoError(t, err)
+		slot := &relaySlot{pool: pool, client: client}
+		s.startSlot(slot)
+		slots = append(slots, slot)
+	}
+	writerPool := testdb.Pool(t, s.cluster.URL)
+	awaiter, err := NewAwaiter(writerPool, &AwaiterConfig{Logger: quietLogger(), NotFoundGrace: 10 * time.Second,
+		ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, awaiter.Start(context.Background()))
+	defer awaiter.Stop(context.Background())
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.writer(w, writerPool, awaiter, stop)
+		}()
+	}
+
+	// Chaos: a fault every 100–600 ms, and one full restart mid-run.
+	restartAt := time.Now().Add(duration / 2)
+	restarted := false
+	deadline := time.Now().Add(duration)
+	for time.Now().Before(deadline) {
+		time.Sleep(time.Duration(100+s.intn(500)) * time.Millisecond)
+		if !restarted && time.Now().After(restartAt) {
+			restarted = true
+			s.fault("postgres restart")
+			s.cluster.Stop()
+			time.Sleep(time.Duration(200+s.intn(800)) * time.Millisecond)
+			require.NoError(t, s.cluster.Start(context.Background()))
+			continue
+		}
+		switch s.intn(5) {
+		case 0:
+			slot := slots[s.intn(len(slots))]
+			s.fault("relay stopped gracefully")
+			s.stopSlot(slot, false)
+			s.startSlot(slot)
+		case 1:
+			slot := slots[s.intn(len(slots))]
+			s.fault("relay killed (context cancelled)")
+			s.stopSlot(slot, true)
+			s.startSlot(slot)
+		case 2:
+			s.fault("listener connection terminated")
+			s.terminate(`application_name IN ('` + listener.ApplicationName + `', '` + listener.AwaiterApplicationName + `')`)
+		default:
+			s.fault("relay or writer connection terminated")
+			s.terminate(`application_name NOT IN ('` + listener.ApplicationName + `', '` + listener.AwaiterApplicationName + `') AND state <> 'idle'`)
+		}
+	}
+	close(stop)
+	wg.Wait()
+
+	// Calm: everything settles with the relays that are left running.
+	require.Eventually(t, func() bool {
+		var pending int
+		err := s.admin.QueryRow(context.Background(),
+			"SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL AND poisoned_at IS NULL").Scan(&pending)
+		return err == nil && pending == 0
+	}, 2*time.Minute, 20*time.Millisecond, "events still pending after the chaos stopped")
+	for _, slot := range slots {
+		s.stopSlot(slot, false)
+	}
+}
+
+// terminate kills one random backend of the soak's database matching where.
+func (s *soak) terminate(where string) {
+	rows, err := s.admin.Query(context.Background(), "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND "+where)
+	if err != nil {
+		return // the server may be restarting
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil || len(pids) == 0 {
+		return
+	}
+	_, _ = s.admin.Exec(context.Background(), "SELECT pg_terminate_backend($1)", pids[s.intn(len(pids))])
+}
+
+func (s *soak) event() Event {
+	typ := soakTypes[s.intn(len(soakTypes))]
+	if typ == "ledger.entry" && s.intn(4) != 0 {
+		typ = "order.placed" // keep poisoned events a minority
+	}
+	return Event{Type: typ, Subject: fmt.Sprintf("subject-%d", 1+s.intn(20)), Payload: []byte(`{"n":` + strconv.Itoa(s.intn(1000)) + `}`)}
+}
+
+// writer records events in every way the library offers, and logs what it
+// knows committed.
+func (s *soak) writer(w int, pool *pgxpool.Pool, awaiter *Awaiter, stop <-chan struct{}) {
+	ctx := context.Background()
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		var ids []uuid.UUID
+		action := s.intn(10)
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			time.Sleep(20 * time.Millisecond) // the server may be restarting
+			continue
+		}
+		switch {
+		case action < 4:
+			var e Event
+			if e, err = Record(ctx, tx, s.event()); err == nil {
+				ids = append(ids, e.ID)
+			}
+		case action < 6:
+			es := make([]Event, 1+s.intn(40))
+			for i := range es {
+				es[i] = s.event()
+			}
+			if es, err = RecordMany(ctx, tx, es); err == nil {
+				for _, e := range es {
+					ids = append(ids, e.ID)
+				}
+			}
+		case action < 8:
+			// Through the watched table's trigger.
+			var made []Event
+			if _, err = tx.Exec(ctx, "UPDATE soak_notes SET title = md5(random()::text) WHERE id = $1 OR id = $2", 1+s.intn(20), 1+s.intn(20)); err == nil {
+				if made, err = RecordedInTx(ctx, tx); err == nil {
+					for _, e := range made {
+						ids = append(ids, e.ID)
+					}
+				}
+			}
+		default:
+			// A long transaction that others commit past.
+			var e Event
+			if e, err = Record(ctx, tx, s.event()); err == nil {
+				ids = append(ids, e.ID)
+				time.Sleep(time.Duration(500+s.intn(2000)) * time.Millisecond)
+			}
+		}
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			continue
+		}
+		if s.intn(8) == 0 {
+			_ = tx.Rollback(ctx)
+			s.mu.Lock()
+			for _, id := range ids {
+				s.rolledBack[id] = true
+			}
+			s.mu.Unlock()
+			continue
+		}
+		err = tx.Commit(ctx)
+		s.mu.Lock()
+		for _, id := range ids {
+			if err == nil {
+				s.committed[id] = true
+			} else {
+				s.unknown[id] = true // the commit may have landed before the connection died
+			}
+		}
+		s.mu.Unlock()
+		s.writes.Add(1)
+		if err != nil || len(ids) == 0 || s.intn(3) != 0 {
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		receipts, err := awaiter.AwaitFanout(actx, ids...)
+		cancel()
+		s.mu.Lock()
+		switch {
+		case err == nil:
+			for _, r := range receipts {
+				s.receipts[r.EventID] = r.Fanout
+			}
+		case errors.Is(err, ErrPoisoned):
+			s.poisonRcpt = append(s.poisonRcpt, ids)
+		default:
+			s.mu.Unlock()
+			s.t.Errorf("writer %d: AwaitFanout: %v", w, err)
+			continue
+		}
+		s.mu.Unlock()
+	}
+}
+
+// check reads the final state and fails on the first violation.
+func (s *soak) check() {
+	t := s.t
+	rows := loadRows(t, s.admin)
+	jobs := loadJobs(t, s.admin)
+	poisoned := 0
+	for _, r := range rows {
+		if r.Poisoned {
+			poisoned++
+		}
+	}
+	s.faultsMu.Lock()
+	var faults []string
+	for k, n := range s.faults {
+		faults = append(faults, fmt.Sprintf("%s: %d", k, n))
+	}
+	s.faultsMu.Unlock()
+	sort.Strings(faults)
+	t.Logf("chaos soak: %d transactions, %d events (%d committed, %d unknown outcome, %d rolled back), %d jobs, %d poisoned, %d receipts (%d poisoned); faults: %s",
+		s.writes.Load(), len(rows), len(s.committed), len(s.unknown), len(s.rolledBack), len(jobs), poisoned, len(s.receipts), len(s.poisonRcpt), strings.Join(faults, ", "))
+
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("chaos soak violation: "+format, args...)
+	}
+	for id := range s.committed {
+		if _, ok := rows[id]; !ok {
+			fail("committed event %s is missing", id)
+		}
+	}
+	for id := range s.rolledBack {
+		if _, ok := rows[id]; ok {
+			fail("rolled-back event %s exists", id)
+		}
+	}
+	var subscriptions []*subscription
+	for _, sub := range s.subscribers() {
+		c, err := newSubscription(sub)
+		require.NoError(t, err)
+		subscriptions = append(subscriptions, c)
+	}
+	jobsOf := map[string]map[uuid.UUID][]int64{} // subscriber -> event -> jobs carrying it
+	for _, j := range jobs {
+		if jobsOf[j.Subscriber] == nil {
+			jobsOf[j.Subscriber] = map[uuid.UUID][]int64{}
+		}
+		jobsOf[j.Subscriber][j.EventID] = append(jobsOf[j.Subscriber][j.EventID], j.ID)
+	}
+	named := map[int64]bool{}
+	for id, r := range rows {
+		if !s.committed[id] && !s.unknown[id] {
+			fail("event %s (%s) exists but no writer committed it", id, r.Type)
+		}
+		isLedger := strings.HasPrefix(r.Type, "ledger.")
+		switch {
+		case isLedger && !r.Poisoned:
+			fail("event %s of always-failing type %s is not poisoned (fanned out: %v)", id, r.Type, r.FannedOut)
+		case !isLedger && r.Poisoned:
+			fail("event %s of type %s is poisoned: %v", id, r.Type, r.LastError)
+		case !isLedger && !r.FannedOut:
+			fail("event %s is neither fanned out nor poisoned", id)
+		}
+		if r.Poisoned {
+			if len(r.Fanout) != 0 {
+				fail("poisoned event %s has a fanout %v", id, r.Fanout)
+			}
+			for sub := range jobsOf {
+				if len(jobsOf[sub][id]) > 0 {
+					fail("poisoned event %s has %s jobs %v", id, sub, jobsOf[sub][id])
+				}
+			}
+			continue
+		}
+		for _, sub := range subscriptions {
+			if sub.Name == "ledger" {
+				continue
+			}
+			jobID, has := r.Fanout[sub.Name]
+			if sub.matches(r.Type) != has {
+				fail("event %s (%s): fanout %v, subscriber %s matches: %v", id, r.Type, r.Fanout, sub.Name, sub.matches(r.Type))
+			}
+			if !has {
+				continue
+			}
+			named[jobID] = true
+			job, ok := jobs[jobID]
+			if !ok {
+				fail("event %s: fanout names job %d of %s, which does not exist", id, jobID, sub.Name)
+			}
+			if job.Subscriber != sub.Name {
+				fail("event %s: fanout[%s] names job %d of %s", id, sub.Name, jobID, job.Subscriber)
+			}
+			if !sub.Coalesce {
+				if got := jobsOf[sub.Name][id]; len(got) != 1 || got[0] != jobID {
+					fail("event %s: %s must have exactly one job, the one its fanout names (%d); it has %v", id, sub.Name, jobID, got)
+				}
+				continue
+			}
+			carried, ok := rows[job.EventID]
+			if !ok || carried.Subject != r.Subject || carried.Seq < r.Seq {
+				fail("event %s (seq %d, %s): coalesced into job %d carrying event %s (seq %d, %s)", id, r.Seq, r.Subject, jobID, job.EventID, carried.Seq, carried.Subject)
+			}
+		}
+		if want, ok := s.receipts[id]; ok {
+			if fmt.Sprint(want) != fmt.Sprint(r.Fanout) {
+				fail("event %s: AwaitFanout answered %v, the row holds %v", id, want, r.Fanout)
+			}
+		}
+	}
+	for jobID, j := range jobs {
+		if !named[jobID] {
+			fail("job %d (%s, event %s) is named by no fanout", jobID, j.Subscriber, j.EventID)
+		}
+	}
+	for _, group := range s.poisonRcpt {
+		any := false
+		for _, id := range group {
+			any = any || rows[id].Poisoned
+		}
+		if !any {
+			fail("AwaitFanout said ErrPoisoned for %v, but none of them is poisoned", group)
+		}
+	}
+}

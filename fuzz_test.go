@@ -108,7 +108,7 @@ func FuzzGlobMatch(f *testing.F) {
 		if !strings.Contains(pattern, "*") && matched != (pattern == typ) {
 			t.Fatalf("literal pattern %q vs %q: match %v", pattern, typ, matched)
 		}
-		one, _ := glob.Compile(strings.Repeat("*.", strings.Count(typ, "."))+"*")
+		one, _ := glob.Compile(strings.Repeat("*.", strings.Count(typ, ".")) + "*")
 		if !one.Match(typ) {
 			t.Fatalf("one * per segment does not match %q", typ)
 		}

@@ -52,32 +52,33 @@ func (p Pattern) Match(t string) bool {
 	return match(p.segments, strings.Split(t, "."))
 }
 
+// match is the classic two-pointer wildcard match, with "*" standing for one
+// segment (like ? for characters) and "**" for any run of them (like *): on a
+// mismatch it backtracks only to the latest "**", so it takes at most
+// len(pat)×len(segs) steps, never exponential time.
 func match(pat, segs []string) bool {
-	for len(pat) > 0 {
-		switch pat[0] {
-		case "**":
-			rest := pat[1:]
-			if len(rest) == 0 {
-				return true
-			}
-			for i := 0; i <= len(segs); i++ {
-				if match(rest, segs[i:]) {
-					return true
-				}
-			}
-			return false
-		case "*":
-			if len(segs) == 0 {
-				return false
-			}
+	p, s := 0, 0
+	star, starS := -1, 0 // index of the latest "**" in pat, and where in segs it began
+	for s < len(segs) {
+		switch {
+		case p < len(pat) && pat[p] == "**":
+			star, starS = p, s
+			p++
+		case p < len(pat) && (pat[p] == "*" || pat[p] == segs[s]):
+			p++
+			s++
+		case star >= 0:
+			// Let the latest "**" swallow one more segment and retry.
+			starS++
+			p, s = star+1, starS
 		default:
-			if len(segs) == 0 || segs[0] != pat[0] {
-				return false
-			}
+			return false
 		}
-		pat, segs = pat[1:], segs[1:]
 	}
-	return len(segs) == 0
+	for p < len(pat) && pat[p] == "**" {
+		p++
+	}
+	return p == len(pat)
 }
 
 // ValidSegment reports whether s is a non-empty run of ASCII letters, digits,

@@ -1,7 +1,9 @@
 package glob
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -47,6 +49,23 @@ func TestMatch(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tt.want, p.Match(tt.typ))
 		})
+	}
+}
+
+// Many "**" against a long type that does not match must not take
+// exponential time.
+func TestMatchIsNotExponential(t *testing.T) {
+	t.Parallel()
+	p, err := Compile(strings.Repeat("**.a.", 30) + "b")
+	require.NoError(t, err)
+	typ := strings.TrimSuffix(strings.Repeat("a.", 200), ".")
+	done := make(chan bool)
+	go func() { done <- p.Match(typ) }()
+	select {
+	case got := <-done:
+		require.False(t, got)
+	case <-time.After(5 * time.Second):
+		t.Fatal("matching took more than 5 s")
 	}
 }
 

@@ -316,13 +316,21 @@ func (r *Relay) loop(ctx context.Context) {
 		if len(claimed) == r.config.BatchSize {
 			continue
 		}
-		if err := r.retryDue(ctx); err != nil {
+		// One cheap look at the failed events' schedule, on the retry index.
+		next, waiting, err := r.nextRetryIn(ctx)
+		if err == nil && waiting && next <= 0 {
+			err = r.retryDue(ctx)
+		}
+		if err != nil {
 			if ctx.Err() != nil || !fail(err) {
 				return
 			}
 			continue
 		}
-		r.wait(ctx)
+		if waiting && next <= 0 {
+			continue
+		}
+		r.wait(ctx, next, waiting)
 	}
 }
 
@@ -342,14 +350,12 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) bool {
 	return false
 }
 
-// wait blocks until a notification, the next retry of a failed event, or a
-// stop.
-func (r *Relay) wait(ctx context.Context) {
+// wait blocks until a notification, a stop, or — when a failed event is
+// waiting — its retry time, next from now.
+func (r *Relay) wait(ctx context.Context, next time.Duration, waiting bool) {
 	var timer <-chan time.Time
-	if d, ok, err := r.nextRetryIn(ctx); err != nil {
-		r.logger.WarnContext(ctx, "events: reading the next retry time", slog.String("err", err.Error()))
-	} else if ok {
-		t := time.NewTimer(max(d, time.Millisecond))
+	if waiting {
+		t := time.NewTimer(max(next, time.Millisecond))
 		defer t.Stop()
 		timer = t.C
 	}

@@ -27,6 +27,9 @@ const maxErrorLength = 2000
 // MaxAttempts. After b is sent, the returned function lists the failures that
 // this call poisoned.
 func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFailure {
+	if len(failures) > 0 {
+		r.retryCheck.Store(true)
+	}
 	poisoned := make([]bool, len(failures))
 	for i, f := range failures {
 		msg := f.err.Error()

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -119,7 +120,16 @@ type Relay struct {
 	done   chan struct{}
 
 	stopMu sync.Mutex
+
+	// retryCheck asks the loop to read the retry schedule now: this relay
+	// has just failed an event.
+	retryCheck atomic.Bool
 }
+
+// retryCheckInterval is how often, at most, a relay with no failed events in
+// sight reads the retry schedule again (on its next wake-up), to notice
+// events failed by another relay that has died since.
+const retryCheckInterval = time.Second
 
 // testHooks let tests in this package observe and steer the relay.
 type testHooks struct {
@@ -299,6 +309,7 @@ func (r *Relay) loop(ctx context.Context) {
 			slog.String("err", err.Error()), slog.Int("failures", failures), slog.Duration("pause", d))
 		return r.pause(ctx, d)
 	}
+	var retryCheckAt time.Time // when to look at the retry schedule again
 	for !r.stopping() && ctx.Err() == nil {
 		claimed, err := r.round(ctx, r.sql.claimBatch, int64(r.config.BatchSize))
 		if err != nil {
@@ -316,22 +327,40 @@ func (r *Relay) loop(ctx context.Context) {
 		if len(claimed) == r.config.BatchSize {
 			continue
 		}
-		// One cheap look at the failed events' schedule, on the retry index.
-		next, waiting, err := r.nextRetryIn(ctx)
-		if err == nil && waiting && next <= 0 {
-			err = r.retryDue(ctx)
-		}
+		timer, err := r.retries(ctx, &retryCheckAt)
 		if err != nil {
 			if ctx.Err() != nil || !fail(err) {
 				return
 			}
 			continue
 		}
-		if waiting && next <= 0 {
-			continue
+		if timer == 0 {
+			continue // retries ran: look for more work at once
 		}
-		r.wait(ctx, next, waiting)
+		r.wait(ctx, timer)
 	}
+}
+
+// retries runs the retry lane when a failed event is due. It returns how
+// long the loop may wait before the next one is due (-1: no timer needed), or
+// 0 after running retries. The schedule is read from the retry index, but
+// when nothing was waiting, at most once per retryCheckInterval unless this
+// relay has failed an event since: an idle relay costs nothing per wake-up.
+func (r *Relay) retries(ctx context.Context, checkAt *time.Time) (time.Duration, error) {
+	if !r.retryCheck.Swap(false) && time.Now().Before(*checkAt) {
+		return -1, nil
+	}
+	next, waiting, err := r.nextRetryIn(ctx)
+	switch {
+	case err != nil:
+		return 0, err
+	case !waiting:
+		*checkAt = time.Now().Add(retryCheckInterval)
+		return -1, nil
+	case next > 0:
+		return next, nil
+	}
+	return 0, r.retryDue(ctx)
 }
 
 // pause sleeps d unless the relay stops first; it reports whether to go on.
@@ -350,11 +379,11 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) bool {
 	return false
 }
 
-// wait blocks until a notification, a stop, or — when a failed event is
-// waiting — its retry time, next from now.
-func (r *Relay) wait(ctx context.Context, next time.Duration, waiting bool) {
+// wait blocks until a notification, a stop, or — when next is not negative —
+// a failed event's retry time, next from now.
+func (r *Relay) wait(ctx context.Context, next time.Duration) {
 	var timer <-chan time.Time
-	if waiting {
+	if next >= 0 {
 		t := time.NewTimer(max(next, time.Millisecond))
 		defer t.Stop()
 		timer = t.C

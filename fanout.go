@@ -119,7 +119,7 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, batch []claimedRow) ([]ro
 	if len(p.jobs) > 0 {
 		params := make([]river.InsertManyParams, len(p.jobs))
 		for i, j := range p.jobs {
-			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].ID)}
+			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts()}
 		}
 		var err error
 		if results, err = r.client.InsertManyTx(ctx, tx, params); err != nil {

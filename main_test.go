@@ -175,24 +175,28 @@ type jobRow struct {
 	Args       []byte
 }
 
+// loadJobs reads the relay's jobs: the subscriber from the relay's tag, the
+// event from the args (testArgs.EventID, or HandleArgs.Event.ID).
 func loadJobs(t *testing.T, pool *pgxpool.Pool) map[int64]jobRow {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT id, kind, tags, args FROM river_job
-		WHERE kind <> 'events.relay_sweep'`)
+	rows, err := pool.Query(context.Background(), `SELECT id, kind, tags, args,
+		coalesce(args->>'event_id', args->'event'->>'id', '00000000-0000-0000-0000-000000000000')
+		FROM river_job WHERE kind <> 'events.relay_sweep'`)
 	require.NoError(t, err)
 	out := map[int64]jobRow{}
 	for rows.Next() {
-		var j jobRow
-		var tags []string
-		require.NoError(t, rows.Scan(&j.ID, &j.Kind, &tags, &j.Args))
+		var (
+			j       jobRow
+			tags    []string
+			eventID string
+		)
+		require.NoError(t, rows.Scan(&j.ID, &j.Kind, &tags, &j.Args, &eventID))
 		for _, tag := range tags {
 			if name, ok := strings.CutPrefix(tag, tagSubscriber); ok {
 				j.Subscriber = name
 			}
-			if id, ok := strings.CutPrefix(tag, tagEvent); ok {
-				j.EventID = uuid.MustParse(id)
-			}
 		}
+		j.EventID = uuid.MustParse(eventID)
 		out[j.ID] = j
 	}
 	require.NoError(t, rows.Err())

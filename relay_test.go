@@ -332,8 +332,32 @@ func TestMapReturningNilArgsSkipsTheSubscriber(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT metadata->>'tenant', tags FROM river_job WHERE id = $1",
 		rows[es[1].ID].Fanout["picky"]).Scan(&tenant, &tags))
 	require.Equal(t, "t1", tenant, "the host's metadata is kept")
-	require.Equal(t, []string{"tenant-t1", "events-subscriber-picky", "events-event-" + es[1].ID.String()}, tags,
+	require.Equal(t, []string{"tenant-t1", "events-subscriber-picky"}, tags,
 		"the host's tags are kept beside the relay's")
+}
+
+// taggedArgs declare their own tags, as River lets job args do.
+type taggedArgs struct{ testArgs }
+
+func (taggedArgs) Kind() string { return "test.tagged" }
+func (taggedArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Tags: []string{"billing"}}
+}
+
+func TestTheArgsOwnTagsAreKept(t *testing.T) {
+	t.Parallel()
+	sub := Subscriber{Name: "billing", Types: []string{"**"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			return taggedArgs{testArgs{EventID: e.ID}}, nil, nil
+		}}
+	b := setup(t, setupOpts{}, sub)
+	e := b.record(t, Event{Type: "invoice.paid"})[0]
+	b.start(t)
+	waitFannedOut(t, b.pool, 10*time.Second)
+	var tags []string
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT tags FROM river_job WHERE id = $1",
+		loadRows(t, b.pool)[e.ID].Fanout["billing"]).Scan(&tags))
+	require.Equal(t, []string{"billing", "events-subscriber-billing"}, tags)
 }
 
 func TestRolledBackRecordIsNeverFannedOut(t *testing.T) {

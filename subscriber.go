@@ -61,7 +61,8 @@ var subscriberNameRE = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 type subscription struct {
 	Subscriber
 	patterns []glob.Pattern
-	tag      string // River tag of this subscriber's jobs
+	tag      string   // River tag of this subscriber's jobs
+	tags     []string // just tag, shared by jobs with no tags of their own (River only reads it)
 }
 
 func newSubscription(s Subscriber) (*subscription, error) {
@@ -77,7 +78,8 @@ func newSubscription(s Subscriber) (*subscription, error) {
 	if (s.Map == nil) == (s.Handle == nil) {
 		return nil, bad("Map/Handle", "exactly one must be set")
 	}
-	sub := &subscription{Subscriber: s, tag: tagSubscriber + s.Name}
+	tag := tagSubscriber + s.Name
+	sub := &subscription{Subscriber: s, tag: tag, tags: []string{tag}}
 	for _, t := range s.Types {
 		p, err := glob.Compile(t)
 		if err != nil {

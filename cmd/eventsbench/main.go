@@ -33,6 +33,7 @@ func main() {
 		evs      = flag.Int("events", 0, "backlog for the throughput runs (default 50000)")
 		batch    = flag.Int("batch", 0, "relay batch size (default 200)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
+		mdPath   = flag.String("markdown", "", "also write the results as a Markdown table to this file")
 	)
 	flag.Parse()
 	if *cpuprof != "" {
@@ -46,14 +47,14 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*jsonPath, *only, *smoke, *evs, *batch); err != nil {
+	if err := run(*jsonPath, *mdPath, *only, *smoke, *evs, *batch); err != nil {
 		fmt.Fprintln(os.Stderr, "eventsbench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
 
-func run(jsonPath, only string, smoke bool, evs, batch int) error {
+func run(jsonPath, mdPath, only string, smoke bool, evs, batch int) error {
 	ctx := context.Background()
 	url, cleanup, err := pgtest.FromEnv(ctx, "DATABASE_URL")
 	if err != nil {
@@ -79,15 +80,7 @@ func run(jsonPath, only string, smoke bool, evs, batch int) error {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "section\tmeasure\tvalue\tunit\ttarget\t")
 	for _, r := range rep.Results {
-		target := r.Target
-		if r.Met != nil {
-			if *r.Met {
-				target += " ✓"
-			} else {
-				target += " ✗ missed"
-			}
-		}
-		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t\n", r.Section, r.Name, r.Value, r.Unit, target)
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t\n", r.Section, r.Name, r.Value, r.Unit, targetText(r))
 	}
 	w.Flush()
 	fmt.Printf("\nevents lost or fanned out wrongly: %d\n", rep.Lost)
@@ -100,8 +93,32 @@ func run(jsonPath, only string, smoke bool, evs, batch int) error {
 			return err
 		}
 	}
+	if mdPath != "" {
+		var b strings.Builder
+		fmt.Fprintf(&b, "Measured %s — Go %s, %d CPUs, PostgreSQL %s.\n\n", rep.Date.Format(time.DateOnly), rep.GoVersion, rep.CPUs, rep.Postgres)
+		b.WriteString("| section | measure | value | unit | target |\n| --- | --- | ---: | --- | --- |\n")
+		for _, r := range rep.Results {
+			fmt.Fprintf(&b, "| %s | %s | %.2f | %s | %s |\n", r.Section, r.Name, r.Value, r.Unit, targetText(r))
+		}
+		fmt.Fprintf(&b, "\nEvents lost or fanned out wrongly: %d.\n", rep.Lost)
+		if err := os.WriteFile(mdPath, []byte(b.String()), 0o644); err != nil {
+			return err
+		}
+	}
 	if rep.Lost != 0 {
 		return fmt.Errorf("%d events lost or fanned out wrongly", rep.Lost)
 	}
 	return nil
+}
+
+// targetText is a result's target with whether it was met.
+func targetText(r bench.Result) string {
+	switch {
+	case r.Met == nil:
+		return r.Target
+	case *r.Met:
+		return r.Target + " ✓"
+	default:
+		return r.Target + " ✗ missed"
+	}
 }

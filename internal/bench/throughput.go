@@ -50,7 +50,7 @@ func jobParams(dst []river.InsertManyParams, id uuid.UUID, subject string) []riv
 	for _, s := range subscriberNames {
 		dst = append(dst, river.InsertManyParams{
 			Args:       JobArgs{EventID: id, Subject: subject, Subscriber: s},
-			InsertOpts: &river.InsertOpts{Tags: []string{"events-subscriber-" + s, "events-event-" + id.String()}},
+			InsertOpts: &river.InsertOpts{Tags: []string{"events-subscriber-" + s}},
 		})
 	}
 	return dst

@@ -13,8 +13,9 @@ var (
 	// that cannot be registered. The wrapping error names the field.
 	ErrInvalidSubscriber = errors.New("events: invalid subscriber")
 
-	// ErrInvalidConfig is returned by [NewRelay] and [NewAwaiter] for a
-	// configuration that cannot work. The wrapping error names the field.
+	// ErrInvalidConfig is returned by [NewRelay], [NewAwaiter], [Migrate] and
+	// the [Outbox] methods for a configuration that cannot work (a bad
+	// Schema, say). The wrapping error names the field.
 	ErrInvalidConfig = errors.New("events: invalid config")
 
 	// ErrInvalidWatch is returned by [InstallWatch] for a watch that cannot
@@ -37,6 +38,6 @@ var (
 	ErrNotRunning = errors.New("events: not running")
 
 	// ErrStarted is returned when a relay is configured after it started, or
-	// started twice.
-	ErrStarted = errors.New("events: relay already started")
+	// a relay or an awaiter is started twice.
+	ErrStarted = errors.New("events: already started")
 )

@@ -29,10 +29,11 @@ type MigrateOpts struct {
 // migrateLockKey is the advisory lock that serialises Migrate across processes.
 const migrateLockKey = 7_365_109_225_001
 
-// Migrate brings River's tables and then the library's tables up to date, in
-// one transaction. It is idempotent, and safe to call from several processes
-// at once: they take turns on an advisory lock, and the later ones find
-// nothing left to do.
+// Migrate brings River's tables (with River's migrator, one transaction per
+// version, as River requires) and then the library's tables (in one
+// transaction) up to date. It is idempotent, and safe to call from several
+// processes at once: they take turns on an advisory lock, and the later ones
+// find nothing left to do.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}

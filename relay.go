@@ -199,7 +199,8 @@ func (r *Relay) subscription(name string) *subscription {
 // Start returns once both are running; the first round starts at once.
 //
 // Cancelling ctx stops the relay abruptly (a round in flight rolls back);
-// [Relay.Stop] stops it gracefully.
+// [Relay.Stop] stops it gracefully, and must be called before the relay can
+// be started again either way.
 func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	if client == nil {
 		return fmt.Errorf("%w: River client is nil", ErrInvalidConfig)

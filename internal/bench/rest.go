@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/standmeet/events"
 )
@@ -256,16 +257,13 @@ func latencyAt(ctx context.Context, h *harness, o Options, rate int, rep *Report
 	total := int(o.LatencyFor.Seconds() * float64(rate))
 	var next atomic.Int64
 	start := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
+	var g errgroup.Group
 	for range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		g.Go(func() error {
 			for {
 				i := next.Add(1) - 1
 				if i >= int64(total) {
-					return
+					return nil
 				}
 				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -276,16 +274,14 @@ func latencyAt(ctx context.Context, h *harness, o Options, rate int, rep *Report
 					return err
 				})
 				if err != nil {
-					errs <- err
-					return
+					return err
 				}
 			}
-		}()
+		})
 	}
-	wg.Wait()
+	err = g.Wait()
 	elapsed := time.Since(start)
-	close(errs)
-	if err := <-errs; err != nil {
+	if err != nil {
 		stopListening()
 		<-listening
 		return err
@@ -347,49 +343,40 @@ func runReceipts(ctx context.Context, h *harness, o Options, rep *Report) error 
 			var (
 				mu  sync.Mutex
 				lat []time.Duration
-				wg  sync.WaitGroup
+				g   errgroup.Group
 			)
-			errs := make(chan error, writers)
 			for w := range writers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				g.Go(func() error {
 					for i := range per {
 						tx, err := pool.Begin(ctx)
 						if err != nil {
-							errs <- err
-							return
+							return err
 						}
 						e, err := events.Record(ctx, tx, events.Event{Type: "order.placed", Subject: fmt.Sprintf("order:%d:%d", w, i)})
 						if err != nil {
 							_ = tx.Rollback(ctx)
-							errs <- err
-							return
+							return err
 						}
 						start := time.Now()
 						if err := tx.Commit(ctx); err != nil {
-							errs <- err
-							return
+							return err
 						}
 						got, err := awaiter.AwaitFanout(ctx, e.ID)
 						if err != nil {
-							errs <- err
-							return
+							return err
 						}
 						d := time.Since(start)
 						if len(got[0].Fanout) != len(subscriberNames) {
-							errs <- fmt.Errorf("receipt of %s has fanout %v", e.ID, got[0].Fanout)
-							return
+							return fmt.Errorf("receipt of %s has fanout %v", e.ID, got[0].Fanout)
 						}
 						mu.Lock()
 						lat = append(lat, d)
 						mu.Unlock()
 					}
-				}()
+					return nil
+				})
 			}
-			wg.Wait()
-			close(errs)
-			if err := <-errs; err != nil {
+			if err := g.Wait(); err != nil {
 				return err
 			}
 			p50, p95, p99 := percentiles(lat)

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/standmeet/events"
 )
@@ -146,12 +146,9 @@ func drainBare(ctx context.Context, pool *pgxpool.Pool, workers, batch int) (tim
 		return 0, err
 	}
 	start := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	var g errgroup.Group
 	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		g.Go(func() error {
 			for {
 				n := 0
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -187,19 +184,13 @@ func drainBare(ctx context.Context, pool *pgxpool.Pool, workers, batch int) (tim
 						FROM unnest($1::bigint[], $2::text[]) u(seq, f) WHERE e.seq = u.seq`, seqs, fanouts)
 					return err
 				})
-				if err != nil {
-					errs <- err
-					return
-				}
-				if n == 0 {
-					return
+				if err != nil || n == 0 {
+					return err
 				}
 			}
-		}()
+		})
 	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := g.Wait(); err != nil {
 		return 0, err
 	}
 	return time.Since(start), nil
@@ -229,12 +220,9 @@ func insertOnly(ctx context.Context, pool *pgxpool.Pool, workers, batch int) (ti
 	}
 	close(work)
 	start := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	var g errgroup.Group
 	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		g.Go(func() error {
 			for chunk := range work {
 				params := make([]river.InsertManyParams, 0, len(chunk)*len(subscriberNames))
 				for _, c := range chunk {
@@ -244,15 +232,13 @@ func insertOnly(ctx context.Context, pool *pgxpool.Pool, workers, batch int) (ti
 					_, err := client.InsertManyTx(ctx, tx, params)
 					return err
 				}); err != nil {
-					errs <- err
-					return
+					return err
 				}
 			}
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := g.Wait(); err != nil {
 		return 0, err
 	}
 	return time.Since(start), nil

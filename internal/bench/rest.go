@@ -230,7 +230,14 @@ func runLatency(ctx context.Context, h *harness, o Options, rep *Report) error {
 
 func latencyAt(ctx context.Context, h *harness, o Options, rate int, rep *Report) error {
 	writers := max(2, rate/100)
-	pool, err := h.database(ctx, int32(writers+10))
+	return withRelay(ctx, h, o, int32(writers+10), func(pool *pgxpool.Pool) error {
+		return measureLatency(ctx, pool, o, rate, writers, rep)
+	})
+}
+
+// withRelay runs f on a fresh database with a relay running on it.
+func withRelay(ctx context.Context, h *harness, o Options, conns int32, f func(*pgxpool.Pool) error) error {
+	pool, err := h.database(ctx, conns)
 	if err != nil {
 		return err
 	}
@@ -241,6 +248,10 @@ func latencyAt(ctx context.Context, h *harness, o Options, rate int, rep *Report
 		return err
 	}
 	defer relay.Stop(ctx)
+	return f(pool)
+}
+
+func measureLatency(ctx context.Context, pool *pgxpool.Pool, o Options, rate, writers int, rep *Report) error {
 	conn, err := pgx.Connect(ctx, pool.Config().ConnString())
 	if err != nil {
 		return err
@@ -319,18 +330,7 @@ func latencyAt(ctx context.Context, h *harness, o Options, rate int, rep *Report
 
 func runReceipts(ctx context.Context, h *harness, o Options, rep *Report) error {
 	for _, writers := range []int{1, 50} {
-		pool, err := h.database(ctx, int32(writers+10))
-		if err != nil {
-			return err
-		}
-		err = func() error {
-			defer h.drop(ctx)
-			defer pool.Close()
-			relay, err := startRelay(ctx, pool, o.Batch)
-			if err != nil {
-				return err
-			}
-			defer relay.Stop(ctx)
+		err := withRelay(ctx, h, o, int32(writers+10), func(pool *pgxpool.Pool) error {
 			awaiter, err := events.NewAwaiter(pool, &events.AwaiterConfig{Logger: quiet})
 			if err != nil {
 				return err
@@ -392,7 +392,7 @@ func runReceipts(ctx context.Context, h *harness, o Options, rep *Report) error 
 			}
 			fmt.Fprintf(o.Log, "%s: p50 %.2fms p95 %.2fms p99 %.2fms over %d receipts\n", name, ms(p50), ms(p95), ms(p99), len(lat))
 			return nil
-		}()
+		})
 		if err != nil {
 			return err
 		}

@@ -298,3 +298,39 @@ func TestRequeueRefusesWhatIsNotPoisoned(t *testing.T) {
 	_, err := Inspect(ctx, b.pool, uuid.New())
 	require.ErrorIs(t, err, ErrNotFound)
 }
+
+// An event failed by a relay that then stops is retried by another relay,
+// with no notification to wake it: idle relays read the retry schedule now
+// and then.
+func TestAnotherRelayRetriesWhatAStoppedRelayFailed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := func() *Config { return &Config{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond} }
+	failing := Subscriber{Name: "mailer", Types: []string{"**"},
+		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
+			return nil, nil, errors.New("this process has no template")
+		}}
+	survivor := setup(t, setupOpts{config: cfg()}, mapSub("mailer", false, "**"))
+	survivor.start(t)
+	survivor.waitIdle(t)
+
+	// A row with no notification, so the idle survivor is not woken by it.
+	id := uuid.Must(uuid.NewV7())
+	_, err := survivor.pool.Exec(ctx, "INSERT INTO outbox_events (id, type) VALUES ($1, 'order.placed')", id)
+	require.NoError(t, err)
+	doomed := setup(t, setupOpts{url: survivor.url, config: cfg()}, failing)
+	charged := make(chan struct{})
+	var once sync.Once
+	doomed.relay.hooks.charged = func(int64, int, time.Duration) { once.Do(func() { close(charged) }) }
+	doomed.start(t)
+	<-charged
+	require.NoError(t, doomed.relay.Stop(ctx))
+
+	require.Eventually(t, func() bool {
+		info, err := Inspect(ctx, survivor.pool, id)
+		return err == nil && !info.FannedOutAt.IsZero()
+	}, 10*time.Second, 10*time.Millisecond, "the survivor never retried the event")
+	info, err := Inspect(ctx, survivor.pool, id)
+	require.NoError(t, err)
+	require.Equal(t, 1, info.Attempts)
+}

@@ -126,9 +126,9 @@ type Relay struct {
 	retryCheck atomic.Bool
 }
 
-// retryCheckInterval is how often, at most, a relay with no failed events in
-// sight reads the retry schedule again (on its next wake-up), to notice
-// events failed by another relay that has died since.
+// retryCheckInterval is how often an idle relay reads the retry schedule (one
+// query on a small index), to notice events failed by another relay that has
+// died since.
 const retryCheckInterval = time.Second
 
 // testHooks let tests in this package observe and steer the relay.
@@ -310,55 +310,66 @@ func (r *Relay) loop(ctx context.Context) {
 			slog.String("err", err.Error()), slog.Int("failures", failures), slog.Duration("pause", d))
 		return r.pause(ctx, d)
 	}
-	var retryCheckAt time.Time // when to look at the retry schedule again
+	var (
+		retryCheckAt time.Time // when to read the retry schedule again
+		claim        = true    // whether this pass starts with a batch round
+	)
 	for !r.stopping() && ctx.Err() == nil {
-		claimed, err := r.round(ctx, r.sql.claimBatch, int64(r.config.BatchSize))
-		if err != nil {
-			if ctx.Err() != nil || !fail(err) {
-				return
+		if claim {
+			claimed, err := r.round(ctx, r.sql.claimBatch, int64(r.config.BatchSize))
+			if err != nil {
+				if ctx.Err() != nil || !fail(err) {
+					return
+				}
+				// One bad row must not hold back the rest: retry the batch
+				// row by row, so the bad one is found and charged alone.
+				if err := r.rowByRow(ctx, claimed); err != nil && ctx.Err() == nil {
+					r.logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
+				}
+				continue
 			}
-			// One bad row must not hold back the rest: retry the batch
-			// row by row, so the bad one is found and charged alone.
-			if err := r.rowByRow(ctx, claimed); err != nil && ctx.Err() == nil {
-				r.logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
+			failures = 0
+			if len(claimed) == r.config.BatchSize {
+				continue
 			}
-			continue
-		}
-		failures = 0
-		if len(claimed) == r.config.BatchSize {
-			continue
 		}
 		timer, err := r.retries(ctx, &retryCheckAt)
 		if err != nil {
 			if ctx.Err() != nil || !fail(err) {
 				return
 			}
+			claim = true
 			continue
 		}
 		if timer == 0 {
-			continue // retries ran: look for more work at once
+			claim = true // retries ran: look for more work at once
+			continue
 		}
-		r.wait(ctx, timer)
+		// A notification means new rows; a timer only means the retry
+		// schedule is worth reading again.
+		claim = r.wait(ctx, timer)
 	}
 }
 
-// retries runs the retry lane when a failed event is due. It returns how
-// long the loop may wait before the next one is due (-1: no timer needed), or
-// 0 after running retries. The schedule is read from the retry index, but
-// when nothing was waiting, at most once per retryCheckInterval unless this
-// relay has failed an event since: an idle relay costs nothing per wake-up.
+// retries runs the retry lane when a failed event is due. It returns 0 after
+// running retries, or else how long the loop may wait before reading the
+// schedule again: until the next failed event is due, or at most
+// retryCheckInterval. Between those reads it reads nothing, unless this
+// relay has just failed an event. The periodic read finds events failed by a
+// relay that died before retrying them, with no notification needed.
 func (r *Relay) retries(ctx context.Context, checkAt *time.Time) (time.Duration, error) {
 	if !r.retryCheck.Swap(false) && time.Now().Before(*checkAt) {
-		return -1, nil
+		return time.Until(*checkAt), nil
 	}
 	next, waiting, err := r.nextRetryIn(ctx)
 	switch {
 	case err != nil:
 		return 0, err
-	case !waiting:
+	case !waiting || next > retryCheckInterval:
 		*checkAt = time.Now().Add(retryCheckInterval)
-		return -1, nil
+		return retryCheckInterval, nil
 	case next > 0:
+		*checkAt = time.Now().Add(next)
 		return next, nil
 	}
 	return 0, r.retryDue(ctx)
@@ -380,22 +391,20 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) bool {
 	return false
 }
 
-// wait blocks until a notification, a stop, or — when next is not negative —
-// a failed event's retry time, next from now.
-func (r *Relay) wait(ctx context.Context, next time.Duration) {
-	var timer <-chan time.Time
-	if next >= 0 {
-		t := time.NewTimer(max(next, time.Millisecond))
-		defer t.Stop()
-		timer = t.C
-	}
+// wait blocks until a notification, a stop, or the timer of next; it reports
+// whether it was anything but the timer.
+func (r *Relay) wait(ctx context.Context, next time.Duration) bool {
+	t := time.NewTimer(max(next, time.Millisecond))
+	defer t.Stop()
 	if r.hooks.idle != nil {
 		r.hooks.idle()
 	}
 	select {
 	case <-r.wake:
-	case <-timer:
+	case <-t.C:
+		return false
 	case <-r.stopCh:
 	case <-ctx.Done():
 	}
+	return true
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/listener"
@@ -230,12 +231,36 @@ func (s *soak) run(duration time.Duration) {
 	wg.Wait()
 
 	// Calm: everything settles with the relays that are left running.
-	require.Eventually(t, func() bool {
+	settled := assert.Eventually(t, func() bool {
 		var pending int
 		err := s.admin.QueryRow(context.Background(),
 			"SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL AND poisoned_at IS NULL").Scan(&pending)
 		return err == nil && pending == 0
 	}, 2*time.Minute, 20*time.Millisecond, "events still pending after the chaos stopped")
+	if !settled {
+		rows, err := s.admin.Query(context.Background(), `SELECT id, type, attempts, coalesce(last_error, ''),
+			coalesce(next_attempt_at::text, ''), (SELECT count(*) FROM pg_locks l WHERE l.locktype = 'transactionid') FROM outbox_events
+			WHERE fanned_out_at IS NULL AND poisoned_at IS NULL LIMIT 10`)
+		if err == nil {
+			for rows.Next() {
+				var id, typ, lastErr, next string
+				var attempts, locks int
+				_ = rows.Scan(&id, &typ, &attempts, &lastErr, &next, &locks)
+				t.Logf("pending: %s %s attempts=%d next=%s locks=%d err=%s", id, typ, attempts, next, locks, lastErr)
+			}
+			rows.Close()
+		}
+		activity, _ := s.admin.Query(context.Background(), "SELECT coalesce(application_name, ''), state, coalesce(query, '') FROM pg_stat_activity WHERE datname = current_database()")
+		if activity != nil {
+			for activity.Next() {
+				var app, state, query string
+				_ = activity.Scan(&app, &state, &query)
+				t.Logf("backend: %s %s %.120s", app, state, query)
+			}
+			activity.Close()
+		}
+		t.FailNow()
+	}
 	for _, slot := range slots {
 		s.stopSlot(slot, false)
 	}

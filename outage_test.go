@@ -46,7 +46,7 @@ func TestListenerReconnectsAndCatchesUp(t *testing.T) {
 		recordWhileDown.Do(func() { recorded <- b.record(t, Event{Type: "while.down"})[0] })
 	}
 	b.start(t)
-	b.waitIdle(t)
+	b.settle(t)
 	old := listenerPID(t, b.pool)
 	_, err := b.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", old)
 	require.NoError(t, err)

@@ -299,38 +299,30 @@ func TestRequeueRefusesWhatIsNotPoisoned(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
-// An event failed by a relay that then stops is retried by another relay,
-// with no notification to wake it: idle relays read the retry schedule now
-// and then.
-func TestAnotherRelayRetriesWhatAStoppedRelayFailed(t *testing.T) {
+// An event failed by a relay that then died (it waits in the retry lane, and
+// no notification will come) is retried by another, idle relay: idle relays
+// read the retry schedule now and then.
+func TestAnIdleRelayRetriesWhatADeadRelayFailed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg := func() *Config { return &Config{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond} }
-	failing := Subscriber{Name: "mailer", Types: []string{"**"},
-		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
-			return nil, nil, errors.New("this process has no template")
-		}}
-	survivor := setup(t, setupOpts{config: cfg()}, mapSub("mailer", false, "**"))
+	survivor := setup(t, setupOpts{config: &Config{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond}},
+		mapSub("mailer", false, "**"))
 	survivor.start(t)
-	survivor.waitIdle(t)
+	survivor.settle(t)
 
-	// A row with no notification, so the idle survivor is not woken by it.
+	// The state a relay leaves when it charges an event and dies before the
+	// retry; written by hand, without a notification.
 	id := uuid.Must(uuid.NewV7())
-	_, err := survivor.pool.Exec(ctx, "INSERT INTO outbox_events (id, type) VALUES ($1, 'order.placed')", id)
+	_, err := survivor.pool.Exec(ctx, `INSERT INTO outbox_events (id, type, attempts, last_error, next_attempt_at)
+		VALUES ($1, 'order.placed', 1, 'the dead relay had no template', now() + interval '200 milliseconds')`, id)
 	require.NoError(t, err)
-	doomed := setup(t, setupOpts{url: survivor.url, config: cfg()}, failing)
-	charged := make(chan struct{})
-	var once sync.Once
-	doomed.relay.hooks.charged = func(int64, int, time.Duration) { once.Do(func() { close(charged) }) }
-	doomed.start(t)
-	<-charged
-	require.NoError(t, doomed.relay.Stop(ctx))
 
 	require.Eventually(t, func() bool {
 		info, err := Inspect(ctx, survivor.pool, id)
 		return err == nil && !info.FannedOutAt.IsZero()
-	}, 10*time.Second, 10*time.Millisecond, "the survivor never retried the event")
+	}, 10*time.Second, 10*time.Millisecond, "the idle relay never retried the event")
 	info, err := Inspect(ctx, survivor.pool, id)
 	require.NoError(t, err)
 	require.Equal(t, 1, info.Attempts)
+	require.Len(t, info.Fanout, 1)
 }

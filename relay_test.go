@@ -384,7 +384,7 @@ func TestNotificationWakesTheRelay(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
 	b.start(t)
-	b.waitIdle(t)
+	b.settle(t)
 	e := b.record(t, Event{Type: "note.changed"})[0]
 	require.Eventually(t, func() bool { return loadRows(t, b.pool)[e.ID].FannedOut }, 5*time.Second, 5*time.Millisecond)
 }
@@ -397,7 +397,7 @@ func TestSweepAloneWakesTheRelay(t *testing.T) {
 	b := setup(t, setupOpts{work: true, periodicJobs: []*river.PeriodicJob{SweepJob(300 * time.Millisecond)}},
 		mapSub("audit", false, "**"))
 	b.start(t)
-	b.waitIdle(t)
+	b.settle(t)
 	_, err := b.pool.Exec(ctx, "INSERT INTO outbox_events (id, type) VALUES ($1, 'note.silent')", uuid.Must(uuid.NewV7()))
 	require.NoError(t, err)
 	waitFannedOut(t, b.pool, 20*time.Second)

@@ -36,6 +36,8 @@ func FuzzValidate(f *testing.F) {
 		{"a.b", "s", "\xff"},
 		{"a.b", "s", `[1e400, -0, 1E-400]`},
 		{"a.b", "s", `{"":null,"x":[true,false,{}]}`},
+		{"a.b", "s", `[1e131071, 1e131072, 1e-16383, 1e-16384, 0.1e-16383, 0e1000000, -12.5E+3]`},
+		{"a.b", "s", `{"n":123456e131066}`},
 	} {
 		f.Add(seed.typ, seed.subject, []byte(seed.payload))
 	}

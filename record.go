@@ -195,6 +195,14 @@ func validateJSON(b []byte) error {
 		return errors.New("is not valid JSON")
 	}
 	for i := 0; i < len(b); i++ {
+		if b[i] == '-' || '0' <= b[i] && b[i] <= '9' {
+			n, err := checkNumber(b[i:])
+			if err != nil {
+				return err
+			}
+			i += n - 1
+			continue
+		}
 		if b[i] != '"' {
 			continue
 		}
@@ -227,6 +235,65 @@ func validateJSON(b []byte) error {
 		}
 	}
 	return nil
+}
+
+// PostgreSQL's numeric limits: digits before the decimal point, and after it.
+const (
+	numericMaxWeight = 131072
+	numericMaxScale  = 16383
+)
+
+// checkNumber checks the JSON number at the start of b (json.Valid has
+// checked its syntax) against the range of PostgreSQL's numeric, which jsonb
+// stores numbers in: 1e131072 or 1e-16384 would abort the host's
+// transaction. It returns the number's length.
+func checkNumber(b []byte) (int, error) {
+	i := 0
+	if b[i] == '-' {
+		i++
+	}
+	intDigits, fracDigits, zero := 0, 0, true
+	for ; i < len(b) && '0' <= b[i] && b[i] <= '9'; i++ {
+		if b[i] != '0' || !zero {
+			intDigits++ // significant digits only
+			zero = false
+		}
+	}
+	if i < len(b) && b[i] == '.' {
+		for i++; i < len(b) && '0' <= b[i] && b[i] <= '9'; i++ {
+			fracDigits++
+			if b[i] != '0' {
+				zero = false
+			}
+		}
+	}
+	exp := 0
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		neg := false
+		if b[i] == '+' || b[i] == '-' {
+			neg = b[i] == '-'
+			i++
+		}
+		for ; i < len(b) && '0' <= b[i] && b[i] <= '9'; i++ {
+			if exp < 1_000_000 {
+				exp = exp*10 + int(b[i]-'0')
+			}
+		}
+		if neg {
+			exp = -exp
+		}
+	}
+	if zero {
+		if exp > numericMaxWeight || exp < -numericMaxWeight {
+			return 0, errors.New("holds a number whose exponent PostgreSQL's numeric cannot store")
+		}
+		return i, nil
+	}
+	if intDigits+exp > numericMaxWeight || fracDigits-exp > numericMaxScale {
+		return 0, errors.New("holds a number outside the range of PostgreSQL's numeric (jsonb)")
+	}
+	return i, nil
 }
 
 // hex4 decodes four hex digits; json.Valid has already checked them.

@@ -74,6 +74,8 @@ func TestRefusedEventsLeaveTheTransactionUsable(t *testing.T) {
 		{"payload not JSON", Event{Type: "a", Payload: []byte(`{"a":`)}, "Payload"},
 		{"payload with \\u0000", Event{Type: "a", Payload: []byte(`{"a":"x\u0000"}`)}, "Payload"},
 		{"payload with a lone surrogate", Event{Type: "a", Payload: []byte(`["\ud800"]`)}, "Payload"},
+		{"payload number too large for numeric", Event{Type: "a", Payload: []byte(`{"n":1e131072}`)}, "Payload"},
+		{"payload number too precise for numeric", Event{Type: "a", Payload: []byte(`[0.1e-16383]`)}, "Payload"},
 		{"payload too large", Event{Type: "a", Payload: []byte(`"` + strings.Repeat("x", MaxPayloadBytes) + `"`)}, "Payload"},
 		{"ID set by the caller", Event{Type: "a", ID: uuid.New()}, "ID"},
 	}
@@ -89,7 +91,7 @@ func TestRefusedEventsLeaveTheTransactionUsable(t *testing.T) {
 		require.Contains(t, err.Error(), "events[1]", tt.name)
 	}
 	// The transaction is still good: it records and commits.
-	_, err = Record(ctx, tx, Event{Type: "note.ok", Payload: []byte(`{"escaped":"\\u0000 is text here","pair":"\ud83d\ude00"}`)})
+	_, err = Record(ctx, tx, Event{Type: "note.ok", Payload: []byte(`{"escaped":"\\u0000 is text here","pair":"\ud83d\ude00","big":9e131071,"small":-1e-16383,"zero":0e1000,"x":"1e999999"}`)})
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	require.Len(t, loadRows(t, pool), 1)

@@ -1,4 +1,4 @@
-.PHONY: all test race vet quickstart bench lint
+.PHONY: all test race vet quickstart bench bench-smoke soak
 
 all: vet test
 
@@ -14,3 +14,12 @@ vet:
 
 quickstart:
 	go run ./examples/quickstart
+
+bench:
+	go run ./cmd/eventsbench -json bench-results.json
+
+bench-smoke:
+	go run ./cmd/eventsbench -smoke
+
+soak:
+	EVENTS_SOAK=10m go test -run TestChaosSoak -timeout 30m .

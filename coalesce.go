@@ -108,7 +108,7 @@ func (j *plannedJob) insertOpts() *river.InsertOpts {
 		opts.Tags = j.sub.tags
 		return &opts
 	}
-	opts.Tags = append(append(make([]string, 0, len(own)+1), own...), j.sub.tag)
+	opts.Tags = append(append(make([]string, 0, len(own)+1), own...), j.sub.tags...)
 	return &opts
 }
 

@@ -54,6 +54,13 @@ type claimedRow struct {
 	attempts int
 }
 
+// scanClaimed reads a row selected with claimColumns.
+func scanClaimed(row pgx.Row) (claimedRow, error) {
+	var c claimedRow
+	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts)
+	return c, err
+}
+
 // roundError is a failed round. rowFault says whether the failure belongs to
 // the claimed rows (bad data), as opposed to the database or the network.
 type roundError struct {
@@ -80,11 +87,7 @@ func (r *Relay) round(ctx context.Context, claimSQL string, arg int64) (claimed 
 		if err != nil {
 			return err
 		}
-		batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
-			var c claimedRow
-			err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts)
-			return c, err
-		})
+		batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) { return scanClaimed(row) })
 		if err != nil {
 			return err
 		}
@@ -141,13 +144,15 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, batch []claimedRow) ([]ro
 		}
 	}
 	var (
-		seqs    = make([]int64, 0, len(batch))
-		docs    = make([]string, 0, len(batch))
-		ids     = make([]uuid.UUID, 0, len(batch))
-		sendBuf pgx.Batch
+		seqs     = make([]int64, 0, len(batch))
+		docs     = make([]string, 0, len(batch))
+		ids      = make([]uuid.UUID, 0, len(batch))
+		failures []rowFailure
+		sendBuf  pgx.Batch
 	)
 	for i, c := range batch {
 		if p.failed[i] != nil {
+			failures = append(failures, rowFailure{row: c, err: p.failed[i]})
 			continue
 		}
 		seqs = append(seqs, c.Seq)
@@ -160,12 +165,6 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, batch []claimedRow) ([]ro
 	// Delivered at commit, and only if it commits.
 	for _, payload := range notifyPayloads(ids) {
 		sendBuf.Queue("SELECT pg_notify($1, $2)", ChannelFanned, payload)
-	}
-	var failures []rowFailure
-	for i, c := range batch {
-		if p.failed[i] != nil {
-			failures = append(failures, rowFailure{row: c, err: p.failed[i]})
-		}
 	}
 	poisonedAt := r.queueCharges(&sendBuf, failures)
 	if err := tx.SendBatch(ctx, &sendBuf).Close(); err != nil {
@@ -228,7 +227,7 @@ func (r *Relay) rowByRow(ctx context.Context, seqs []int64) error {
 		if r.stopping() || ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err := r.single(ctx, r.sql.claimOne, seq); err != nil {
+		if _, err := r.singleClaimed(ctx, r.sql.claimOne, seq); err != nil {
 			return err
 		}
 	}
@@ -248,11 +247,6 @@ func (r *Relay) retryDue(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-func (r *Relay) single(ctx context.Context, claimSQL string, arg int64) error {
-	_, err := r.singleClaimed(ctx, claimSQL, arg)
-	return err
 }
 
 // singleClaimed runs a one-row round and charges the row if it failed on its
@@ -284,10 +278,7 @@ func (r *Relay) singleClaimed(ctx context.Context, claimSQL string, arg int64) (
 }
 
 func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
-	var c claimedRow
-	err := r.pool.QueryRow(ctx, "SELECT "+claimColumns+" FROM "+qualify(r.client.Schema(), tableName)+" WHERE seq = $1", seq).
-		Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts)
-	return c, err
+	return scanClaimed(r.pool.QueryRow(ctx, "SELECT "+claimColumns+" FROM "+qualify(r.client.Schema(), tableName)+" WHERE seq = $1", seq))
 }
 
 // nextRetryIn reports how long until the earliest failed event is due.

@@ -61,8 +61,9 @@ var subscriberNameRE = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 type subscription struct {
 	Subscriber
 	patterns []glob.Pattern
-	tag      string   // River tag of this subscriber's jobs
-	tags     []string // just tag, shared by jobs with no tags of their own (River only reads it)
+	// tags holds the one River tag of this subscriber's jobs, shared by
+	// jobs with no tags of their own (River only reads it).
+	tags []string
 }
 
 func newSubscription(s Subscriber) (*subscription, error) {
@@ -78,8 +79,7 @@ func newSubscription(s Subscriber) (*subscription, error) {
 	if (s.Map == nil) == (s.Handle == nil) {
 		return nil, bad("Map/Handle", "exactly one must be set")
 	}
-	tag := tagSubscriber + s.Name
-	sub := &subscription{Subscriber: s, tag: tag, tags: []string{tag}}
+	sub := &subscription{Subscriber: s, tags: []string{tagSubscriber + s.Name}}
 	for _, t := range s.Types {
 		p, err := glob.Compile(t)
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -189,17 +188,15 @@ func loadRows(t *testing.T, pool *pgxpool.Pool) map[uuid.UUID]eventRow {
 // jobRow is a River job as tests see it.
 type jobRow struct {
 	ID         int64
-	Kind       string
 	Subscriber string
 	EventID    uuid.UUID
-	Args       []byte
 }
 
 // loadJobs reads the relay's jobs: the subscriber from the relay's tag, the
 // event from the args (testArgs.EventID, or HandleArgs.Event.ID).
 func loadJobs(t *testing.T, pool *pgxpool.Pool) map[int64]jobRow {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT id, kind, tags, args,
+	rows, err := pool.Query(context.Background(), `SELECT id, tags,
 		coalesce(args->>'event_id', args->'event'->>'id', '00000000-0000-0000-0000-000000000000')
 		FROM river_job WHERE kind <> 'events.relay_sweep'`)
 	require.NoError(t, err)
@@ -210,7 +207,7 @@ func loadJobs(t *testing.T, pool *pgxpool.Pool) map[int64]jobRow {
 			tags    []string
 			eventID string
 		)
-		require.NoError(t, rows.Scan(&j.ID, &j.Kind, &tags, &j.Args, &eventID))
+		require.NoError(t, rows.Scan(&j.ID, &tags, &eventID))
 		for _, tag := range tags {
 			if name, ok := strings.CutPrefix(tag, tagSubscriber); ok {
 				j.Subscriber = name
@@ -249,26 +246,4 @@ func mapSub(name string, coalesce bool, types ...string) Subscriber {
 		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
 			return testArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
 		}}
-}
-
-// counter is a concurrency-safe tally for hooks and handlers.
-type counter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *counter) add(k string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]int{}
-	}
-	c.n[k]++
-	return c.n[k]
-}
-
-func (c *counter) get(k string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[k]
 }

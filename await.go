@@ -121,7 +121,8 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 
 // Start opens the listening connection (in the background; it reconnects
 // whenever it is lost) and returns. Cancelling ctx stops the awaiter like
-// [Awaiter.Stop].
+// [Awaiter.Stop]: waits in progress return an error wrapping
+// [ErrNotRunning], and so do later calls, at once.
 func (a *Awaiter) Start(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -148,29 +149,43 @@ func (a *Awaiter) Start(ctx context.Context) error {
 	go func() {
 		defer close(done)
 		l.Run(runCtx)
+		// ctx ended (or Stop): a waiter must not wait for notifications
+		// that no one listens for any more.
+		a.mu.Lock()
+		if a.running && a.done == done {
+			a.halt()
+		}
+		a.mu.Unlock()
 	}()
 	return nil
 }
 
-// Stop closes the listening connection and waits for its goroutine. Waits in
-// progress return an error wrapping [ErrNotRunning]. Safe before Start and
-// safe twice.
-func (a *Awaiter) Stop(ctx context.Context) error {
-	a.mu.Lock()
-	if !a.running {
-		a.mu.Unlock()
-		return nil
-	}
+// halt marks the awaiter stopped and wakes every waiter, which then returns
+// ErrNotRunning. Called with a.mu held.
+func (a *Awaiter) halt() {
 	a.running = false
 	a.cancel()
-	done := a.done
 	for _, ws := range a.waiters {
 		for w := range ws {
 			w.stopped = true
 			w.poke()
 		}
 	}
+}
+
+// Stop closes the listening connection and waits for its goroutine, or until
+// ctx ends. Waits in progress return an error wrapping [ErrNotRunning]. Safe
+// before Start and safe twice.
+func (a *Awaiter) Stop(ctx context.Context) error {
+	a.mu.Lock()
+	if a.running {
+		a.halt()
+	}
+	done := a.done
 	a.mu.Unlock()
+	if done == nil {
+		return nil
+	}
 	select {
 	case <-done:
 		return nil
@@ -194,7 +209,9 @@ func (a *Awaiter) Stop(ctx context.Context) error {
 // waiting and reads again, with backoff, until ctx ends.
 //
 // An event fanned out before the call is reported at once. A receipt means
-// the River jobs exist (committed), not that they have run.
+// the River jobs exist (committed), not that they have run. It names the jobs
+// of the event's first fan-out; a subscriber that catches the event up later
+// (during a rolling deploy, see [Relay.Start]) is not in it.
 func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) ([]Receipt, error) {
 	if len(ids) == 0 {
 		return nil, nil

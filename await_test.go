@@ -229,3 +229,32 @@ func TestAwaitFanoutSurvivesALostListener(t *testing.T) {
 		require.NoError(t, <-results)
 	}
 }
+
+// Cancelling the context given to Start stops the awaiter: waiters are woken
+// with ErrNotRunning, and later calls fail at once.
+func TestAwaiterStartContextCancelledWakesWaiters(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}) // no relay runs: nothing is ever fanned out
+	a, err := NewAwaiter(b.pool, &AwaiterConfig{Logger: quietLogger()})
+	require.NoError(t, err)
+	startCtx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, a.Start(startCtx))
+	t.Cleanup(func() { require.NoError(t, a.Stop(context.Background())) })
+	e := b.record(t, Event{Type: "a"})[0]
+
+	waitErr := make(chan error)
+	go func() {
+		_, err := a.AwaitFanout(within(t, 30*time.Second), e.ID)
+		waitErr <- err
+	}()
+	require.Eventually(t, func() bool { return a.waiting() == 1 }, 5*time.Second, time.Millisecond)
+	cancel()
+	select {
+	case err := <-waitErr:
+		require.ErrorIs(t, err, ErrNotRunning)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not woken when Start's context was cancelled")
+	}
+	_, err = a.AwaitFanout(within(t, 30*time.Second), e.ID)
+	require.ErrorIs(t, err, ErrNotRunning)
+}

@@ -2,7 +2,10 @@ package events
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -76,8 +79,12 @@ type Watch struct {
 var watchNameRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,20}$`)
 
 // InstallWatch installs w's triggers, replacing any triggers the same watch
-// (same table and Name) had, in one transaction: installing the same spec
-// again changes nothing, and installing another spec replaces the old one.
+// (same table and Name) had, in one transaction. Installing the same spec
+// again changes nothing and takes no lock on the table (each trigger carries
+// a fingerprint of its spec in its comment, compared first), so calling it at
+// every service start is cheap; installing another spec replaces the old one
+// atomically (that takes the table's ACCESS EXCLUSIVE lock briefly, like any
+// DROP TRIGGER).
 // Table and column names are checked against the catalog and quoted as
 // identifiers; an error wrapping [ErrInvalidWatch] names what is wrong.
 //
@@ -139,47 +146,112 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		case !has(subjectCol):
 			return fmt.Errorf("%w: table %s has no column %q (SubjectColumn)", ErrInvalidWatch, table, subjectCol)
 		}
+		ddls := w.triggerDDL(qualify(o.Schema, "outbox_watch"), table, subjectCol)
+		fingerprint := watchFingerprint(ddls)
+		// Unchanged: touch nothing. Dropping a trigger takes an ACCESS
+		// EXCLUSIVE lock on the host's table, and every service start calls
+		// InstallWatch.
+		same, err := watchInstalled(ctx, tx, table, w.Name, ddls, fingerprint)
+		if err != nil || same {
+			return err
+		}
 		if err := dropWatch(ctx, tx, table, w.Name); err != nil {
 			return err
 		}
-		fn := qualify(o.Schema, "outbox_watch")
-		for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
-			typ, ok := w.Types[op]
-			if !ok {
-				continue
-			}
-			args := []string{typ, w.SubjectPrefix, subjectCol, string(w.Payload)}
-			if w.Payload == PayloadColumns {
-				args = append(args, w.PayloadColumns...)
-			}
-			quoted := make([]string, len(args))
-			for i, a := range args {
-				quoted[i] = quoteLiteral(a)
-			}
-			on, when := string(op), ""
-			if op == OpUpdate {
-				if len(w.Columns) > 0 {
-					var of, changed []string
-					for _, c := range w.Columns {
-						id := pgx.Identifier{c}.Sanitize()
-						of = append(of, id)
-						changed = append(changed, "OLD."+id+" IS DISTINCT FROM NEW."+id)
-					}
-					on += " OF " + strings.Join(of, ", ")
-					when = " WHEN (" + strings.Join(changed, " OR ") + ")"
-				} else {
-					when = " WHEN (OLD.* IS DISTINCT FROM NEW.*)"
-				}
-			}
-			ddl := "CREATE TRIGGER " + pgx.Identifier{triggerName(w.Name, op)}.Sanitize() +
-				" AFTER " + on + " ON " + table + " FOR EACH ROW" + when +
-				" EXECUTE FUNCTION " + fn + "(" + strings.Join(quoted, ", ") + ")"
+		for name, ddl := range ddls {
 			if _, err := tx.Exec(ctx, ddl); err != nil {
+				return fmt.Errorf("events: install watch on %s: %w", table, err)
+			}
+			if _, err := tx.Exec(ctx, "COMMENT ON TRIGGER "+pgx.Identifier{name}.Sanitize()+" ON "+table+" IS "+quoteLiteral(fingerprint)); err != nil {
 				return fmt.Errorf("events: install watch on %s: %w", table, err)
 			}
 		}
 		return nil
 	})
+}
+
+// triggerDDL returns the CREATE TRIGGER statement of each trigger of w, by
+// trigger name, calling fn on table.
+func (w *Watch) triggerDDL(fn, table, subjectCol string) map[string]string {
+	out := map[string]string{}
+	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
+		typ, ok := w.Types[op]
+		if !ok {
+			continue
+		}
+		args := []string{typ, w.SubjectPrefix, subjectCol, string(w.Payload)}
+		if w.Payload == PayloadColumns {
+			args = append(args, w.PayloadColumns...)
+		}
+		quoted := make([]string, len(args))
+		for i, a := range args {
+			quoted[i] = quoteLiteral(a)
+		}
+		on, when := string(op), ""
+		if op == OpUpdate {
+			if len(w.Columns) > 0 {
+				var of, changed []string
+				for _, c := range w.Columns {
+					id := pgx.Identifier{c}.Sanitize()
+					of = append(of, id)
+					changed = append(changed, "OLD."+id+" IS DISTINCT FROM NEW."+id)
+				}
+				on += " OF " + strings.Join(of, ", ")
+				when = " WHEN (" + strings.Join(changed, " OR ") + ")"
+			} else {
+				when = " WHEN (OLD.* IS DISTINCT FROM NEW.*)"
+			}
+		}
+		name := triggerName(w.Name, op)
+		out[name] = "CREATE TRIGGER " + pgx.Identifier{name}.Sanitize() +
+			" AFTER " + on + " ON " + table + " FOR EACH ROW" + when +
+			" EXECUTE FUNCTION " + fn + "(" + strings.Join(quoted, ", ") + ")"
+	}
+	return out
+}
+
+// watchFingerprint names a set of trigger definitions. It is stored as each
+// trigger's comment, so a later InstallWatch can tell an unchanged watch
+// without comparing PostgreSQL's rewritten trigger definitions.
+func watchFingerprint(ddls map[string]string) string {
+	h := sha256.New()
+	for _, name := range slices.Sorted(maps.Keys(ddls)) {
+		h.Write([]byte(ddls[name]))
+		h.Write([]byte{0})
+	}
+	return "standmeet/events watch " + hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// watchInstalled reports whether table has exactly the triggers of ddls among
+// the trigger names of the watch called name, each carrying fingerprint. It
+// reads the catalog only: no lock on table.
+func watchInstalled(ctx context.Context, tx pgx.Tx, table, name string, ddls map[string]string, fingerprint string) (bool, error) {
+	var names []string
+	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
+		names = append(names, triggerName(name, op))
+	}
+	rows, err := tx.Query(ctx, `SELECT tgname::text, coalesce(obj_description(oid, 'pg_trigger'), '')
+		FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = ANY($2::text[])`, table, names)
+	if err != nil {
+		return false, fmt.Errorf("events: watch: triggers of %s: %w", table, err)
+	}
+	var trigger, comment string
+	installed := map[string]string{}
+	if _, err := pgx.ForEachRow(rows, []any{&trigger, &comment}, func() error {
+		installed[trigger] = comment
+		return nil
+	}); err != nil {
+		return false, fmt.Errorf("events: watch: triggers of %s: %w", table, err)
+	}
+	if len(installed) != len(ddls) {
+		return false, nil
+	}
+	for trigger := range ddls {
+		if installed[trigger] != fingerprint {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // RemoveWatch is [RemoveWatch]; o's schema plays no part in it.

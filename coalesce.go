@@ -2,6 +2,8 @@ package events
 
 import (
 	"context"
+	"errors"
+	"slices"
 
 	"github.com/riverqueue/river"
 )
@@ -30,7 +32,12 @@ type roundPlan struct {
 // Mapping comes first, for every match: an event whose mapping fails for any
 // subscriber is left out of the round entirely (a row is fanned out whole or
 // not at all), and so can neither carry nor be folded into a coalesced job.
-func (r *Relay) plan(ctx context.Context, batch []claimedRow) roundPlan {
+// In the catch-up lane only the subscribers an event still waits for are
+// considered.
+//
+// Host code is not called once the relay is stopping: the plan fails with
+// errStopping and the round rolls back, charging nothing.
+func (r *Relay) plan(ctx context.Context, l lane, batch []claimedRow) (roundPlan, error) {
 	type mapped struct {
 		sub  *subscription
 		args river.JobArgs
@@ -39,8 +46,11 @@ func (r *Relay) plan(ctx context.Context, batch []claimedRow) roundPlan {
 	p := roundPlan{failed: make([]error, len(batch))}
 	perEvent := make([][]mapped, len(batch))
 	for i, c := range batch {
-		for _, sub := range r.subs {
-			if !sub.matches(c.Type) {
+		if r.stopping() || ctx.Err() != nil {
+			return roundPlan{}, errStopping
+		}
+		for _, sub := range r.active {
+			if !sub.matches(c.Type) || (l == laneCatchUp && !slices.Contains(c.catchUp, sub.Name)) {
 				continue
 			}
 			args, opts, err := sub.jobFor(ctx, c.Event)
@@ -81,8 +91,12 @@ func (r *Relay) plan(ctx context.Context, batch []claimedRow) roundPlan {
 			p.jobs = append(p.jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, covers: []int{i}})
 		}
 	}
-	return p
+	return p, nil
 }
+
+// errStopping ends a round that the relay's stop interrupted. It is nobody's
+// fault: nothing is charged.
+var errStopping = errors.New("events: relay stopping")
 
 // insertOpts returns the job's insert options with the relay's tag added,
 // "events-subscriber-<name>", so a subscriber's jobs can be told apart in

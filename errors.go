@@ -29,6 +29,10 @@ var (
 	// relay set aside after repeated failures. See [Requeue].
 	ErrPoisoned = errors.New("events: event poisoned")
 
+	// ErrUnknownSubscriber is returned by [RetireSubscriber] for a name that
+	// no relay ever registered.
+	ErrUnknownSubscriber = errors.New("events: unknown subscriber")
+
 	// ErrNotPoisoned is returned by [Requeue] for an event that is not
 	// poisoned.
 	ErrNotPoisoned = errors.New("events: event not poisoned")

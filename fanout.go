@@ -17,14 +17,29 @@ import (
 // relaySQL holds the relay's statements for one schema.
 type relaySQL struct {
 	claimBatch, claimOne, claimDue string
-	nextRetry, stamp, charge       string
+	claimCatchUp, claimCatchUpOne  string
+	nextRetry, stamp, stampCatchUp string
+	charge, chargeCatchUp, load    string
 }
 
-const claimColumns = "seq, id, type, subject, payload, created_at, attempts"
+const claimColumns = "seq, id, type, subject, payload, created_at, attempts, catch_up"
 
 func newRelaySQL(schema string) relaySQL {
 	t := qualify(schema, tableName)
 	pending := "fanned_out_at IS NULL AND poisoned_at IS NULL"
+	// Rows stamped by relays that lacked some registered subscriber; $1 is
+	// the names this relay knows. Failed ones wait for next_attempt_at.
+	catchUp := "catch_up IS NOT NULL AND catch_up && $1::text[] AND poisoned_at IS NULL"
+	// charge records a failed attempt ($1 seq, $2 error, $3 pause, $4
+	// MaxAttempts) and poisons the row at the last one. A poisoning is
+	// announced on ChannelFanned too: receipts waiting for the event must
+	// learn it will not be fanned out.
+	charge := func(where string) string {
+		return "WITH c AS (UPDATE " + t + " SET attempts = attempts + 1, last_error = $2, next_attempt_at = now() + $3::interval," +
+			" poisoned_at = CASE WHEN attempts + 1 >= $4 THEN now() END" +
+			" WHERE seq = $1 AND " + where + " RETURNING id, poisoned_at IS NOT NULL AS poisoned)" +
+			" SELECT poisoned, CASE WHEN poisoned THEN pg_notify('" + ChannelFanned + "', id::text) END FROM c"
+	}
 	return relaySQL{
 		// Never "seq > cursor": a row whose transaction commits late has a
 		// lower seq than rows already fanned out, and must still be found.
@@ -35,16 +50,25 @@ func newRelaySQL(schema string) relaySQL {
 			" AND seq = $1 FOR UPDATE SKIP LOCKED",
 		claimDue: "SELECT " + claimColumns + " FROM " + t + " WHERE " + pending +
 			" AND attempts > 0 AND next_attempt_at <= now() ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED",
+		claimCatchUp: "SELECT " + claimColumns + " FROM " + t + " WHERE " + catchUp +
+			" AND (next_attempt_at IS NULL OR next_attempt_at <= now()) ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+		claimCatchUpOne: "SELECT " + claimColumns + " FROM " + t + " WHERE " + catchUp +
+			" AND seq = $2 FOR UPDATE SKIP LOCKED",
 		nextRetry: "SELECT extract(epoch FROM min(next_attempt_at) - now()) FROM " + t + " WHERE " + pending +
 			" AND attempts > 0",
-		stamp: "UPDATE " + t + " AS e SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL" +
+		// $3 is the names of the subscribers this relay knows: every other
+		// active subscriber in the registry is left to catch the rows up.
+		stamp: "WITH m AS (SELECT array_agg(name ORDER BY name) AS names FROM " + qualify(schema, subscribersTable) +
+			" WHERE retired_at IS NULL AND name <> ALL($3::text[]))" +
+			" UPDATE " + t + " AS e SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL, catch_up = m.names" +
+			" FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout), m WHERE e.seq = u.seq",
+		stampCatchUp: "UPDATE " + t + " AS e SET fanout = coalesce(e.fanout, '{}') || u.fanout::jsonb," +
+			" catch_up = nullif(ARRAY(SELECT unnest(e.catch_up) EXCEPT SELECT unnest($3::text[])), '{}')," +
+			" attempts = 0, last_error = NULL, next_attempt_at = NULL" +
 			" FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout) WHERE e.seq = u.seq",
-		// A poisoning is announced on ChannelFanned too: receipts waiting
-		// for the event must learn it will not be fanned out.
-		charge: "WITH c AS (UPDATE " + t + " SET attempts = attempts + 1, last_error = $2, next_attempt_at = now() + $3::interval," +
-			" poisoned_at = CASE WHEN attempts + 1 >= $4 THEN now() END" +
-			" WHERE seq = $1 AND " + pending + " RETURNING id, poisoned_at IS NOT NULL AS poisoned)" +
-			" SELECT poisoned, CASE WHEN poisoned THEN pg_notify('" + ChannelFanned + "', id::text) END FROM c",
+		charge:        charge(pending),
+		chargeCatchUp: charge("catch_up IS NOT NULL AND poisoned_at IS NULL"),
+		load:          "SELECT " + claimColumns + " FROM " + t + " WHERE seq = $1",
 	}
 }
 
@@ -52,14 +76,26 @@ func newRelaySQL(schema string) relaySQL {
 type claimedRow struct {
 	Event
 	attempts int
+	// catchUp lists, for a row of the catch-up lane, the subscribers that
+	// still have to receive it; nil in the pending lane.
+	catchUp []string
 }
 
 // scanClaimed reads a row selected with claimColumns.
 func scanClaimed(row pgx.Row) (claimedRow, error) {
 	var c claimedRow
-	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts)
+	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts, &c.catchUp)
 	return c, err
 }
+
+// lane is where a round claims its rows: pending events, or fanned-out
+// events that subscribers this relay knows must still catch up.
+type lane int
+
+const (
+	lanePending lane = iota
+	laneCatchUp
+)
 
 // roundError is a failed round. rowFault says whether the failure belongs to
 // the claimed rows (bad data), as opposed to the database or the network.
@@ -77,13 +113,13 @@ type rowFailure struct {
 	err error
 }
 
-// round claims rows with claimSQL and fans them out, all in one transaction.
-// It returns the seqs it claimed, also on failure, so the caller can retry
-// them one by one.
-func (r *Relay) round(ctx context.Context, claimSQL string, arg int64) (claimed []int64, err error) {
+// round claims rows of lane l with claimSQL and args, and fans them out, all
+// in one transaction. It returns the seqs it claimed, also on failure, so the
+// caller can retry them one by one.
+func (r *Relay) round(ctx context.Context, l lane, claimSQL string, args ...any) (claimed []int64, err error) {
 	var poisoned []rowFailure
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, claimSQL, arg)
+		rows, err := tx.Query(ctx, claimSQL, args...)
 		if err != nil {
 			return err
 		}
@@ -97,7 +133,7 @@ func (r *Relay) round(ctx context.Context, claimSQL string, arg int64) (claimed 
 		if len(batch) == 0 {
 			return nil
 		}
-		poisoned, err = r.fanOut(ctx, tx, batch)
+		poisoned, err = r.fanOut(ctx, tx, l, batch)
 		if err != nil {
 			return &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
 		}
@@ -116,15 +152,17 @@ func (r *Relay) round(ctx context.Context, claimSQL string, arg int64) (claimed 
 // whose subscriber mapping fails are charged a failed attempt in the same
 // transaction and left unstamped; the others go ahead. It returns the events
 // this call poisoned.
-func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, batch []claimedRow) ([]rowFailure, error) {
-	p := r.plan(ctx, batch)
+func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, batch []claimedRow) ([]rowFailure, error) {
+	p, err := r.plan(ctx, l, batch)
+	if err != nil {
+		return nil, err
+	}
 	var results []*rivertype.JobInsertResult
 	if len(p.jobs) > 0 {
 		params := make([]river.InsertManyParams, len(p.jobs))
 		for i, j := range p.jobs {
 			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts()}
 		}
-		var err error
 		if results, err = r.client.InsertManyTx(ctx, tx, params); err != nil {
 			return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
 		}
@@ -159,12 +197,17 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, batch []claimedRow) ([]ro
 		docs = append(docs, encodeFanout(fanout[i]))
 		ids = append(ids, c.ID)
 	}
-	if len(seqs) > 0 {
-		sendBuf.Queue(r.sql.stamp, seqs, docs)
-	}
-	// Delivered at commit, and only if it commits.
-	for _, payload := range notifyPayloads(ids) {
-		sendBuf.Queue("SELECT pg_notify($1, $2)", ChannelFanned, payload)
+	switch {
+	case len(seqs) == 0:
+	case l == laneCatchUp:
+		sendBuf.Queue(r.sql.stampCatchUp, seqs, docs, r.known)
+	default:
+		sendBuf.Queue(r.sql.stamp, seqs, docs, r.known)
+		// Delivered at commit, and only if it commits. Receipts were
+		// answered at the first fan-out; a catch-up sends none.
+		for _, payload := range notifyPayloads(ids) {
+			sendBuf.Queue("SELECT pg_notify($1, $2)", ChannelFanned, payload)
+		}
 	}
 	poisonedAt := r.queueCharges(&sendBuf, failures)
 	if err := tx.SendBatch(ctx, &sendBuf).Close(); err != nil {
@@ -222,12 +265,18 @@ func notifyPayloads(ids []uuid.UUID) []string {
 // rowByRow retries the given rows one per transaction, after a failed batch.
 // A row that fails on its own is charged a failed attempt; a failure of the
 // database stops the pass (the rows stay pending, and nothing is charged).
-func (r *Relay) rowByRow(ctx context.Context, seqs []int64) error {
+func (r *Relay) rowByRow(ctx context.Context, l lane, seqs []int64) error {
 	for _, seq := range seqs {
 		if r.stopping() || ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if _, err := r.singleClaimed(ctx, r.sql.claimOne, seq); err != nil {
+		var err error
+		if l == laneCatchUp {
+			_, err = r.singleClaimed(ctx, l, r.sql.claimCatchUpOne, r.known, seq)
+		} else {
+			_, err = r.singleClaimed(ctx, l, r.sql.claimOne, seq)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -238,7 +287,7 @@ func (r *Relay) rowByRow(ctx context.Context, seqs []int64) error {
 // has come.
 func (r *Relay) retryDue(ctx context.Context) error {
 	for !r.stopping() && ctx.Err() == nil {
-		seq, err := r.singleClaimed(ctx, r.sql.claimDue, 1)
+		seq, err := r.singleClaimed(ctx, lanePending, r.sql.claimDue, 1)
 		if err != nil {
 			return err
 		}
@@ -252,8 +301,8 @@ func (r *Relay) retryDue(ctx context.Context) error {
 // singleClaimed runs a one-row round and charges the row if it failed on its
 // own. It returns the claimed seq (0 for none) and any error that is not the
 // row's fault.
-func (r *Relay) singleClaimed(ctx context.Context, claimSQL string, arg int64) (int64, error) {
-	claimed, err := r.round(ctx, claimSQL, arg)
+func (r *Relay) singleClaimed(ctx context.Context, l lane, claimSQL string, args ...any) (int64, error) {
+	claimed, err := r.round(ctx, l, claimSQL, args...)
 	if len(claimed) == 0 {
 		return 0, err
 	}
@@ -278,7 +327,7 @@ func (r *Relay) singleClaimed(ctx context.Context, claimSQL string, arg int64) (
 }
 
 func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
-	return scanClaimed(r.pool.QueryRow(ctx, "SELECT "+claimColumns+" FROM "+qualify(r.client.Schema(), tableName)+" WHERE seq = $1", seq))
+	return scanClaimed(r.pool.QueryRow(ctx, r.sql.load, seq))
 }
 
 // nextRetryIn reports how long until the earliest failed event is due.

@@ -37,7 +37,11 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 			msg = msg[:maxErrorLength]
 		}
 		delay := backoff.Delay(f.row.attempts+1, r.config.RetryBackoff, r.config.MaxRetryBackoff)
-		b.Queue(r.sql.charge, f.row.Seq, msg, delay, r.config.MaxAttempts).QueryRow(func(row pgx.Row) error {
+		charge := r.sql.charge
+		if f.row.catchUp != nil {
+			charge = r.sql.chargeCatchUp
+		}
+		b.Queue(charge, f.row.Seq, msg, delay, r.config.MaxAttempts).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&poisoned[i], nil)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil // fanned out or poisoned meanwhile by another relay
@@ -62,13 +66,14 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 	}
 }
 
-// alert reports an event this relay just poisoned.
+// alert reports an event this relay just poisoned: an error log at once,
+// and OnPoison off the loop (see Config.OnPoison).
 func (r *Relay) alert(ctx context.Context, e Event, err error) {
-	r.logger.ErrorContext(ctx, "events: event poisoned: it will not be fanned out until requeued",
-		slog.String("event_id", e.ID.String()), slog.String("type", e.Type),
-		slog.String("subject", e.Subject), slog.String("err", err.Error()))
-	if r.config.OnPoison != nil {
-		r.config.OnPoison(ctx, e, err)
+	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.String("type", e.Type),
+		slog.String("subject", e.Subject), slog.String("err", err.Error())}
+	r.logger.LogAttrs(ctx, slog.LevelError, "events: event poisoned: it will not be fanned out until requeued", attrs...)
+	if onPoison := r.config.OnPoison; onPoison != nil {
+		r.callbacks.Go("OnPoison", attrs, func(ctx context.Context) { onPoison(ctx, e, err) })
 	}
 }
 
@@ -77,7 +82,7 @@ func (r *Relay) alert(ctx context.Context, e Event, err error) {
 // network, which must never count against a row. tx is the failed round's
 // transaction, not yet rolled back.
 func isRowFault(ctx context.Context, tx pgx.Tx, err error) bool {
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || errors.Is(err, errStopping) {
 		return false
 	}
 	var pgErr *pgconn.PgError

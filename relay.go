@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/standmeet/events/internal/backoff"
+	"github.com/standmeet/events/internal/hostcall"
 	"github.com/standmeet/events/internal/listener"
 )
 
@@ -49,6 +51,14 @@ type Config struct {
 	// OnPoison is called once for every event this relay poisons, with the
 	// event and the error of its last attempt, after the poisoning committed.
 	// An error-level log record is written too. Defaults to nil (log only).
+	//
+	// It runs on a goroutine of its own, one call at a time, never on the
+	// relay's loop: a slow OnPoison (paging someone over HTTP) delays only
+	// the OnPoison calls after it, and a panic is recovered and logged with
+	// the event. Up to 1,000 calls wait in line; beyond that a call is
+	// dropped with an error log (the poisoning itself is logged and stored
+	// either way). [Relay.Stop] waits for the calls in line within its
+	// context, then cancels the context OnPoison was given.
 	OnPoison func(ctx context.Context, e Event, err error)
 
 	// Logger receives the relay's logs. Defaults to warnings and errors on
@@ -112,12 +122,15 @@ type Relay struct {
 	running bool
 
 	// Set by Start, for one run.
-	client *river.Client[pgx.Tx]
-	sql    relaySQL
-	wake   chan struct{}
-	stopCh chan struct{}
-	cancel context.CancelFunc
-	done   chan struct{}
+	client    *river.Client[pgx.Tx]
+	sql       relaySQL
+	active    []*subscription // subs less the retired ones
+	known     []string        // names of active
+	callbacks *hostcall.Runner
+	wake      chan struct{}
+	stopCh    chan struct{}
+	cancel    context.CancelFunc
+	done      chan struct{}
 
 	stopMu sync.Mutex
 
@@ -128,8 +141,11 @@ type Relay struct {
 
 // retryCheckInterval is how often an idle relay reads the retry schedule (one
 // query on a small index), to notice events failed by another relay that has
-// died since.
+// died since. A busy relay looks at the catch-up lane this often too.
 const retryCheckInterval = time.Second
+
+// callbackQueue is how many OnPoison calls may wait in line.
+const callbackQueue = 1000
 
 // testHooks let tests in this package observe and steer the relay.
 type testHooks struct {
@@ -198,6 +214,15 @@ func (r *Relay) subscription(name string) *subscription {
 // through client. The library's tables are looked for in client's schema.
 // Start returns once both are running; the first round starts at once.
 //
+// Start first registers the relay's subscribers in the database (a name not
+// seen before is added; see [ListSubscribers]) and returns an error if that
+// fails. From then on every event whose transaction commits after Start
+// returned reaches every subscriber of this relay, whichever relay fans it
+// out: a relay that lacks one of them (an older release, during a rolling
+// deploy) leaves it to be caught up by a relay that has it. A subscriber
+// that was retired ([RetireSubscriber]) is left out of this run, with a
+// warning.
+//
 // Cancelling ctx stops the relay abruptly (a round in flight rolls back);
 // [Relay.Stop] stops it gracefully, and must be called before the relay can
 // be started again either way.
@@ -210,8 +235,12 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	if r.running {
 		return ErrStarted
 	}
+	if err := r.register(ctx, client.Schema()); err != nil {
+		return err
+	}
 	r.client = client
 	r.sql = newRelaySQL(client.Schema())
+	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	r.wake = make(chan struct{}, 1)
 	r.stopCh = make(chan struct{})
 	r.done = make(chan struct{})
@@ -252,10 +281,45 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	return nil
 }
 
+// register registers the relay's subscribers and sets the run's active set.
+// A lost connection is retried a few times: Start should not fail on a blip.
+func (r *Relay) register(ctx context.Context, schema string) error {
+	names := make([]string, len(r.subs))
+	for i, s := range r.subs {
+		names[i] = s.Name
+	}
+	var (
+		retired []string
+		err     error
+	)
+	for attempt := 1; ; attempt++ {
+		retired, err = registerSubscribers(ctx, r.pool, schema, names)
+		if err == nil || attempt == 3 || !isTransient(err) || ctx.Err() != nil {
+			break
+		}
+		listener.SleepContext(ctx, backoff.Delay(attempt, 100*time.Millisecond, time.Second))
+	}
+	if err != nil {
+		return fmt.Errorf("events: relay: registering subscribers: %w", err)
+	}
+	r.active, r.known = nil, []string{}
+	for _, s := range r.subs {
+		if slices.Contains(retired, s.Name) {
+			r.logger.WarnContext(ctx, "events: subscriber was retired; this relay will not fan out to it",
+				slog.String("subscriber", s.Name))
+			continue
+		}
+		r.active = append(r.active, s)
+		r.known = append(r.known, s.Name)
+	}
+	return nil
+}
+
 // Stop stops the relay gracefully: the round in flight commits or rolls back,
-// the listener closes, and no goroutine of the relay is left when Stop
-// returns. If ctx ends first, the round in flight is cancelled (it rolls
-// back), Stop still waits for the goroutines, and returns ctx's error.
+// the listener closes, the OnPoison calls in line run, and no goroutine of
+// the relay is left when Stop returns. If ctx ends first, the round in flight
+// is cancelled (it rolls back), Stop still waits for the loop and the
+// listener, cancels the context given to OnPoison, and returns ctx's error.
 // Stop is safe before Start and safe to call twice.
 func (r *Relay) Stop(ctx context.Context) error {
 	r.stopMu.Lock()
@@ -276,6 +340,9 @@ func (r *Relay) Stop(ctx context.Context) error {
 		<-r.done
 	}
 	r.cancel()
+	if cbErr := r.callbacks.Stop(ctx); err == nil {
+		err = cbErr
+	}
 	r.mu.Lock()
 	r.running = false
 	r.mu.Unlock()
@@ -312,26 +379,40 @@ func (r *Relay) loop(ctx context.Context) {
 	}
 	var (
 		retryCheckAt time.Time // when to read the retry schedule again
+		catchUpAt    time.Time // when a busy relay looks at the catch-up lane again
 		claim        = true    // whether this pass starts with a batch round
 	)
 	for !r.stopping() && ctx.Err() == nil {
 		if claim {
-			claimed, err := r.round(ctx, r.sql.claimBatch, int64(r.config.BatchSize))
+			claimed, err := r.round(ctx, lanePending, r.sql.claimBatch, int64(r.config.BatchSize))
 			if err != nil {
-				if ctx.Err() != nil || !fail(err) {
+				if r.stopping() || ctx.Err() != nil || !fail(err) {
 					return
 				}
 				// One bad row must not hold back the rest: retry the batch
 				// row by row, so the bad one is found and charged alone.
-				if err := r.rowByRow(ctx, claimed); err != nil && ctx.Err() == nil {
+				if err := r.rowByRow(ctx, lanePending, claimed); err != nil && ctx.Err() == nil {
 					r.logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
 				}
 				continue
 			}
 			failures = 0
-			if len(claimed) == r.config.BatchSize {
+			full := len(claimed) == r.config.BatchSize
+			if full && time.Now().Before(catchUpAt) {
 				continue
 			}
+			if full {
+				// A busy relay still serves the catch-up lane, once a
+				// retryCheckInterval, so a deploy under load ends.
+				catchUpAt = time.Now().Add(retryCheckInterval)
+				if !r.catchUpOrFail(ctx, fail) {
+					return
+				}
+				continue
+			}
+		}
+		if !r.catchUpOrFail(ctx, fail) {
+			return
 		}
 		timer, err := r.retries(ctx, &retryCheckAt)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -72,6 +73,15 @@ type soak struct {
 	// poisonRcpt holds the ID groups for which AwaitFanout said ErrPoisoned.
 	poisonRcpt [][]uuid.UUID
 
+	// committedAt is when each committed event's COMMIT was sent.
+	committedAt map[uuid.UUID]time.Time
+	// A rolling deploy: the new release adds the subscriber "audit". auditSince
+	// is when the first relay of the new release had registered it (Start
+	// returned); zero before.
+	deploying  atomic.Bool
+	auditSince time.Time
+	auditMu    sync.Mutex
+
 	mailFailed sync.Map // event ID -> true once mail's Map failed for it
 	faults     map[string]int
 	faultsMu   sync.Mutex
@@ -83,7 +93,7 @@ func newSoak(t *testing.T, seed uint64) *soak {
 	s := &soak{
 		t: t, cluster: c, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		committed: map[uuid.UUID]bool{}, rolledBack: map[uuid.UUID]bool{}, unknown: map[uuid.UUID]bool{},
-		receipts: map[uuid.UUID]map[string]int64{}, faults: map[string]int{},
+		receipts: map[uuid.UUID]map[string]int64{}, faults: map[string]int{}, committedAt: map[uuid.UUID]time.Time{},
 	}
 	s.admin = testdb.Pool(t, c.URL)
 	ctx := context.Background()
@@ -108,7 +118,8 @@ func (s *soak) fault(kind string) {
 	s.faultsMu.Unlock()
 }
 
-func (s *soak) subscribers() []Subscriber {
+// subscribers are the subscribers of a release: the new one adds "audit".
+func (s *soak) subscribers(newRelease bool) []Subscriber {
 	mapTo := func(name string) func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
 		return func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
 			switch name {
@@ -125,21 +136,26 @@ func (s *soak) subscribers() []Subscriber {
 			return testArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
 		}
 	}
-	return []Subscriber{
+	subs := []Subscriber{
 		{Name: "webhooks", Types: []string{"**"}, Map: mapTo("webhooks")},
 		{Name: "mail", Types: []string{"order.*", "note.*"}, Map: mapTo("mail")},
 		{Name: "search", Types: []string{"**"}, Coalesce: true, Map: mapTo("search")},
 		{Name: "ledger", Types: []string{"ledger.**"}, Map: mapTo("ledger")},
 	}
+	if newRelease {
+		subs = append(subs, Subscriber{Name: "audit", Types: []string{"order.*", "supplier.**"}, Map: mapTo("audit")})
+	}
+	return subs
 }
 
 // relaySlot is one "process": a pool, a River client and a relay that chaos
 // restarts.
 type relaySlot struct {
-	pool   *pgxpool.Pool
-	client *river.Client[pgx.Tx]
-	relay  *Relay
-	cancel context.CancelFunc
+	pool       *pgxpool.Pool
+	client     *river.Client[pgx.Tx]
+	relay      *Relay
+	cancel     context.CancelFunc
+	newRelease bool
 }
 
 func (s *soak) startSlot(slot *relaySlot) {
@@ -148,12 +164,21 @@ func (s *soak) startSlot(slot *relaySlot) {
 		ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond, Logger: quietLogger(),
 	})
 	require.NoError(s.t, err)
-	for _, sub := range s.subscribers() {
+	// Once the deploy began, a restarted process runs the new release.
+	slot.newRelease = s.deploying.Load()
+	for _, sub := range s.subscribers(slot.newRelease) {
 		require.NoError(s.t, relay.Subscribe(sub))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(s.t, relay.Start(ctx, slot.client))
 	slot.relay, slot.cancel = relay, cancel
+	if slot.newRelease {
+		s.auditMu.Lock()
+		if s.auditSince.IsZero() {
+			s.auditSince = time.Now()
+		}
+		s.auditMu.Unlock()
+	}
 }
 
 func (s *soak) stopSlot(slot *relaySlot, abrupt bool) {
@@ -194,12 +219,22 @@ func (s *soak) run(duration time.Duration) {
 		}()
 	}
 
-	// Chaos: a fault every 100–600 ms, and one full restart mid-run.
+	// Chaos: a fault every 100–600 ms, and one full restart mid-run. After a
+	// quarter of the run a rolling deploy begins: relays restarted from then
+	// on run the new release, side by side with the old one.
 	restartAt := time.Now().Add(duration / 2)
+	deployAt := time.Now().Add(duration / 4)
 	restarted := false
 	deadline := time.Now().Add(duration)
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(100+s.intn(500)) * time.Millisecond)
+		if !s.deploying.Load() && time.Now().After(deployAt) {
+			s.deploying.Store(true)
+			s.fault("rolling deploy began")
+			s.stopSlot(slots[0], false)
+			s.startSlot(slots[0])
+			continue
+		}
 		if !restarted && time.Now().After(restartAt) {
 			restarted = true
 			s.fault("postgres restart")
@@ -230,11 +265,20 @@ func (s *soak) run(duration time.Duration) {
 	close(stop)
 	wg.Wait()
 
-	// Calm: everything settles with the relays that are left running.
+	// The deploy ends: the old release's relays that are left are replaced.
+	for _, slot := range slots {
+		if !slot.newRelease {
+			s.stopSlot(slot, false)
+			s.startSlot(slot)
+		}
+	}
+
+	// Calm: everything settles with the relays that are left running, the
+	// catch-up lane included.
 	settled := assert.Eventually(t, func() bool {
 		var pending int
 		err := s.admin.QueryRow(context.Background(),
-			"SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL AND poisoned_at IS NULL").Scan(&pending)
+			"SELECT count(*) FROM outbox_events WHERE (fanned_out_at IS NULL OR catch_up IS NOT NULL) AND poisoned_at IS NULL").Scan(&pending)
 		return err == nil && pending == 0
 	}, 2*time.Minute, 20*time.Millisecond, "events still pending after the chaos stopped")
 	if !settled {
@@ -351,11 +395,13 @@ func (s *soak) writer(w int, pool *pgxpool.Pool, awaiter *Awaiter, stop <-chan s
 			s.mu.Unlock()
 			continue
 		}
+		commitAt := time.Now()
 		err = tx.Commit(ctx)
 		s.mu.Lock()
 		for _, id := range ids {
 			if err == nil {
 				s.committed[id] = true
+				s.committedAt[id] = commitAt
 			} else {
 				s.unknown[id] = true // the commit may have landed before the connection died
 			}
@@ -403,6 +449,13 @@ func (s *soak) check() {
 	}
 	s.faultsMu.Unlock()
 	sort.Strings(faults)
+	audited := 0
+	for _, r := range rows {
+		if _, ok := r.Fanout["audit"]; ok {
+			audited++
+		}
+	}
+	t.Logf("chaos soak: %d events reached the subscriber added by the rolling deploy", audited)
 	t.Logf("chaos soak: %d transactions, %d events (%d committed, %d unknown outcome, %d rolled back), %d jobs, %d poisoned, %d receipts (%d poisoned); faults: %s",
 		s.writes.Load(), len(rows), len(s.committed), len(s.unknown), len(s.rolledBack), len(jobs), poisoned, len(s.receipts), len(s.poisonRcpt), strings.Join(faults, ", "))
 
@@ -421,7 +474,7 @@ func (s *soak) check() {
 		}
 	}
 	var subscriptions []*subscription
-	for _, sub := range s.subscribers() {
+	for _, sub := range s.subscribers(true) {
 		c, err := newSubscription(sub)
 		require.NoError(t, err)
 		subscriptions = append(subscriptions, c)
@@ -463,8 +516,14 @@ func (s *soak) check() {
 				continue
 			}
 			jobID, has := r.Fanout[sub.Name]
-			if sub.matches(r.Type) != has {
-				fail("event %s (%s): fanout %v, subscriber %s matches: %v", id, r.Type, r.Fanout, sub.Name, sub.matches(r.Type))
+			switch {
+			case has && !sub.matches(r.Type):
+				fail("event %s (%s): fanout %v names %s, which does not match", id, r.Type, r.Fanout, sub.Name)
+			case !has && sub.matches(r.Type) && sub.Name != "audit":
+				fail("event %s (%s): fanout %v lacks %s", id, r.Type, r.Fanout, sub.Name)
+			case !has && sub.matches(r.Type) && !s.auditSince.IsZero() && s.committedAt[id].After(s.auditSince):
+				fail("event %s (%s) committed %v after audit's registration (%v) never reached it: fanout %v",
+					id, r.Type, s.committedAt[id].Format(time.StampMicro), s.auditSince.Format(time.StampMicro), r.Fanout)
 			}
 			if !has {
 				continue
@@ -489,7 +548,13 @@ func (s *soak) check() {
 			}
 		}
 		if want, ok := s.receipts[id]; ok {
-			if fmt.Sprint(want) != fmt.Sprint(r.Fanout) {
+			// A receipt is the fanout at the first fan-out; a subscriber of
+			// the new release may have caught up since.
+			got := maps.Clone(r.Fanout)
+			if _, had := want["audit"]; !had {
+				delete(got, "audit")
+			}
+			if fmt.Sprint(want) != fmt.Sprint(got) {
 				fail("event %s: AwaitFanout answered %v, the row holds %v", id, want, r.Fanout)
 			}
 		}

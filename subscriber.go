@@ -15,7 +15,12 @@ import (
 type Subscriber struct {
 	// Name identifies the subscriber. It is the key under which an event's
 	// fanout records the subscriber's job, so keep it stable across releases.
-	// 1 to 64 characters: lowercase ASCII letters, digits, '_' and '-'.
+	// 1 to 64 characters: lowercase ASCII letters, digits, '_' and '-', not
+	// ending in '-' (River refuses a job tag that ends in '-', and every job
+	// is tagged "events-subscriber-<Name>").
+	//
+	// The database keeps a registry of names: see [Relay.Start] and
+	// [RetireSubscriber].
 	Name string
 
 	// Types selects events by type, with glob patterns on dot-separated
@@ -55,7 +60,10 @@ type Subscriber struct {
 	InsertOpts *river.InsertOpts
 }
 
-var subscriberNameRE = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+// subscriberNameRE accepts exactly the names whose tag
+// "events-subscriber-<name>" River accepts (`\A[\w][\w\-]+[\w]\z`): the
+// last character must be a word character.
+var subscriberNameRE = regexp.MustCompile(`^[a-z0-9_-]{0,63}[a-z0-9_]$`)
 
 // subscription is a validated Subscriber.
 type subscription struct {
@@ -71,7 +79,7 @@ func newSubscription(s Subscriber) (*subscription, error) {
 		return fmt.Errorf("%w: %q: %s %s", ErrInvalidSubscriber, s.Name, field, fmt.Sprintf(msg, args...))
 	}
 	if !subscriberNameRE.MatchString(s.Name) {
-		return nil, bad("Name", "must be 1 to 64 characters of a-z, 0-9, '_' and '-'")
+		return nil, bad("Name", "must be 1 to 64 characters of a-z, 0-9, '_' and '-', not ending in '-'")
 	}
 	if len(s.Types) == 0 {
 		return nil, bad("Types", "is empty; give at least one pattern, such as \"**\" for every event")

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"sync/atomic"
@@ -11,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/testdb"
 )
 
 func createNotes(t *testing.T, pool *pgxpool.Pool, n int) {
@@ -262,4 +265,66 @@ func TestOutboxRecordFromSQL(t *testing.T) {
 	_, err := b.pool.Exec(ctx, `SELECT outbox_record('bad type')`)
 	require.ErrorContains(t, err, "invalid event type")
 	require.Len(t, loadRows(t, b.pool), 1)
+}
+
+// Installing an unchanged watch touches nothing, so it is not blocked by (and
+// does not block) writers of the host's table; changing it still works, in
+// one transaction.
+func TestInstallWatchUnchangedTakesNoLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	createNotes(t, pool, 3)
+	w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}, Columns: []string{"title"}}
+	require.NoError(t, InstallWatch(ctx, pool, w))
+
+	// A writer's transaction stays open on the table.
+	writer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer writer.Rollback(ctx)
+	_, err = writer.Exec(ctx, "UPDATE corpus_notes SET body = 'x' WHERE id = 1")
+	require.NoError(t, err)
+
+	quick, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	require.NoError(t, InstallWatch(quick, pool, w), "an unchanged watch must not wait for the table's lock")
+
+	// A changed one needs the lock: it waits for the writer.
+	changed := w
+	changed.Types = map[Op]string{OpUpdate: "note.edited"}
+	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel2()
+	require.Error(t, InstallWatch(short, pool, changed))
+	require.NoError(t, writer.Rollback(ctx))
+	require.NoError(t, InstallWatch(ctx, pool, changed))
+	exec(t, pool, "UPDATE corpus_notes SET title = 'new' WHERE id = 2")
+	require.Len(t, eventsOfType(t, pool, "note.edited"), 1)
+	require.Empty(t, eventsOfType(t, pool, "note.changed"))
+}
+
+// Events made in SQL (outbox_record, and so triggers) get version-7 UUIDs
+// that sort by time, like the ones Record makes.
+func TestSQLMadeEventsHaveUUIDv7(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	var ids []uuid.UUID
+	for i := range 50 {
+		if i%10 == 0 {
+			time.Sleep(2 * time.Millisecond) // spans several milliseconds
+		}
+		var id uuid.UUID
+		require.NoError(t, pool.QueryRow(ctx, "SELECT outbox_record('a.b')").Scan(&id))
+		ids = append(ids, id)
+	}
+	for i, id := range ids {
+		require.Equal(t, uuid.Version(7), id.Version(), "%s", id)
+		require.Equal(t, uuid.RFC4122, id.Variant(), "%s", id)
+		if i > 0 {
+			require.Negative(t, bytes.Compare(ids[i-1][:], id[:]), "IDs made one after another must sort: %s then %s", ids[i-1], id)
+		}
+	}
+	// The timestamp is now, to the millisecond.
+	sec, nsec := ids[len(ids)-1].Time().UnixTime()
+	require.WithinDuration(t, time.Now(), time.Unix(sec, nsec), 5*time.Second)
 }

@@ -3,8 +3,10 @@ package events
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 )
 
@@ -71,13 +73,35 @@ type handleWorker struct {
 	relay *Relay
 }
 
+// unknownSubscriberSnooze is how long a handler job waits when its
+// subscriber is active but unknown in this process: during a rolling deploy,
+// another process (the new release) may know it.
+const unknownSubscriberSnooze = time.Minute
+
 func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) error {
 	sub := w.relay.subscription(job.Args.Subscriber)
-	if sub == nil || sub.Handle == nil {
-		// Perhaps another release registered it; River retries, then discards.
-		return fmt.Errorf("events: no Handle subscriber named %q in this process", job.Args.Subscriber)
+	if sub != nil && sub.Handle != nil {
+		return sub.Handle(ctx, job.Args.Event)
 	}
-	return sub.Handle(ctx, job.Args.Event)
+	// No process may know it any more (removed and retired), or only the
+	// other release does (a rolling deploy). Ask the registry.
+	schema := ""
+	if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
+		schema = c.Schema()
+	}
+	var retired bool
+	err := w.relay.pool.QueryRow(ctx, "SELECT coalesce((SELECT retired_at IS NOT NULL FROM "+
+		qualify(schema, subscribersTable)+" WHERE name = $1), true)", job.Args.Subscriber).Scan(&retired)
+	switch {
+	case err != nil:
+		return fmt.Errorf("events: handler job for subscriber %q: %w", job.Args.Subscriber, err)
+	case retired:
+		// Ends the job for good, without retrying for days.
+		return river.JobCancel(fmt.Errorf("events: subscriber %q is retired", job.Args.Subscriber))
+	}
+	w.relay.logger.WarnContext(ctx, "events: handler job for a subscriber this process does not know; snoozing",
+		slog.String("subscriber", job.Args.Subscriber), slog.Int64("job_id", job.ID), slog.Duration("snooze", unknownSubscriberSnooze))
+	return river.JobSnooze(unknownSubscriberSnooze)
 }
 
 type sweepWorker struct {

@@ -1,0 +1,123 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+)
+
+// poisonAtOnce is a relay config that poisons an event at its first failure.
+func poisonAtOnce(onPoison func(context.Context, Event, error)) *Config {
+	return &Config{MaxAttempts: 1, OnPoison: onPoison}
+}
+
+// failingSub fails the mapping of events of type "bad" and maps the others.
+func failingSub() Subscriber {
+	return Subscriber{Name: "mailer", Types: []string{"**"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			if e.Type == "bad" {
+				return nil, nil, errors.New("no template")
+			}
+			return testArgs{EventID: e.ID}, nil, nil
+		}}
+}
+
+// An OnPoison that panics does not take the process down, and other events
+// keep flowing.
+func TestPanickingOnPoisonIsRecovered(t *testing.T) {
+	t.Parallel()
+	called := make(chan struct{}, 10)
+	b := setup(t, setupOpts{config: poisonAtOnce(func(context.Context, Event, error) {
+		called <- struct{}{}
+		panic("pager exploded")
+	})}, failingSub())
+	b.start(t)
+	for i := range 3 {
+		b.record(t, Event{Type: "bad", Subject: fmt.Sprint(i)})
+		<-called
+	}
+	good := b.record(t, Event{Type: "good"})[0]
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[good.ID].FannedOut }, 10*time.Second, 5*time.Millisecond)
+}
+
+// An OnPoison that blocks for 5 s delays nothing but itself: an unrelated
+// event is fanned out within 100 ms meanwhile.
+func TestSlowOnPoisonHoldsBackNothing(t *testing.T) {
+	t.Parallel()
+	inCallback := make(chan struct{})
+	b := setup(t, setupOpts{config: poisonAtOnce(func(ctx context.Context, _ Event, _ error) {
+		close(inCallback)
+		select {
+		case <-time.After(5 * time.Second):
+		case <-ctx.Done():
+		}
+	})}, failingSub())
+	b.start(t)
+	b.record(t, Event{Type: "bad"})
+	<-inCallback
+	good := b.record(t, Event{Type: "good"})[0]
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[good.ID].FannedOut }, 100*time.Millisecond, 2*time.Millisecond,
+		"an unrelated event waited for OnPoison")
+	// Stop waits for the callback within its context, then cancels it.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, b.relay.Stop(ctx), context.DeadlineExceeded)
+}
+
+// Stop waits for the OnPoison calls in line when its context allows.
+func TestStopWaitsForOnPoison(t *testing.T) {
+	t.Parallel()
+	started, finished := make(chan struct{}), make(chan struct{})
+	b := setup(t, setupOpts{config: poisonAtOnce(func(context.Context, Event, error) {
+		close(started)
+		time.Sleep(100 * time.Millisecond) // a callback that takes a while
+		close(finished)
+	})}, failingSub())
+	b.start(t)
+	b.record(t, Event{Type: "bad"})
+	<-started
+	require.NoError(t, b.relay.Stop(context.Background()))
+	select {
+	case <-finished:
+	default:
+		t.Fatal("Stop returned before OnPoison finished")
+	}
+}
+
+// Once the relay is stopping, the round calls no more host code: a mapper
+// that ignores its context is not called again after Stop's context ended.
+func TestStoppingStopsCallingMap(t *testing.T) {
+	t.Parallel()
+	calls := make(chan struct{}, 1000)
+	release := make(chan struct{})
+	b := setup(t, setupOpts{config: &Config{BatchSize: 500}}, Subscriber{Name: "slow", Types: []string{"**"},
+		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
+			calls <- struct{}{}
+			<-release // ignores its context
+			return testArgs{}, nil, nil
+		}})
+	es := make([]Event, 300)
+	for i := range es {
+		es[i] = Event{Type: "a"}
+	}
+	b.record(t, es...)
+	require.NoError(t, b.relay.Start(context.Background(), b.client))
+	<-calls
+	stopCtx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error)
+	go func() { stopped <- b.relay.Stop(stopCtx) }()
+	<-stopCtx.Done()
+	close(release) // the first Map returns, long after Stop's deadline
+	require.ErrorIs(t, <-stopped, context.DeadlineExceeded)
+	require.Empty(t, calls, "Map was called again after the relay was stopping")
+	for _, r := range loadRows(t, b.pool) {
+		require.False(t, r.FannedOut)
+		require.Zero(t, r.Attempts, "a stop is charged to no event")
+	}
+}

@@ -1,10 +1,10 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/statements"
 )
 
 // Receipt says that an event has become River jobs.
@@ -36,16 +37,33 @@ type AwaiterConfig struct {
 	// NotFoundGrace is how long [Awaiter.AwaitFanout] waits for an ID it
 	// cannot see before returning ErrNotFound. It covers a writer that calls
 	// AwaitFanout while its commit is still on the way; a writer that awaits
-	// after its commit returned never needs it. Defaults to 2 seconds.
+	// after its commit returned never needs it. Defaults to
+	// NotFoundGraceDefault (2 s).
 	NotFoundGrace time.Duration
 
-	// ReconnectBackoff and MaxReconnectBackoff bound the pause before
-	// re-establishing a lost listening connection. Default to 250 ms and 10 s.
-	ReconnectBackoff, MaxReconnectBackoff time.Duration
+	// Listener configures the awaiter's listening connection.
+	Listener ListenerConfig
 
 	// Logger receives the awaiter's logs. Defaults to warnings and errors on
 	// standard error.
 	Logger *slog.Logger
+}
+
+func (c *AwaiterConfig) withDefaults() AwaiterConfig {
+	out := *c
+	out.NotFoundGrace = cmp.Or(out.NotFoundGrace, NotFoundGraceDefault)
+	out.Listener = out.Listener.withDefaults()
+	if out.Logger == nil {
+		out.Logger = defaultLogger()
+	}
+	return out
+}
+
+func (c *AwaiterConfig) validate() error {
+	if c.NotFoundGrace < 0 {
+		return invalidf(ErrInvalidConfig, "NotFoundGrace", "%v: must not be negative", c.NotFoundGrace)
+	}
+	return c.Listener.validate()
 }
 
 // Awaiter gives write receipts: [Awaiter.AwaitFanout] blocks until events
@@ -55,7 +73,7 @@ type AwaiterConfig struct {
 type Awaiter struct {
 	pool   *pgxpool.Pool
 	config AwaiterConfig
-	sql    string
+	sql    *statements.Set
 
 	// reconnectPause replaces the listener's pause before reconnecting
 	// (tests).
@@ -66,6 +84,7 @@ type Awaiter struct {
 	waiters map[uuid.UUID]map[*waiter]struct{}
 	cancel  context.CancelFunc
 	done    chan struct{}
+	ready   chan struct{}
 }
 
 type waiter struct {
@@ -84,39 +103,20 @@ func (w *waiter) poke() {
 // [Awaiter.Start] before waiting. A nil config means the defaults.
 func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+		return nil, invalidf(ErrInvalidConfig, "pool", "is nil")
 	}
-	cfg := AwaiterConfig{}
-	if config != nil {
-		cfg = *config
+	if config == nil {
+		config = &AwaiterConfig{}
 	}
-	if err := validateSchema(cfg.Schema); err != nil {
+	cfg := config.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if cfg.NotFoundGrace == 0 {
-		cfg.NotFoundGrace = 2 * time.Second
+	sql, err := statementsFor(cfg.Schema)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.ReconnectBackoff == 0 {
-		cfg.ReconnectBackoff = 250 * time.Millisecond
-	}
-	if cfg.MaxReconnectBackoff == 0 {
-		cfg.MaxReconnectBackoff = 10 * time.Second
-	}
-	switch {
-	case cfg.NotFoundGrace < 0:
-		return nil, fmt.Errorf("%w: NotFoundGrace %v: must not be negative", ErrInvalidConfig, cfg.NotFoundGrace)
-	case cfg.ReconnectBackoff < 0 || cfg.MaxReconnectBackoff < cfg.ReconnectBackoff:
-		return nil, fmt.Errorf("%w: ReconnectBackoff %v and MaxReconnectBackoff %v: need 0 < ReconnectBackoff <= MaxReconnectBackoff", ErrInvalidConfig, cfg.ReconnectBackoff, cfg.MaxReconnectBackoff)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	}
-	return &Awaiter{
-		pool:    pool,
-		config:  cfg,
-		sql:     "SELECT id, fanned_out_at, fanout, poisoned_at IS NOT NULL, coalesce(last_error, '') FROM " + qualify(cfg.Schema, tableName) + " WHERE id = ANY($1)",
-		waiters: map[uuid.UUID]map[*waiter]struct{}{},
-	}, nil
+	return &Awaiter{pool: pool, config: cfg, sql: sql, waiters: map[uuid.UUID]map[*waiter]struct{}{}}, nil
 }
 
 // Start opens the listening connection (in the background; it reconnects
@@ -130,17 +130,21 @@ func (a *Awaiter) Start(ctx context.Context) error {
 		return ErrStarted
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	a.cancel, a.done, a.running = cancel, make(chan struct{}), true
+	a.cancel, a.done, a.ready, a.running = cancel, make(chan struct{}), make(chan struct{}), true
+	ready := sync.OnceFunc(func() { close(a.ready) })
 	l := &listener.Listener{
 		ConnConfig:      a.pool.Config().ConnConfig,
-		Channels:        []string{ChannelFanned},
+		Channels:        []string{a.sql.ChannelFanned},
 		ApplicationName: listener.AwaiterApplicationName,
 		OnNotify:        func(_, payload string) { a.notified(payload) },
-		OnConnect:       a.pokeAll, // notifications sent while away are lost: re-check
-		Logger:          a.config.Logger,
-		ReconnectMin:    a.config.ReconnectBackoff,
-		ReconnectMax:    a.config.MaxReconnectBackoff,
-		Sleep:           listener.SleepContext,
+		OnConnect: func() {
+			a.pokeAll() // notifications sent while away are lost: re-check
+			ready()
+		},
+		Logger:       a.config.Logger,
+		ReconnectMin: a.config.Listener.ReconnectBackoff,
+		ReconnectMax: a.config.Listener.MaxReconnectBackoff,
+		Sleep:        listener.SleepContext,
 	}
 	if a.reconnectPause != nil {
 		l.Sleep = a.reconnectPause
@@ -173,9 +177,11 @@ func (a *Awaiter) halt() {
 	}
 }
 
-// Stop closes the listening connection and waits for its goroutine, or until
-// ctx ends. Waits in progress return an error wrapping [ErrNotRunning]. Safe
-// before Start and safe twice.
+// Stop stops the awaiter: waits in progress return an error wrapping
+// [ErrNotRunning], the listening connection closes, and no goroutine of the
+// awaiter is left when Stop returns. If ctx ends first, Stop still waits for
+// the goroutine (which is already cancelled) and returns ctx's error, as
+// [Relay.Stop] does. Safe before Start and safe twice.
 func (a *Awaiter) Stop(ctx context.Context) error {
 	a.mu.Lock()
 	if a.running {
@@ -190,16 +196,45 @@ func (a *Awaiter) Stop(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		<-done
 		return ctx.Err()
 	}
 }
+
+// Ready returns a channel that is closed once the awaiter of the current run
+// listens. Waits work before that too (they read the rows), but a
+// notification sent earlier is not seen; tests and readiness probes wait on
+// it. Before the first Start it returns a channel that is never closed.
+func (a *Awaiter) Ready() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ready == nil {
+		return make(chan struct{})
+	}
+	return a.ready
+}
+
+// Stopped returns a channel that is closed once the current run of the
+// awaiter has stopped (by Stop, or because Start's context ended) and its
+// goroutine has returned. Before the first Start it returns a closed channel.
+func (a *Awaiter) Stopped() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.done == nil {
+		return closedChan
+	}
+	return a.done
+}
+
+// closedChan is what Stopped returns before the first Start.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // AwaitFanout blocks until every event in ids has been fanned out, by any
 // relay in any process, and returns their receipts in the order of ids. It
 // returns early with an error:
 //
-//   - wrapping [ErrPoisoned], with the event ID and its last error, when an
-//     event is poisoned;
+//   - a [*PoisonedError] (matching [ErrPoisoned]), with the event ID and its
+//     last error, when an event is poisoned;
 //   - wrapping [ErrNotFound] when an ID is still not visible after
 //     [AwaiterConfig.NotFoundGrace] (its transaction rolled back, or never
 //     committed);
@@ -289,7 +324,11 @@ func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) ([]Receipt,
 func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt) ([]uuid.UUID, error) {
 	seen := make(map[uuid.UUID]bool, len(pending))
 	var poisonErr error
-	rows, err := a.pool.Query(ctx, a.sql, pending)
+	ids := make([]string, len(pending))
+	for i, id := range pending {
+		ids[i] = id.String()
+	}
+	rows, err := a.pool.Query(ctx, a.sql.Await, ids)
 	if err != nil {
 		return nil, fmt.Errorf("events: await fanout: %w", err)
 	}
@@ -310,7 +349,7 @@ func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[u
 			r.FannedOutAt = *fannedAt
 			receipts[r.EventID] = r
 		case poisoned && poisonErr == nil:
-			poisonErr = fmt.Errorf("%w: %s: %s", ErrPoisoned, r.EventID, lastError)
+			poisonErr = &PoisonedError{EventID: r.EventID, LastError: lastError}
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -95,8 +95,11 @@ func TestAwaitFanoutOfAPoisonedEvent(t *testing.T) {
 	b.start(t)
 	_, err := a.AwaitFanout(within(t, 10*time.Second), e.ID)
 	require.ErrorIs(t, err, ErrPoisoned)
+	var pe *PoisonedError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, e.ID, pe.EventID)
+	require.Contains(t, pe.LastError, "no template for this event")
 	require.ErrorContains(t, err, e.ID.String())
-	require.ErrorContains(t, err, "no template for this event")
 }
 
 func TestAwaitFanoutOfAnEventNeverCommitted(t *testing.T) {

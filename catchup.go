@@ -28,7 +28,7 @@ func (r *Relay) catchUpOrFail(ctx context.Context, fail func(error) bool) bool {
 		return true
 	}
 	for !r.stopping() && ctx.Err() == nil {
-		claimed, err := r.round(ctx, laneCatchUp, r.sql.claimCatchUp, r.known, int64(r.config.BatchSize))
+		claimed, err := r.round(ctx, laneCatchUp, r.sql.ClaimCatchUp, r.known, int64(r.config.BatchSize))
 		if err != nil {
 			if r.stopping() || ctx.Err() != nil || !fail(err) {
 				return false

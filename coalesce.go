@@ -1,130 +1,43 @@
 package events
 
-import (
-	"context"
-	"errors"
-	"slices"
-
-	"github.com/riverqueue/river"
-)
-
-// plannedJob is one River job a round will insert.
-type plannedJob struct {
-	sub   *subscription
-	event int // index in the batch of the event the job carries
-	args  river.JobArgs
-	opts  *river.InsertOpts
-	// covers lists the batch indexes of the events whose fanout names this
-	// job: the event itself, plus, for a coalescing subscriber, the earlier
-	// events of the same subject.
-	covers []int
-}
-
-// roundPlan is what a round will do with its batch.
-type roundPlan struct {
-	jobs   []plannedJob
-	failed []error // per batch index: why the event cannot go out now
-}
-
-// plan matches every event of batch (ordered by seq) against the
-// subscribers, maps it to jobs, and coalesces where subscribers opted in.
+// coalesce turns each event's mapped jobs into the round's jobs. For a
+// subscriber with Coalesce set, the events of one subject in the batch share
+// one job, which carries the latest of them (batches are in seq order), and
+// the fanout of every one of them names it. Events without a subject, and
+// every event of a subscriber without Coalesce, get a job each. Events that
+// failed (failed[i] != nil) get none.
 //
-// Mapping comes first, for every match: an event whose mapping fails for any
-// subscriber is left out of the round entirely (a row is fanned out whole or
-// not at all), and so can neither carry nor be folded into a coalesced job.
-// In the catch-up lane only the subscribers an event still waits for are
-// considered.
-//
-// Host code is not called once the relay is stopping: the plan fails with
-// errStopping and the round rolls back, charging nothing.
-func (r *Relay) plan(ctx context.Context, l lane, batch []claimedRow) (roundPlan, error) {
-	type mapped struct {
-		sub  *subscription
-		args river.JobArgs
-		opts *river.InsertOpts
-	}
-	p := roundPlan{failed: make([]error, len(batch))}
-	perEvent := make([][]mapped, len(batch))
-	for i, c := range batch {
-		if r.stopping() || ctx.Err() != nil {
-			return roundPlan{}, errStopping
-		}
-		for _, sub := range r.active {
-			if !sub.matches(c.Type) || (l == laneCatchUp && !slices.Contains(c.catchUp, sub.Name)) {
-				continue
-			}
-			args, opts, err := sub.jobFor(ctx, c.Event)
-			if err != nil {
-				p.failed[i] = err
-				break
-			}
-			if args != nil {
-				perEvent[i] = append(perEvent[i], mapped{sub, args, opts})
-			}
-		}
-	}
-
-	// For coalescing subscribers: (subscriber, subject) -> index in p.jobs.
+// River's unique jobs are not used for this: River requires a unique job's
+// ByState to include running, so a change that arrives while the job is
+// running would be merged into it and lost.
+func coalesce(batch []claimedRow, perEvent [][]mapped, failed []error) []plannedJob {
+	var jobs []plannedJob
+	// For coalescing subscribers: (subscriber, subject) -> index in jobs.
 	type key struct {
 		sub     *subscription
 		subject string
 	}
 	latest := map[key]int{}
 	for i, ms := range perEvent {
-		if p.failed[i] != nil {
+		if failed[i] != nil {
 			continue
 		}
 		for _, m := range ms {
 			if !m.sub.Coalesce || batch[i].Subject == "" {
-				p.jobs = append(p.jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, covers: []int{i}})
+				jobs = append(jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, covers: []int{i}})
 				continue
 			}
 			k := key{m.sub, batch[i].Subject}
 			if j, ok := latest[k]; ok {
 				// Batches are in seq order: this event is the later one.
-				job := &p.jobs[j]
+				job := &jobs[j]
 				job.event, job.args, job.opts = i, m.args, m.opts
 				job.covers = append(job.covers, i)
 				continue
 			}
-			latest[k] = len(p.jobs)
-			p.jobs = append(p.jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, covers: []int{i}})
+			latest[k] = len(jobs)
+			jobs = append(jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, covers: []int{i}})
 		}
 	}
-	return p, nil
+	return jobs
 }
-
-// errStopping ends a round that the relay's stop interrupted. It is nobody's
-// fault: nothing is charged.
-var errStopping = errors.New("events: relay stopping")
-
-// insertOpts returns the job's insert options with the relay's tag added,
-// "events-subscriber-<name>", so a subscriber's jobs can be told apart in
-// River UI or SQL. A tag rather than metadata: River keeps a GIN index on
-// river_job.metadata, which made inserts about 40% slower in the benchmark;
-// one tag rather than two (with the event ID): River checks every tag with a
-// regular expression, 15% of the relay's CPU for two tags per job. Which
-// event a job is for is in the event's fanout, and in the args of handler
-// jobs. The caller's opts are copied, never modified.
-func (j *plannedJob) insertOpts() *river.InsertOpts {
-	var opts river.InsertOpts
-	if j.opts != nil {
-		opts = *j.opts
-	}
-	own := opts.Tags
-	if own == nil {
-		// River would take the args' own tags when opts has none: keep them.
-		if a, ok := j.args.(river.JobArgsWithInsertOpts); ok {
-			own = a.InsertOpts().Tags
-		}
-	}
-	if len(own) == 0 {
-		opts.Tags = j.sub.tags
-		return &opts
-	}
-	opts.Tags = append(append(make([]string, 0, len(own)+1), own...), j.sub.tags...)
-	return &opts
-}
-
-// tagSubscriber prefixes the tag of a subscriber's jobs.
-const tagSubscriber = "events-subscriber-"

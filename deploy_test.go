@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/standmeet/events/internal/statements"
 	"github.com/stretchr/testify/require"
 )
 
@@ -97,7 +98,7 @@ func TestRetiredSubscriberIsNeitherCaughtUpNorFannedOut(t *testing.T) {
 	ctx := context.Background()
 	// "gone" was registered by a release that no longer runs.
 	b := setup(t, setupOpts{}, mapSub("x", false, "**"))
-	_, err := registerSubscribers(ctx, b.pool, "", []string{"gone"})
+	_, err := registerSubscribers(ctx, b.pool, defaultSQL(t), []string{"gone"})
 	require.NoError(t, err)
 	b.start(t)
 	b.record(t, Event{Type: "a"}, Event{Type: "b"})
@@ -138,7 +139,7 @@ func TestHandleJobsOfAnUnknownSubscriber(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{work: true})
-	_, err := registerSubscribers(ctx, b.pool, "", []string{"active-elsewhere", "removed"})
+	_, err := registerSubscribers(ctx, b.pool, defaultSQL(t), []string{"active-elsewhere", "removed"})
 	require.NoError(t, err)
 	require.NoError(t, RetireSubscriber(ctx, b.pool, "removed"))
 	var ids [2]int64
@@ -199,3 +200,11 @@ func TestSubscriberNamesAreTheOnesRiverAcceptsAsTags(t *testing.T) {
 }
 
 var errRollback = fmt.Errorf("rollback")
+
+// defaultSQL is the statements of the default schema.
+func defaultSQL(t *testing.T) *statements.Set {
+	t.Helper()
+	s, err := statements.For("")
+	require.NoError(t, err)
+	return s
+}

@@ -3,13 +3,13 @@ package events
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/standmeet/events/internal/statements"
 )
 
 // Event is a fact the host application recorded: something happened to a
@@ -51,18 +51,22 @@ const (
 	MaxPayloadBytes  = 1 << 20 // 1 MiB
 )
 
-// Notification channels. Record and table triggers notify ChannelEvents in the
-// writing transaction, so relays wake when it commits; relays notify
-// ChannelFanned with the IDs of the events they fanned out.
+// Notification channels. Record and table triggers notify ChannelEvents in
+// the writing transaction, so relays wake when it commits; relays notify
+// ChannelFanned with the IDs of the events they fanned out. These are the
+// channels of the default schema; in a schema of its own ([MigrateOpts])
+// each is qualified as "<schema>.<channel>" (River does the same), so relays
+// of one schema are not woken by another's writes.
 const (
-	ChannelEvents = "standmeet_events"
-	ChannelFanned = "standmeet_events_fanned"
+	ChannelEvents = statements.ChannelEvents
+	ChannelFanned = statements.ChannelFanned
 )
 
 // Outbox is the library's tables in one schema. The package-level functions
 // ([Record], [Requeue], …) use the zero Outbox: the tables on the
 // connection's search_path. Use an Outbox with Schema set when [Migrate] was
-// given one.
+// given one. An Outbox's statements are built once per schema and shared by
+// every part of the library.
 type Outbox struct {
 	// Schema holds the library's tables, as given to [MigrateOpts]. Empty
 	// means the connection's search_path.
@@ -75,25 +79,4 @@ type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// tableName is the outbox table, unqualified.
-const tableName = "outbox_events"
-
-var schemaRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
-
-func validateSchema(schema string) error {
-	if schema != "" && (len(schema) > 63 || !schemaRE.MatchString(schema)) {
-		return fmt.Errorf("%w: Schema %q: must be at most 63 letters, digits and underscores, starting with a letter or underscore", ErrInvalidConfig, schema)
-	}
-	return nil
-}
-
-// qualify returns the quoted name of a library table in schema, or the bare
-// name when schema is empty (the search_path decides).
-func qualify(schema, name string) string {
-	if schema == "" {
-		return name
-	}
-	return pgx.Identifier{schema, name}.Sanitize()
 }

@@ -14,64 +14,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 )
 
-// relaySQL holds the relay's statements for one schema.
-type relaySQL struct {
-	claimBatch, claimOne, claimDue string
-	claimCatchUp, claimCatchUpOne  string
-	nextRetry, stamp, stampCatchUp string
-	charge, chargeCatchUp, load    string
-}
-
-const claimColumns = "seq, id, type, subject, payload, created_at, attempts, catch_up"
-
-func newRelaySQL(schema string) relaySQL {
-	t := qualify(schema, tableName)
-	pending := "fanned_out_at IS NULL AND poisoned_at IS NULL"
-	// Rows stamped by relays that lacked some registered subscriber; $1 is
-	// the names this relay knows. Failed ones wait for next_attempt_at.
-	catchUp := "catch_up IS NOT NULL AND catch_up && $1::text[] AND poisoned_at IS NULL"
-	// charge records a failed attempt ($1 seq, $2 error, $3 pause, $4
-	// MaxAttempts) and poisons the row at the last one. A poisoning is
-	// announced on ChannelFanned too: receipts waiting for the event must
-	// learn it will not be fanned out.
-	charge := func(where string) string {
-		return "WITH c AS (UPDATE " + t + " SET attempts = attempts + 1, last_error = $2, next_attempt_at = now() + $3::interval," +
-			" poisoned_at = CASE WHEN attempts + 1 >= $4 THEN now() END" +
-			" WHERE seq = $1 AND " + where + " RETURNING id, poisoned_at IS NOT NULL AS poisoned)" +
-			" SELECT poisoned, CASE WHEN poisoned THEN pg_notify('" + ChannelFanned + "', id::text) END FROM c"
-	}
-	return relaySQL{
-		// Never "seq > cursor": a row whose transaction commits late has a
-		// lower seq than rows already fanned out, and must still be found.
-		// Rows that failed before wait for their retry time in claimDue.
-		claimBatch: "SELECT " + claimColumns + " FROM " + t + " WHERE " + pending +
-			" AND attempts = 0 ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
-		claimOne: "SELECT " + claimColumns + " FROM " + t + " WHERE " + pending +
-			" AND seq = $1 FOR UPDATE SKIP LOCKED",
-		claimDue: "SELECT " + claimColumns + " FROM " + t + " WHERE " + pending +
-			" AND attempts > 0 AND next_attempt_at <= now() ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED",
-		claimCatchUp: "SELECT " + claimColumns + " FROM " + t + " WHERE " + catchUp +
-			" AND (next_attempt_at IS NULL OR next_attempt_at <= now()) ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED",
-		claimCatchUpOne: "SELECT " + claimColumns + " FROM " + t + " WHERE " + catchUp +
-			" AND seq = $2 FOR UPDATE SKIP LOCKED",
-		nextRetry: "SELECT extract(epoch FROM min(next_attempt_at) - now()) FROM " + t + " WHERE " + pending +
-			" AND attempts > 0",
-		// $3 is the names of the subscribers this relay knows: every other
-		// active subscriber in the registry is left to catch the rows up.
-		stamp: "WITH m AS (SELECT array_agg(name ORDER BY name) AS names FROM " + qualify(schema, subscribersTable) +
-			" WHERE retired_at IS NULL AND name <> ALL($3::text[]))" +
-			" UPDATE " + t + " AS e SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL, catch_up = m.names" +
-			" FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout), m WHERE e.seq = u.seq",
-		stampCatchUp: "UPDATE " + t + " AS e SET fanout = coalesce(e.fanout, '{}') || u.fanout::jsonb," +
-			" catch_up = nullif(ARRAY(SELECT unnest(e.catch_up) EXCEPT SELECT unnest($3::text[])), '{}')," +
-			" attempts = 0, last_error = NULL, next_attempt_at = NULL" +
-			" FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout) WHERE e.seq = u.seq",
-		charge:        charge(pending),
-		chargeCatchUp: charge("catch_up IS NOT NULL AND poisoned_at IS NULL"),
-		load:          "SELECT " + claimColumns + " FROM " + t + " WHERE seq = $1",
-	}
-}
-
 // claimedRow is an event a round holds locked.
 type claimedRow struct {
 	Event
@@ -200,13 +142,13 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, batch []claimedRo
 	switch {
 	case len(seqs) == 0:
 	case l == laneCatchUp:
-		sendBuf.Queue(r.sql.stampCatchUp, seqs, docs, r.known)
+		sendBuf.Queue(r.sql.StampCatchUp, seqs, docs, r.known)
 	default:
-		sendBuf.Queue(r.sql.stamp, seqs, docs, r.known)
+		sendBuf.Queue(r.sql.Stamp, seqs, docs, r.known)
 		// Delivered at commit, and only if it commits. Receipts were
 		// answered at the first fan-out; a catch-up sends none.
 		for _, payload := range notifyPayloads(ids) {
-			sendBuf.Queue("SELECT pg_notify($1, $2)", ChannelFanned, payload)
+			sendBuf.Queue(r.sql.NotifyFanned, payload)
 		}
 	}
 	poisonedAt := r.queueCharges(&sendBuf, failures)
@@ -272,9 +214,9 @@ func (r *Relay) rowByRow(ctx context.Context, l lane, seqs []int64) error {
 		}
 		var err error
 		if l == laneCatchUp {
-			_, err = r.singleClaimed(ctx, l, r.sql.claimCatchUpOne, r.known, seq)
+			_, err = r.singleClaimed(ctx, l, r.sql.ClaimCatchUpOne, r.known, seq)
 		} else {
-			_, err = r.singleClaimed(ctx, l, r.sql.claimOne, seq)
+			_, err = r.singleClaimed(ctx, l, r.sql.ClaimOne, seq)
 		}
 		if err != nil {
 			return err
@@ -287,7 +229,7 @@ func (r *Relay) rowByRow(ctx context.Context, l lane, seqs []int64) error {
 // has come.
 func (r *Relay) retryDue(ctx context.Context) error {
 	for !r.stopping() && ctx.Err() == nil {
-		seq, err := r.singleClaimed(ctx, lanePending, r.sql.claimDue, 1)
+		seq, err := r.singleClaimed(ctx, lanePending, r.sql.ClaimDue, 1)
 		if err != nil {
 			return err
 		}
@@ -327,13 +269,13 @@ func (r *Relay) singleClaimed(ctx context.Context, l lane, claimSQL string, args
 }
 
 func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
-	return scanClaimed(r.pool.QueryRow(ctx, r.sql.load, seq))
+	return scanClaimed(r.pool.QueryRow(ctx, r.sql.Load, seq))
 }
 
 // nextRetryIn reports how long until the earliest failed event is due.
 func (r *Relay) nextRetryIn(ctx context.Context) (time.Duration, bool, error) {
 	var secs *float64
-	if err := r.pool.QueryRow(ctx, r.sql.nextRetry).Scan(&secs); err != nil {
+	if err := r.pool.QueryRow(ctx, r.sql.NextRetry).Scan(&secs); err != nil {
 		return 0, false, err
 	}
 	if secs == nil {

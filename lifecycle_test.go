@@ -81,9 +81,30 @@ func TestConfigAndSubscriberErrorsNameTheField(t *testing.T) {
 	_, err := NewRelay(nil, nil)
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	b := setup(t, setupOpts{})
-	_, err = NewRelay(b.pool, &Config{BatchSize: -1})
-	require.ErrorIs(t, err, ErrInvalidConfig)
-	require.Contains(t, err.Error(), "BatchSize")
+	for cfg, field := range map[*Config]string{
+		{BatchSize: -1}:                                           "BatchSize",
+		{MaxAttempts: -1}:                                         "MaxAttempts",
+		{RetryBackoff: -time.Second}:                              "RetryBackoff",
+		{RetryBackoff: 2 * time.Minute}:                           "MaxRetryBackoff",
+		{Listener: ListenerConfig{ReconnectBackoff: -1}}:          "Listener.ReconnectBackoff",
+		{Listener: ListenerConfig{ReconnectBackoff: time.Minute}}: "Listener.MaxReconnectBackoff",
+	} {
+		_, err = NewRelay(b.pool, cfg)
+		var ve *ValidationError
+		require.ErrorAs(t, err, &ve)
+		require.ErrorIs(t, err, ErrInvalidConfig)
+		require.Equal(t, field, ve.Field, "%v", err)
+	}
+	for cfg, field := range map[*AwaiterConfig]string{
+		{NotFoundGrace: -1}: "NotFoundGrace",
+		{Schema: "a-b"}:     "Schema",
+		{Listener: ListenerConfig{ReconnectBackoff: time.Minute}}: "Listener.MaxReconnectBackoff",
+	} {
+		_, err = NewAwaiter(b.pool, cfg)
+		var ve *ValidationError
+		require.ErrorAs(t, err, &ve)
+		require.Equal(t, field, ve.Field, "%v", err)
+	}
 
 	for _, tt := range []struct {
 		sub   Subscriber
@@ -98,10 +119,64 @@ func TestConfigAndSubscriberErrorsNameTheField(t *testing.T) {
 	} {
 		err := b.relay.Subscribe(tt.sub)
 		require.ErrorIs(t, err, ErrInvalidSubscriber)
-		require.Contains(t, err.Error(), tt.field)
+		var ve *ValidationError
+		require.ErrorAs(t, err, &ve)
+		require.Equal(t, tt.field, ve.Field)
 	}
 	require.NoError(t, b.relay.Subscribe(Subscriber{Name: "x", Types: []string{"a"}, Handle: noopHandle}))
 	require.ErrorIs(t, b.relay.Subscribe(Subscriber{Name: "x", Types: []string{"a"}, Handle: noopHandle}), ErrInvalidSubscriber)
 }
 
 func noopHandle(context.Context, Event) error { return nil }
+
+// Relay and Awaiter share one lifecycle: Ready once listening (the relay:
+// and caught up), Stopped once stopped, Stop bounded by its context in both.
+func TestRelayAndAwaiterLifecycleSignals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	a, err := NewAwaiter(b.pool, &AwaiterConfig{Logger: quietLogger()})
+	require.NoError(t, err)
+	for _, stopped := range []<-chan struct{}{b.relay.Stopped(), a.Stopped()} {
+		requireClosed(t, stopped, "Stopped before Start")
+	}
+	e := b.record(t, Event{Type: "before.start"})[0]
+	require.NoError(t, b.relay.Start(ctx, b.client))
+	require.NoError(t, a.Start(ctx))
+	requireClosed(t, b.relay.Ready(), "relay Ready")
+	requireClosed(t, a.Ready(), "awaiter Ready")
+	require.True(t, loadRows(t, b.pool)[e.ID].FannedOut, "ready means caught up with what was there")
+	select {
+	case <-b.relay.Stopped():
+		t.Fatal("Stopped while running")
+	case <-a.Stopped():
+		t.Fatal("Stopped while running")
+	default:
+	}
+
+	// Stop with an expired context: both cancel and return its error.
+	expired, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, b.relay.Stop(expired), context.Canceled)
+	require.ErrorIs(t, a.Stop(expired), context.Canceled)
+	requireClosed(t, b.relay.Stopped(), "relay Stopped")
+	requireClosed(t, a.Stopped(), "awaiter Stopped")
+	require.NoError(t, b.relay.Stop(ctx))
+	require.NoError(t, a.Stop(ctx))
+
+	// A cancelled Start context stops the relay too.
+	runCtx, cancelRun := context.WithCancel(ctx)
+	require.NoError(t, b.relay.Start(runCtx, b.client))
+	cancelRun()
+	requireClosed(t, b.relay.Stopped(), "relay Stopped after its Start context ended")
+	require.NoError(t, b.relay.Stop(ctx))
+}
+
+func requireClosed(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: never closed", what)
+	}
+}

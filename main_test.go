@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/standmeet/events/internal/listener"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -128,20 +127,18 @@ func (b *testBundle) waitIdle(t *testing.T) {
 	}
 }
 
-// settle waits until the relay listens and has finished the round its
-// connection started: from then on only a notification (or a retry timer)
-// makes it claim rows.
+// settle waits until the relay is ready (it listens, and a round begun
+// after that has finished), and then idle: from then on only a notification
+// (or a retry timer) makes it claim rows.
 func (b *testBundle) settle(t *testing.T) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		var listening bool
-		err := b.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE application_name = $1 AND datname = current_database() AND state = 'idle' AND query LIKE 'LISTEN%')`,
-			listener.ApplicationName).Scan(&listening)
-		return err == nil && listening
-	}, 10*time.Second, 5*time.Millisecond, "the relay never listened")
 	select {
-	case <-b.idle: // perhaps from before the connection's round
+	case <-b.relay.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay never got ready")
+	}
+	select {
+	case <-b.idle: // perhaps from before that round
 	default:
 	}
 	b.waitIdle(t)

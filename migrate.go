@@ -38,7 +38,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}
 	}
-	if err := validateSchema(opts.Schema); err != nil {
+	sql, err := statementsFor(opts.Schema)
+	if err != nil {
 		return err
 	}
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: opts.Schema})
@@ -97,6 +98,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 			if _, err := tx.Exec(ctx, "INSERT INTO outbox_migration (version) VALUES ($1)", m.version); err != nil {
 				return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
 			}
+		}
+		// The SQL functions notify the schema's own channel.
+		if _, err := tx.Exec(ctx, "UPDATE outbox_settings SET channel = $1 WHERE channel <> $1", sql.ChannelEvents); err != nil {
+			return fmt.Errorf("events: migrate: settings: %w", err)
 		}
 		return nil
 	})

@@ -74,7 +74,7 @@ func TestDatabaseRestartLosesNothing(t *testing.T) {
 	ctx := context.Background()
 	cluster := testdb.NewCluster(t)
 	cfg := &Config{RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
-		ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond, MaxAttempts: 1}
+		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond}, MaxAttempts: 1}
 	subs := []Subscriber{mapSub("audit", false, "**"), mapSub("search", true, "**")}
 	relays := []*testBundle{setup(t, setupOpts{url: cluster.URL, config: cfg}, subs...), setup(t, setupOpts{url: cluster.URL, config: cfg}, subs...)}
 

@@ -155,6 +155,48 @@ func TestRecordInASchema(t *testing.T) {
 
 	_, err := Outbox{Schema: `x"; DROP TABLE river_job; --`}.Record(ctx, nil, Event{Type: "a"})
 	require.ErrorIs(t, err, ErrInvalidConfig)
+	var ve *ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, "Schema", ve.Field)
+}
+
+// Channels are qualified by schema: a relay of one schema is not woken by
+// writes to another, and SQL-made events notify their own schema's channel.
+func TestChannelsAreQualifiedBySchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: "tenant_a"}))
+	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: "tenant_b"}))
+
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	for _, ch := range []string{ChannelEvents, "tenant_a." + ChannelEvents, "tenant_b." + ChannelEvents} {
+		_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
+		require.NoError(t, err)
+	}
+	next := func() string {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		n, err := conn.WaitForNotification(wctx)
+		require.NoError(t, err)
+		return n.Channel
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := Outbox{Schema: "tenant_a"}.Record(ctx, tx, Event{Type: "a"})
+		return err
+	}))
+	require.Equal(t, "tenant_a."+ChannelEvents, next())
+	_, err = pool.Exec(ctx, "SELECT tenant_b.outbox_record('b')")
+	require.NoError(t, err)
+	require.Equal(t, "tenant_b."+ChannelEvents, next())
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := Record(ctx, tx, Event{Type: "c"})
+		return err
+	}))
+	require.Equal(t, ChannelEvents, next())
 }
 
 func TestValidateTypeErrorsAreSentinels(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/standmeet/events/internal/statements"
 )
 
 // The subscriber registry makes rolling deploys safe. While the old and the
@@ -27,19 +28,13 @@ type SubscriberInfo struct {
 
 // registerSubscribers adds the relay's subscribers to the registry (those not
 // there yet) and returns the names among them that are retired.
-func registerSubscribers(ctx context.Context, db DB, schema string, names []string) ([]string, error) {
-	t := qualify(schema, subscribersTable)
-	rows, err := db.Query(ctx, `WITH ins AS (
-			INSERT INTO `+t+` (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING)
-		SELECT name FROM `+t+` WHERE name = ANY($1::text[]) AND retired_at IS NOT NULL ORDER BY name`, names)
+func registerSubscribers(ctx context.Context, db DB, sql *statements.Set, names []string) ([]string, error) {
+	rows, err := db.Query(ctx, sql.Register, names)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
-
-// subscribersTable is the registry, unqualified.
-const subscribersTable = "outbox_subscribers"
 
 // RetireSubscriber retires a subscriber for good: relays started afterwards
 // do not fan out to it even if they still have it, nothing is caught up for
@@ -57,17 +52,12 @@ func RetireSubscriber(ctx context.Context, db DB, name string) error {
 
 // RetireSubscriber is [RetireSubscriber] in o's schema.
 func (o Outbox) RetireSubscriber(ctx context.Context, db DB, name string) error {
-	if err := validateSchema(o.Schema); err != nil {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
 		return err
 	}
 	var found bool
-	err := db.QueryRow(ctx, `WITH r AS (
-			UPDATE `+qualify(o.Schema, subscribersTable)+` SET retired_at = coalesce(retired_at, now())
-			 WHERE name = $1 RETURNING name),
-		c AS (
-			UPDATE `+qualify(o.Schema, tableName)+` SET catch_up = nullif(array_remove(catch_up, $1), '{}')
-			 WHERE catch_up @> ARRAY[$1]::text[] AND EXISTS (SELECT 1 FROM r))
-		SELECT EXISTS (SELECT 1 FROM r)`, name).Scan(&found)
+	err = db.QueryRow(ctx, sql.Retire, name).Scan(&found)
 	if err != nil {
 		return fmt.Errorf("events: retire subscriber %q: %w", name, err)
 	}
@@ -84,25 +74,32 @@ func ListSubscribers(ctx context.Context, db DB) ([]SubscriberInfo, error) {
 
 // ListSubscribers is [ListSubscribers] in o's schema.
 func (o Outbox) ListSubscribers(ctx context.Context, db DB) ([]SubscriberInfo, error) {
-	if err := validateSchema(o.Schema); err != nil {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, "SELECT name, registered_at, retired_at FROM "+
-		qualify(o.Schema, subscribersTable)+" ORDER BY name")
+	rows, err := db.Query(ctx, sql.ListSubscribers)
 	if err != nil {
 		return nil, fmt.Errorf("events: list subscribers: %w", err)
 	}
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (SubscriberInfo, error) {
-		var s SubscriberInfo
-		var retired *time.Time
-		err := row.Scan(&s.Name, &s.RegisteredAt, &retired)
-		if retired != nil {
-			s.RetiredAt = *retired
-		}
-		return s, err
+		r, err := pgx.RowToStructByName[struct {
+			Name         string
+			RegisteredAt time.Time
+			RetiredAt    *time.Time
+		}](row)
+		return SubscriberInfo{Name: r.Name, RegisteredAt: r.RegisteredAt, RetiredAt: deref(r.RetiredAt)}, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("events: list subscribers: %w", err)
 	}
 	return list, nil
+}
+
+// deref returns *t, or the zero time for nil (a NULL column).
+func deref(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
 }

@@ -1,10 +1,10 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,36 +17,32 @@ import (
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/hostcall"
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/statements"
 )
 
 // Config configures a [Relay]. The zero value works; every field documents
 // its default.
 type Config struct {
 	// BatchSize is the most rows one round claims, and so the size of its
-	// transaction. Defaults to 200.
+	// transaction. Defaults to BatchSizeDefault (200); at most 10,000.
 	BatchSize int
 
 	// MaxAttempts is how many times fanning out one event may fail before the
 	// event is poisoned: set aside, never claimed again until [Requeue].
-	// Defaults to 5.
+	// Defaults to MaxAttemptsDefault (5).
 	MaxAttempts int
 
 	// RetryBackoff is the pause after the first failure, of a round or of one
 	// event; it doubles with every further failure, up to MaxRetryBackoff.
-	// Defaults to 2 seconds.
+	// Defaults to RetryBackoffDefault (2 s).
 	RetryBackoff time.Duration
 
-	// MaxRetryBackoff caps RetryBackoff's doubling. Defaults to 1 minute.
+	// MaxRetryBackoff caps RetryBackoff's doubling. Defaults to
+	// MaxRetryBackoffDefault (1 min).
 	MaxRetryBackoff time.Duration
 
-	// ReconnectBackoff is the first pause before re-establishing a lost
-	// listening connection; it doubles up to MaxReconnectBackoff. Defaults to
-	// 250 milliseconds.
-	ReconnectBackoff time.Duration
-
-	// MaxReconnectBackoff caps ReconnectBackoff's doubling. Defaults to 10
-	// seconds.
-	MaxReconnectBackoff time.Duration
+	// Listener configures the relay's listening connection.
+	Listener ListenerConfig
 
 	// OnPoison is called once for every event this relay poisons, with the
 	// event and the error of its last attempt, after the poisoning committed.
@@ -68,26 +64,13 @@ type Config struct {
 
 func (c *Config) withDefaults() Config {
 	out := *c
-	if out.BatchSize == 0 {
-		out.BatchSize = 200
-	}
-	if out.MaxAttempts == 0 {
-		out.MaxAttempts = 5
-	}
-	if out.RetryBackoff == 0 {
-		out.RetryBackoff = 2 * time.Second
-	}
-	if out.MaxRetryBackoff == 0 {
-		out.MaxRetryBackoff = time.Minute
-	}
-	if out.ReconnectBackoff == 0 {
-		out.ReconnectBackoff = 250 * time.Millisecond
-	}
-	if out.MaxReconnectBackoff == 0 {
-		out.MaxReconnectBackoff = 10 * time.Second
-	}
+	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, MaxAttemptsDefault)
+	out.RetryBackoff = cmp.Or(out.RetryBackoff, RetryBackoffDefault)
+	out.MaxRetryBackoff = cmp.Or(out.MaxRetryBackoff, MaxRetryBackoffDefault)
+	out.Listener = out.Listener.withDefaults()
 	if out.Logger == nil {
-		out.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		out.Logger = defaultLogger()
 	}
 	return out
 }
@@ -95,15 +78,15 @@ func (c *Config) withDefaults() Config {
 func (c *Config) validate() error {
 	switch {
 	case c.BatchSize < 1 || c.BatchSize > 10_000:
-		return fmt.Errorf("%w: BatchSize %d: must be between 1 and 10000", ErrInvalidConfig, c.BatchSize)
+		return invalidf(ErrInvalidConfig, "BatchSize", "%d: must be between 1 and 10000", c.BatchSize)
 	case c.MaxAttempts < 1:
-		return fmt.Errorf("%w: MaxAttempts %d: must be at least 1", ErrInvalidConfig, c.MaxAttempts)
-	case c.RetryBackoff < 0 || c.MaxRetryBackoff < c.RetryBackoff:
-		return fmt.Errorf("%w: RetryBackoff %v and MaxRetryBackoff %v: need 0 < RetryBackoff <= MaxRetryBackoff", ErrInvalidConfig, c.RetryBackoff, c.MaxRetryBackoff)
-	case c.ReconnectBackoff < 0 || c.MaxReconnectBackoff < c.ReconnectBackoff:
-		return fmt.Errorf("%w: ReconnectBackoff %v and MaxReconnectBackoff %v: need 0 < ReconnectBackoff <= MaxReconnectBackoff", ErrInvalidConfig, c.ReconnectBackoff, c.MaxReconnectBackoff)
+		return invalidf(ErrInvalidConfig, "MaxAttempts", "%d: must be at least 1", c.MaxAttempts)
+	case c.RetryBackoff < 0:
+		return invalidf(ErrInvalidConfig, "RetryBackoff", "%v: must not be negative", c.RetryBackoff)
+	case c.MaxRetryBackoff < c.RetryBackoff:
+		return invalidf(ErrInvalidConfig, "MaxRetryBackoff", "%v: must be at least RetryBackoff (%v)", c.MaxRetryBackoff, c.RetryBackoff)
 	}
-	return nil
+	return c.Listener.validate()
 }
 
 // Relay turns committed events into River jobs, one per matching subscriber,
@@ -123,10 +106,13 @@ type Relay struct {
 
 	// Set by Start, for one run.
 	client    *river.Client[pgx.Tx]
-	sql       relaySQL
+	sql       *statements.Set
 	active    []*subscription // subs less the retired ones
 	known     []string        // names of active
 	callbacks *hostcall.Runner
+	listening atomic.Bool // the listener's LISTEN is in effect
+	ready     chan struct{}
+	markReady func()
 	wake      chan struct{}
 	stopCh    chan struct{}
 	cancel    context.CancelFunc
@@ -171,7 +157,7 @@ type testHooks struct {
 // A nil config means the defaults.
 func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+		return nil, invalidf(ErrInvalidConfig, "pool", "is nil")
 	}
 	if config == nil {
 		config = &Config{}
@@ -196,7 +182,7 @@ func (r *Relay) Subscribe(s Subscriber) error {
 		return fmt.Errorf("%w: subscribe %q before Start", ErrStarted, s.Name)
 	}
 	if _, dup := r.byName[s.Name]; dup {
-		return fmt.Errorf("%w: %q: Name is already registered", ErrInvalidSubscriber, s.Name)
+		return invalidf(ErrInvalidSubscriber, "Name", "%q is already registered", s.Name)
 	}
 	r.subs = append(r.subs, sub)
 	r.byName[s.Name] = sub
@@ -228,19 +214,26 @@ func (r *Relay) subscription(name string) *subscription {
 // be started again either way.
 func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	if client == nil {
-		return fmt.Errorf("%w: River client is nil", ErrInvalidConfig)
+		return invalidf(ErrInvalidConfig, "client", "is nil")
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.running {
 		return ErrStarted
 	}
-	if err := r.register(ctx, client.Schema()); err != nil {
+	sql, err := statementsFor(client.Schema())
+	if err != nil {
+		return err
+	}
+	r.sql = sql
+	if err := r.register(ctx); err != nil {
 		return err
 	}
 	r.client = client
-	r.sql = newRelaySQL(client.Schema())
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
+	r.listening.Store(false)
+	r.ready = make(chan struct{})
+	r.markReady = sync.OnceFunc(func() { close(r.ready) })
 	r.wake = make(chan struct{}, 1)
 	r.stopCh = make(chan struct{})
 	r.done = make(chan struct{})
@@ -254,17 +247,20 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	}
 	l := &listener.Listener{
 		ConnConfig: r.pool.Config().ConnConfig,
-		Channels:   []string{ChannelEvents},
+		Channels:   []string{r.sql.ChannelEvents},
 		OnNotify: func(string, string) {
 			if r.hooks.notified != nil {
 				r.hooks.notified()
 			}
 			r.poke()
 		},
-		OnConnect:    r.poke, // notifications sent while away are lost: look now
+		OnConnect: func() {
+			r.listening.Store(true)
+			r.poke() // notifications sent while away are lost: look now
+		},
 		Logger:       r.logger,
-		ReconnectMin: r.config.ReconnectBackoff,
-		ReconnectMax: r.config.MaxReconnectBackoff,
+		ReconnectMin: r.config.Listener.ReconnectBackoff,
+		ReconnectMax: r.config.Listener.MaxReconnectBackoff,
 		Sleep:        sleep,
 	}
 	listenerDone := make(chan struct{})
@@ -283,7 +279,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 
 // register registers the relay's subscribers and sets the run's active set.
 // A lost connection is retried a few times: Start should not fail on a blip.
-func (r *Relay) register(ctx context.Context, schema string) error {
+func (r *Relay) register(ctx context.Context) error {
 	names := make([]string, len(r.subs))
 	for i, s := range r.subs {
 		names[i] = s.Name
@@ -293,7 +289,7 @@ func (r *Relay) register(ctx context.Context, schema string) error {
 		err     error
 	)
 	for attempt := 1; ; attempt++ {
-		retired, err = registerSubscribers(ctx, r.pool, schema, names)
+		retired, err = registerSubscribers(ctx, r.pool, r.sql, names)
 		if err == nil || attempt == 3 || !isTransient(err) || ctx.Err() != nil {
 			break
 		}
@@ -349,6 +345,33 @@ func (r *Relay) Stop(ctx context.Context) error {
 	return err
 }
 
+// Ready returns a channel that is closed once the current run of the relay
+// listens and has finished a round begun after it started listening: from
+// then on it has seen every event committed before, and a notification
+// reaches it. Use it as a readiness probe, or in tests. Before the first
+// Start it returns a channel that is never closed.
+func (r *Relay) Ready() <-chan struct{} {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.ready == nil {
+		return make(chan struct{})
+	}
+	return r.ready
+}
+
+// Stopped returns a channel that is closed once the current run of the relay
+// has stopped (by Stop, or because Start's context ended) and its loop and
+// listener have returned. Before the first Start it returns a closed
+// channel.
+func (r *Relay) Stopped() <-chan struct{} {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.done == nil {
+		return closedChan
+	}
+	return r.done
+}
+
 // poke wakes the loop; a pending wake-up is enough, so extra ones are dropped.
 func (r *Relay) poke() {
 	select {
@@ -384,7 +407,8 @@ func (r *Relay) loop(ctx context.Context) {
 	)
 	for !r.stopping() && ctx.Err() == nil {
 		if claim {
-			claimed, err := r.round(ctx, lanePending, r.sql.claimBatch, int64(r.config.BatchSize))
+			listened := r.listening.Load()
+			claimed, err := r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
 			if err != nil {
 				if r.stopping() || ctx.Err() != nil || !fail(err) {
 					return
@@ -397,6 +421,10 @@ func (r *Relay) loop(ctx context.Context) {
 				continue
 			}
 			failures = 0
+			if listened {
+				// Listening, and caught up with what was there before.
+				r.markReady()
+			}
 			full := len(claimed) == r.config.BatchSize
 			if full && time.Now().Before(catchUpAt) {
 				continue

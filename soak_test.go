@@ -161,7 +161,7 @@ type relaySlot struct {
 func (s *soak) startSlot(slot *relaySlot) {
 	relay, err := NewRelay(slot.pool, &Config{
 		BatchSize: 1 + s.intn(60), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 300 * time.Millisecond,
-		ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond, Logger: quietLogger(),
+		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond}, Logger: quietLogger(),
 	})
 	require.NoError(s.t, err)
 	// Once the deploy began, a restarted process runs the new release.
@@ -204,7 +204,7 @@ func (s *soak) run(duration time.Duration) {
 	}
 	writerPool := testdb.Pool(t, s.cluster.URL)
 	awaiter, err := NewAwaiter(writerPool, &AwaiterConfig{Logger: quietLogger(), NotFoundGrace: 10 * time.Second,
-		ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond})
+		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond}})
 	require.NoError(t, err)
 	require.NoError(t, awaiter.Start(context.Background()))
 	defer awaiter.Stop(context.Background())

@@ -76,7 +76,7 @@ type subscription struct {
 
 func newSubscription(s Subscriber) (*subscription, error) {
 	bad := func(field, msg string, args ...any) error {
-		return fmt.Errorf("%w: %q: %s %s", ErrInvalidSubscriber, s.Name, field, fmt.Sprintf(msg, args...))
+		return invalidf(ErrInvalidSubscriber, field, "%s (subscriber %q)", fmt.Sprintf(msg, args...), s.Name)
 	}
 	if !subscriberNameRE.MatchString(s.Name) {
 		return nil, bad("Name", "must be 1 to 64 characters of a-z, 0-9, '_' and '-', not ending in '-'")

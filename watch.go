@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/standmeet/events/internal/statements"
 )
 
 // Op is a kind of write a [Watch] records events for.
@@ -108,7 +109,8 @@ type Beginner interface {
 
 // InstallWatch is [InstallWatch] with o's schema holding the library.
 func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
-	if err := validateSchema(o.Schema); err != nil {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
 		return err
 	}
 	if w.Name == "" {
@@ -132,7 +134,7 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		has := func(c string) bool { return slices.Contains(cols, c) }
 		for _, c := range append(slices.Clone(w.Columns), w.PayloadColumns...) {
 			if !has(c) {
-				return fmt.Errorf("%w: table %s has no column %q", ErrInvalidWatch, table, c)
+				return invalidf(ErrInvalidWatch, "Columns", "table %s has no column %q", table, c)
 			}
 		}
 		subjectCol := w.SubjectColumn
@@ -142,11 +144,11 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		case subjectCol == "" && len(pk) == 1:
 			subjectCol = pk[0]
 		case subjectCol == "":
-			return fmt.Errorf("%w: table %s has no single-column primary key: set SubjectColumn (or \"-\" for none)", ErrInvalidWatch, table)
+			return invalidf(ErrInvalidWatch, "SubjectColumn", "is empty and table %s has no single-column primary key: set it (or \"-\" for none)", table)
 		case !has(subjectCol):
-			return fmt.Errorf("%w: table %s has no column %q (SubjectColumn)", ErrInvalidWatch, table, subjectCol)
+			return invalidf(ErrInvalidWatch, "SubjectColumn", "table %s has no column %q", table, subjectCol)
 		}
-		ddls := w.triggerDDL(qualify(o.Schema, "outbox_watch"), table, subjectCol)
+		ddls := w.triggerDDL(sql.WatchFunction, table, subjectCol)
 		fingerprint := watchFingerprint(ddls)
 		// Unchanged: touch nothing. Dropping a trigger takes an ACCESS
 		// EXCLUSIVE lock on the host's table, and every service start calls
@@ -162,7 +164,7 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 			if _, err := tx.Exec(ctx, ddl); err != nil {
 				return fmt.Errorf("events: install watch on %s: %w", table, err)
 			}
-			if _, err := tx.Exec(ctx, "COMMENT ON TRIGGER "+pgx.Identifier{name}.Sanitize()+" ON "+table+" IS "+quoteLiteral(fingerprint)); err != nil {
+			if _, err := tx.Exec(ctx, "COMMENT ON TRIGGER "+pgx.Identifier{name}.Sanitize()+" ON "+table+" IS "+statements.Literal(fingerprint)); err != nil {
 				return fmt.Errorf("events: install watch on %s: %w", table, err)
 			}
 		}
@@ -185,7 +187,7 @@ func (w *Watch) triggerDDL(fn, table, subjectCol string) map[string]string {
 		}
 		quoted := make([]string, len(args))
 		for i, a := range args {
-			quoted[i] = quoteLiteral(a)
+			quoted[i] = statements.Literal(a)
 		}
 		on, when := string(op), ""
 		if op == OpUpdate {
@@ -260,7 +262,7 @@ func (o Outbox) RemoveWatch(ctx context.Context, db Beginner, tableSchema, table
 		name = "events"
 	}
 	if !watchNameRE.MatchString(name) {
-		return fmt.Errorf("%w: Name %q: 1 to 20 letters, digits and '_'", ErrInvalidWatch, name)
+		return invalidf(ErrInvalidWatch, "Name", "%q: 1 to 20 letters, digits and '_'", name)
 	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		qualified, err := resolveTable(ctx, tx, tableSchema, table)
@@ -272,39 +274,39 @@ func (o Outbox) RemoveWatch(ctx context.Context, db Beginner, tableSchema, table
 }
 
 func (w *Watch) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidWatch, fmt.Sprintf(format, args...))
+	bad := func(field, format string, args ...any) error {
+		return invalidf(ErrInvalidWatch, field, format, args...)
 	}
 	switch {
 	case w.Table == "":
-		return bad("Table is empty")
+		return bad("Table", "is empty")
 	case !watchNameRE.MatchString(w.Name):
-		return bad("Name %q: 1 to 20 letters, digits and '_'", w.Name)
+		return bad("Name", "%q: 1 to 20 letters, digits and '_'", w.Name)
 	case len(w.Types) == 0:
-		return bad("Types is empty: map at least one of OpInsert, OpUpdate, OpDelete to an event type")
+		return bad("Types", "is empty: map at least one of OpInsert, OpUpdate, OpDelete to an event type")
 	}
 	for op, typ := range w.Types {
 		if op != OpInsert && op != OpUpdate && op != OpDelete {
-			return bad("Types: unknown operation %q", op)
+			return bad("Types", "unknown operation %q", op)
 		}
 		if err := ValidateType(typ); err != nil {
-			return bad("Types[%s]: %v", op, err)
+			return bad("Types["+string(op)+"]", "%v", err)
 		}
 	}
 	switch w.Payload {
 	case PayloadNone, PayloadRow, PayloadOldNew:
 		if len(w.PayloadColumns) > 0 {
-			return bad("PayloadColumns is set but Payload is %q, not %q", w.Payload, PayloadColumns)
+			return bad("PayloadColumns", "is set but Payload is %q, not %q", w.Payload, PayloadColumns)
 		}
 	case PayloadColumns:
 		if len(w.PayloadColumns) == 0 {
-			return bad("Payload is %q but PayloadColumns is empty", PayloadColumns)
+			return bad("PayloadColumns", "is empty but Payload is %q", PayloadColumns)
 		}
 	default:
-		return bad("Payload %q: use PayloadNone, PayloadRow, PayloadOldNew or PayloadColumns", w.Payload)
+		return bad("Payload", "%q: use PayloadNone, PayloadRow, PayloadOldNew or PayloadColumns", w.Payload)
 	}
 	if strings.ContainsRune(w.SubjectPrefix, 0) {
-		return bad("SubjectPrefix contains a NUL byte")
+		return bad("SubjectPrefix", "contains a NUL byte")
 	}
 	return nil
 }
@@ -320,7 +322,7 @@ func resolveTable(ctx context.Context, tx pgx.Tx, schema, table string) (string,
 	err := tx.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p')`, name.Sanitize()).Scan(&nsp, &rel)
 	if err == pgx.ErrNoRows || (err == nil && rel == nil) {
-		return "", fmt.Errorf("%w: table %s does not exist", ErrInvalidWatch, name.Sanitize())
+		return "", invalidf(ErrInvalidWatch, "Table", "%s does not exist", name.Sanitize())
 	}
 	if err != nil {
 		return "", fmt.Errorf("events: watch: looking up %s: %w", name.Sanitize(), err)
@@ -364,16 +366,4 @@ func dropWatch(ctx context.Context, tx pgx.Tx, table, name string) error {
 
 func triggerName(name string, op Op) string {
 	return "outbox_watch_" + name + "_" + strings.ToLower(string(op))
-}
-
-// quoteLiteral quotes s as an SQL string literal, whatever
-// standard_conforming_strings says: quotes are doubled, and a string with a
-// backslash becomes an escape string (E prefix) with backslashes doubled.
-// Callers have refused NUL bytes.
-func quoteLiteral(s string) string {
-	s = strings.ReplaceAll(s, "'", "''")
-	if strings.Contains(s, `\`) {
-		return "E'" + strings.ReplaceAll(s, `\`, `\\`) + "'"
-	}
-	return "'" + s + "'"
 }

@@ -89,9 +89,12 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 	if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
 		schema = c.Schema()
 	}
+	sql, err := statementsFor(schema)
+	if err != nil {
+		return err
+	}
 	var retired bool
-	err := w.relay.pool.QueryRow(ctx, "SELECT coalesce((SELECT retired_at IS NOT NULL FROM "+
-		qualify(schema, subscribersTable)+" WHERE name = $1), true)", job.Args.Subscriber).Scan(&retired)
+	err = w.relay.pool.QueryRow(ctx, sql.SubscriberRetired, job.Args.Subscriber).Scan(&retired)
 	switch {
 	case err != nil:
 		return fmt.Errorf("events: handler job for subscriber %q: %w", job.Args.Subscriber, err)

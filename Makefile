@@ -1,9 +1,10 @@
-.PHONY: all test race vet quickstart bench bench-smoke soak
+.PHONY: all test race vet lint quickstart bench bench-smoke soak
 
-all: vet test
+all: vet lint test
 
+# Quick: -short skips the 40 s chaos soak (CI runs it).
 test:
-	go test ./...
+	go test -short ./...
 
 race:
 	go test -race -timeout 30m ./...
@@ -11,6 +12,9 @@ race:
 vet:
 	go vet ./...
 	gofmt -l . | (! grep .)
+
+lint:
+	golangci-lint run ./...
 
 quickstart:
 	go run ./examples/quickstart

@@ -222,6 +222,7 @@ func TestAwaitFanoutSurvivesALostListener(t *testing.T) {
 		}()
 	}
 	require.Eventually(t, func() bool { return a.waiting() == 2 }, 5*time.Second, time.Millisecond)
+	<-a.Ready() // its listening connection exists
 	var pid int
 	require.NoError(t, b.pool.QueryRow(context.Background(),
 		"SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()",

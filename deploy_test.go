@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -10,8 +11,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/standmeet/events/internal/statements"
 	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/statements"
 )
 
 // catchUpPending counts the events some subscriber still has to catch up.
@@ -180,7 +182,7 @@ func TestSubscriberNamesAreTheOnesRiverAcceptsAsTags(t *testing.T) {
 			}
 			return errRollback
 		})
-		return err == errRollback
+		return errors.Is(err, errRollback)
 	}
 	long := func(n int) string { return fmt.Sprintf("%0*d", n, 7) }
 	for _, name := range []string{"a", "_", "0", "a_", "a-b", "-a", "_-_", "a--b", long(64), // accepted

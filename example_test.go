@@ -12,7 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/standmeet/events"
-	"github.com/standmeet/events/internal/testdb"
+	"github.com/standmeet/events/eventstest"
 )
 
 // The whole loop: record an event in a write transaction, let the relay turn
@@ -87,14 +87,10 @@ func Example() {
 	// Output: handled note.changed for note:42 {"title": "Quarterly plan"}
 }
 
-// examplePool returns a pool to a fresh, migrated database of the test
-// harness.
+// examplePool returns a pool to a fresh, migrated database on the test
+// server (see package eventstest). Its database is dropped with the server.
 func examplePool() *pgxpool.Pool {
-	url, _, err := testdb.NewDatabase()
-	if err != nil {
-		log.Fatal(err)
-	}
-	pool, err := pgxpool.New(context.Background(), url)
+	pool, _, err := eventstest.NewPool(context.Background())
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/standmeet/events/internal/hostcall"
 )
 
 // claimedRow is an event a round holds locked.
@@ -59,8 +61,14 @@ type rowFailure struct {
 // in one transaction. It returns the seqs it claimed, also on failure, so the
 // caller can retry them one by one.
 func (r *Relay) round(ctx context.Context, l lane, claimSQL string, args ...any) (claimed []int64, err error) {
+	return r.roundIn(ctx, r.pool, l, claimSQL, args...)
+}
+
+// roundIn is round in a transaction begun on db: the pool, or the caller's
+// transaction (a savepoint) for FanOutTx.
+func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, claimSQL string, args ...any) (claimed []int64, err error) {
 	var poisoned []rowFailure
-	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, claimSQL, args...)
 		if err != nil {
 			return err
@@ -282,4 +290,55 @@ func (r *Relay) nextRetryIn(ctx context.Context) (time.Duration, bool, error) {
 		return 0, false, nil
 	}
 	return time.Duration(*secs * float64(time.Second)), true, nil
+}
+
+// FanOutTx fans out, inside tx, every event pending now — committed ones, and
+// those recorded in tx itself — as the relay's rounds would: jobs inserted
+// through client, rows stamped, all in tx, so nothing is visible until tx
+// commits and a rollback undoes it. It registers the relay's subscribers in
+// tx first. It returns how many events it claimed.
+//
+// It starts no goroutine and needs no LISTEN: it is for tests (see package
+// eventstest) and for hosts that drive fan-out themselves. An event whose
+// mapping fails is charged an attempt like in a round; a failure of a whole
+// batch returns the error, and the caller's transaction is still usable
+// (each round runs in a savepoint). The relay must not be started: it
+// returns an error wrapping [ErrStarted] otherwise.
+func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx]) (int, error) {
+	if client == nil {
+		return 0, invalidf(ErrInvalidConfig, "client", "is nil")
+	}
+	r.mu.Lock()
+	if r.running {
+		r.mu.Unlock()
+		return 0, fmt.Errorf("%w: FanOutTx is for a relay that is not started", ErrStarted)
+	}
+	r.running = true // borrowed for this call: Start waits
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.running = false
+		r.mu.Unlock()
+	}()
+	sql, err := statementsFor(client.Schema())
+	if err != nil {
+		return 0, err
+	}
+	r.sql, r.client, r.stopCh = sql, client, nil
+	if err := r.register(ctx, tx); err != nil {
+		return 0, err
+	}
+	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
+	defer r.callbacks.Stop(context.WithoutCancel(ctx)) //nolint:errcheck // waits for OnPoison calls; no deadline
+	n := 0
+	for {
+		claimed, err := r.roundIn(ctx, tx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
+		n += len(claimed)
+		if err != nil {
+			return n, fmt.Errorf("events: fan out in tx: %w", err)
+		}
+		if len(claimed) < r.config.BatchSize {
+			return n, nil
+		}
+	}
 }

@@ -226,7 +226,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 		return err
 	}
 	r.sql = sql
-	if err := r.register(ctx); err != nil {
+	if err := r.register(ctx, r.pool); err != nil {
 		return err
 	}
 	r.client = client
@@ -279,7 +279,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 
 // register registers the relay's subscribers and sets the run's active set.
 // A lost connection is retried a few times: Start should not fail on a blip.
-func (r *Relay) register(ctx context.Context) error {
+func (r *Relay) register(ctx context.Context, db DB) error {
 	names := make([]string, len(r.subs))
 	for i, s := range r.subs {
 		names[i] = s.Name
@@ -289,7 +289,7 @@ func (r *Relay) register(ctx context.Context) error {
 		err     error
 	)
 	for attempt := 1; ; attempt++ {
-		retired, err = registerSubscribers(ctx, r.pool, r.sql, names)
+		retired, err = registerSubscribers(ctx, db, r.sql, names)
 		if err == nil || attempt == 3 || !isTransient(err) || ctx.Err() != nil {
 			break
 		}

@@ -35,6 +35,9 @@ import (
 //
 //	EVENTS_SOAK=10m EVENTS_SOAK_SEED=42 go test -run TestChaosSoak -timeout 30m .
 func TestChaosSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the 40 s chaos soak: run without -short (CI always does)")
+	}
 	duration := 40 * time.Second
 	if v := os.Getenv("EVENTS_SOAK"); v != "" {
 		d, err := time.ParseDuration(v)

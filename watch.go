@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/standmeet/events/internal/statements"
 )
 
@@ -321,7 +323,7 @@ func resolveTable(ctx context.Context, tx pgx.Tx, schema, table string) (string,
 	var nsp, rel *string
 	err := tx.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p')`, name.Sanitize()).Scan(&nsp, &rel)
-	if err == pgx.ErrNoRows || (err == nil && rel == nil) {
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && rel == nil) {
 		return "", invalidf(ErrInvalidWatch, "Table", "%s does not exist", name.Sanitize())
 	}
 	if err != nil {

@@ -24,7 +24,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/standmeet/events"
-	"github.com/standmeet/events/internal/pgtest"
+	"github.com/standmeet/events/eventstest"
 )
 
 // ReindexArgs is the application's own job for the search index.
@@ -42,11 +42,16 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	url, cleanup, err := pgtest.FromEnv(ctx, "DATABASE_URL")
-	if err != nil {
-		return err
+	// DATABASE_URL, or a throwaway PostgreSQL removed on exit.
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		pg, err := eventstest.StartPostgres(ctx)
+		if err != nil {
+			return err
+		}
+		defer pg.Close()
+		url = pg.URL("postgres")
 	}
-	defer cleanup()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err

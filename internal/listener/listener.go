@@ -76,7 +76,7 @@ func (l *Listener) session(ctx context.Context, failures *int) error {
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		conn.Close(closeCtx)
+		_ = conn.Close(closeCtx) // the session is over either way
 	}()
 	for _, ch := range l.Channels {
 		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {

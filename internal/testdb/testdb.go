@@ -51,7 +51,9 @@ var (
 // migrate, then removes what it created and checks that no goroutine leaked.
 // Call it from TestMain: os.Exit(testdb.Main(m, migrate)).
 func Main(m *testing.M, fn MigrateFunc) int {
-	migrate = fn
+	if fn != nil {
+		migrate = fn
+	}
 	code := m.Run()
 	cleanupsMu.Lock()
 	defer cleanupsMu.Unlock()
@@ -60,6 +62,19 @@ func Main(m *testing.M, fn MigrateFunc) int {
 	}
 	return code
 }
+
+// Configure sets the function that migrates the template, for callers that
+// do not run Main (package eventstest). The first one set wins; it must be
+// called before the first database is made.
+func Configure(fn MigrateFunc) {
+	configureMu.Lock()
+	defer configureMu.Unlock()
+	if migrate == nil {
+		migrate = fn
+	}
+}
+
+var configureMu sync.Mutex
 
 func setup() error {
 	once.Do(func() { setupErr = doSetup(context.Background()) })

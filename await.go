@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/standmeet/events/internal/backoff"
@@ -120,7 +121,8 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 }
 
 // Start opens the listening connection (in the background; it reconnects
-// whenever it is lost) and returns. Cancelling ctx stops the awaiter like
+// whenever it is lost; with [ListenerConfig.PollOnly], it polls instead) and
+// returns. Cancelling ctx stops the awaiter like
 // [Awaiter.Stop]: waits in progress return an error wrapping
 // [ErrNotRunning], and so do later calls, at once.
 func (a *Awaiter) Start(ctx context.Context) error {
@@ -132,27 +134,32 @@ func (a *Awaiter) Start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	a.cancel, a.done, a.ready, a.running = cancel, make(chan struct{}), make(chan struct{}), true
 	ready := sync.OnceFunc(func() { close(a.ready) })
-	l := &listener.Listener{
-		ConnConfig:      a.pool.Config().ConnConfig,
-		Channels:        []string{a.sql.ChannelFanned},
-		ApplicationName: listener.AwaiterApplicationName,
-		OnNotify:        func(_, payload string) { a.notified(payload) },
-		OnConnect: func() {
-			a.pokeAll() // notifications sent while away are lost: re-check
-			ready()
-		},
-		Logger:       a.config.Logger,
-		ReconnectMin: a.config.Listener.ReconnectBackoff,
-		ReconnectMax: a.config.Listener.MaxReconnectBackoff,
-		Sleep:        listener.SleepContext,
-	}
-	if a.reconnectPause != nil {
-		l.Sleep = a.reconnectPause
+	run := func(ctx context.Context) { a.pollLoop(ctx, ready) }
+	if !a.config.Listener.PollOnly {
+		l := &listener.Listener{
+			ConnConfig:      a.pool.Config().ConnConfig,
+			Connect:         a.config.Listener.Connect,
+			Channels:        []string{a.sql.ChannelFanned},
+			ApplicationName: listener.AwaiterApplicationName,
+			OnNotify:        func(_, payload string) { a.notified(payload) },
+			OnConnect: func() {
+				a.pokeAll() // notifications sent while away are lost: re-check
+				ready()
+			},
+			Logger:       a.config.Logger,
+			ReconnectMin: a.config.Listener.ReconnectBackoff,
+			ReconnectMax: a.config.Listener.MaxReconnectBackoff,
+			Sleep:        listener.SleepContext,
+		}
+		if a.reconnectPause != nil {
+			l.Sleep = a.reconnectPause
+		}
+		run = l.Run
 	}
 	done := a.done
 	go func() {
 		defer close(done)
-		l.Run(runCtx)
+		run(runCtx)
 		// ctx ended (or Stop): a waiter must not wait for notifications
 		// that no one listens for any more.
 		a.mu.Lock()
@@ -162,6 +169,44 @@ func (a *Awaiter) Start(ctx context.Context) error {
 		a.mu.Unlock()
 	}()
 	return nil
+}
+
+// pollLoop is the PollOnly awaiter's stand-in for the listener: every
+// PollInterval it reads, in one query, the events that waiters wait for, and
+// wakes the waiters of those fanned out or poisoned.
+func (a *Awaiter) pollLoop(ctx context.Context, ready func()) {
+	ready()
+	t := time.NewTicker(a.config.Listener.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		ids := make([]string, 0, len(a.waiters))
+		for id := range a.waiters {
+			ids = append(ids, id.String())
+		}
+		a.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		rows, err := a.pool.Query(ctx, a.sql.AwaitDone, ids)
+		if err != nil {
+			a.config.Logger.WarnContext(ctx, "events: awaiter poll failed", slog.String("err", err.Error()))
+			continue
+		}
+		done, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			a.config.Logger.WarnContext(ctx, "events: awaiter poll failed", slog.String("err", err.Error()))
+			continue
+		}
+		if len(done) > 0 {
+			a.notified(strings.Join(done, ","))
+		}
+	}
 }
 
 // halt marks the awaiter stopped and wakes every waiter, which then returns

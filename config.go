@@ -2,9 +2,12 @@ package events
 
 import (
 	"cmp"
+	"context"
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/standmeet/events/internal/statements"
 )
@@ -18,12 +21,37 @@ const (
 	MaxRetryBackoffDefault     = time.Minute
 	ReconnectBackoffDefault    = 250 * time.Millisecond
 	MaxReconnectBackoffDefault = 10 * time.Second
+	PollIntervalDefault        = time.Second
 	NotFoundGraceDefault       = 2 * time.Second
+	MaxRoundsInFlightDefault   = 2
 )
 
-// ListenerConfig configures the dedicated listening connection that a
-// [Relay] and an [Awaiter] each keep. The zero value works.
+// ListenerConfig configures how a [Relay] and an [Awaiter] learn of changes:
+// a dedicated listening connection each, and polling. The zero value works.
 type ListenerConfig struct {
+	// PollInterval is how often an idle relay looks for pending events
+	// without a notification (notifications are throttled, and lost while a
+	// listener reconnects; one query answers both this and the retry
+	// schedule), and how often a PollOnly awaiter re-reads the events it
+	// waits for (one query for all waiters). It bounds how long an event can
+	// wait when no notification comes. Defaults to PollIntervalDefault (1 s).
+	PollInterval time.Duration
+
+	// PollOnly opens no listening connection: the relay and the awaiter
+	// learn of changes by polling every PollInterval only. For a pool behind
+	// a transaction-pooling proxy (PgBouncer in transaction mode), where
+	// LISTEN receives nothing, when Connect cannot reach the server
+	// directly.
+	PollOnly bool
+
+	// Connect opens the listening connection. Defaults to connecting with
+	// the pool's own configuration. Behind a transaction-pooling proxy, give
+	// a function that connects to PostgreSQL directly, so LISTEN works while
+	// every other query goes through the proxy (pgxlisten's Connect is the
+	// same idea). The connection is closed when it is lost or the relay or
+	// awaiter stops.
+	Connect func(ctx context.Context) (*pgx.Conn, error)
+
 	// ReconnectBackoff is the first pause before re-establishing a lost
 	// listening connection; it doubles up to MaxReconnectBackoff. Defaults
 	// to ReconnectBackoffDefault (250 ms).
@@ -37,6 +65,7 @@ type ListenerConfig struct {
 func (c ListenerConfig) withDefaults() ListenerConfig {
 	c.ReconnectBackoff = cmp.Or(c.ReconnectBackoff, ReconnectBackoffDefault)
 	c.MaxReconnectBackoff = cmp.Or(c.MaxReconnectBackoff, MaxReconnectBackoffDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	return c
 }
 
@@ -44,6 +73,8 @@ func (c ListenerConfig) validate() error {
 	switch {
 	case c.ReconnectBackoff < 0:
 		return invalidf(ErrInvalidConfig, "Listener.ReconnectBackoff", "%v: must not be negative", c.ReconnectBackoff)
+	case c.PollInterval < 0:
+		return invalidf(ErrInvalidConfig, "Listener.PollInterval", "%v: must not be negative", c.PollInterval)
 	case c.MaxReconnectBackoff < c.ReconnectBackoff:
 		return invalidf(ErrInvalidConfig, "Listener.MaxReconnectBackoff", "%v: must be at least ReconnectBackoff (%v)", c.MaxReconnectBackoff, c.ReconnectBackoff)
 	}

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/standmeet/events/internal/notifylimit"
 	"github.com/standmeet/events/internal/statements"
 )
 
@@ -71,6 +73,34 @@ type Outbox struct {
 	// Schema holds the library's tables, as given to [MigrateOpts]. Empty
 	// means the connection's search_path.
 	Schema string
+
+	// NotifyInterval throttles the notification that wakes the relays:
+	// [Record] and [RecordMany] send it in at most one transaction per
+	// NotifyInterval per process and schema. A transaction that notifies
+	// takes PostgreSQL's cluster-wide notify lock at commit and holds it
+	// through its WAL flush, so notifying in every transaction serialises
+	// every writer's commit; relays do not depend on the notification (they
+	// re-check shortly after each wake-up and poll when idle). Defaults to
+	// NotifyIntervalDefault (10 ms); NotifyEveryTransaction notifies in
+	// every transaction; a negative value never notifies.
+	NotifyInterval time.Duration
+}
+
+// Notification throttling of [Outbox.NotifyInterval].
+const (
+	NotifyIntervalDefault  = 10 * time.Millisecond
+	NotifyEveryTransaction = time.Duration(1) // shorter than any transaction
+	NotifyNever            = time.Duration(-1)
+)
+
+// notify reports whether the calling transaction should send the relays'
+// notification.
+func (o Outbox) notify() bool {
+	interval := cmp.Or(o.NotifyInterval, NotifyIntervalDefault)
+	if interval == NotifyEveryTransaction {
+		return true
+	}
+	return notifylimit.For(o.Schema).Allow(interval)
 }
 
 // DB is what the read and requeue functions need: a *pgxpool.Pool, a

@@ -42,15 +42,14 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	// 2. River as usual, plus the relay's workers and its periodic sweep.
+	// 2. River as usual, plus the relay's worker.
 	workers := river.NewWorkers()
 	if err := relay.AddWorkers(workers); err != nil {
 		log.Fatal(err)
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
-		Workers:      workers,
-		PeriodicJobs: []*river.PeriodicJob{events.SweepJob(0)},
+		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
+		Workers: workers,
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -278,18 +277,6 @@ func (r *Relay) singleClaimed(ctx context.Context, l lane, claimSQL string, args
 
 func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
 	return scanClaimed(r.pool.QueryRow(ctx, r.sql.Load, seq))
-}
-
-// nextRetryIn reports how long until the earliest failed event is due.
-func (r *Relay) nextRetryIn(ctx context.Context) (time.Duration, bool, error) {
-	var secs *float64
-	if err := r.pool.QueryRow(ctx, r.sql.NextRetry).Scan(&secs); err != nil {
-		return 0, false, err
-	}
-	if secs == nil {
-		return 0, false, nil
-	}
-	return time.Duration(*secs * float64(time.Second)), true, nil
 }
 
 // FanOutTx fans out, inside tx, every event pending now — committed ones, and

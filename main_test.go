@@ -195,7 +195,7 @@ func loadJobs(t *testing.T, pool *pgxpool.Pool) map[int64]jobRow {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT id, tags,
 		coalesce(args->>'event_id', args->'event'->>'id', '00000000-0000-0000-0000-000000000000')
-		FROM river_job WHERE kind <> 'events.relay_sweep'`)
+		FROM river_job`)
 	require.NoError(t, err)
 	out := map[int64]jobRow{}
 	for rows.Next() {

@@ -9,9 +9,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Record stores e inside the caller's transaction and notifies the relays,
-// who see it once, and only if, the transaction commits. A rollback leaves no
-// trace. It returns the stored event, with ID, Seq and CreatedAt set.
+// Record stores e inside the caller's transaction, where the relays see it
+// once, and only if, the transaction commits. A rollback leaves no trace. It
+// returns the stored event, with ID, Seq and CreatedAt set. The relays'
+// wake-up notification rides on the same statement, throttled (see
+// [Outbox.NotifyInterval]).
 //
 // Invalid input is refused before anything is sent, with an error wrapping
 // [ErrInvalidEvent] that names the field, so tx stays usable.
@@ -38,7 +40,11 @@ func (o Outbox) Record(ctx context.Context, tx pgx.Tx, e Event) (Event, error) {
 	if err := prepare(&e); err != nil {
 		return Event{}, err
 	}
-	err = tx.QueryRow(ctx, sql.Record, e.ID, e.Type, e.Subject, string(e.Payload)).Scan(&e.Seq, &e.CreatedAt, nil)
+	query := sql.Record
+	if o.notify() {
+		query = sql.RecordNotify
+	}
+	err = tx.QueryRow(ctx, query, e.ID, e.Type, e.Subject, string(e.Payload)).Scan(&e.Seq, &e.CreatedAt)
 	if err != nil {
 		return Event{}, fmt.Errorf("events: record: %w", err)
 	}
@@ -70,7 +76,11 @@ func (o Outbox) RecordMany(ctx context.Context, tx pgx.Tx, es []Event) ([]Event,
 		ids[i], types[i], subjects[i], payloads[i] = out[i].ID.String(), out[i].Type, out[i].Subject, string(out[i].Payload)
 		index[out[i].ID] = i
 	}
-	rows, err := tx.Query(ctx, sql.RecordMany, ids, types, subjects, payloads)
+	query := sql.RecordMany
+	if o.notify() {
+		query = sql.RecordManyNotify
+	}
+	rows, err := tx.Query(ctx, query, ids, types, subjects, payloads)
 	if err != nil {
 		return nil, fmt.Errorf("events: record many: %w", err)
 	}

@@ -41,7 +41,16 @@ type Config struct {
 	// MaxRetryBackoffDefault (1 min).
 	MaxRetryBackoff time.Duration
 
-	// Listener configures the relay's listening connection.
+	// MaxRoundsInFlight is how many rounds the relay may run at once, each
+	// in its own transaction, all sharing one listening connection. One
+	// round claims, maps, inserts and stamps; while it waits on PostgreSQL
+	// another can work, so a busy relay goes faster with two. Extra rounds
+	// join only while batches come back full. Defaults to
+	// MaxRoundsInFlightDefault (2, measured: see docs/benchmarks.md).
+	MaxRoundsInFlight int
+
+	// Listener configures how the relay learns of new events: its
+	// listening connection and its polling.
 	Listener ListenerConfig
 
 	// OnPoison is called once for every event this relay poisons, with the
@@ -68,6 +77,7 @@ func (c *Config) withDefaults() Config {
 	out.MaxAttempts = cmp.Or(out.MaxAttempts, MaxAttemptsDefault)
 	out.RetryBackoff = cmp.Or(out.RetryBackoff, RetryBackoffDefault)
 	out.MaxRetryBackoff = cmp.Or(out.MaxRetryBackoff, MaxRetryBackoffDefault)
+	out.MaxRoundsInFlight = cmp.Or(out.MaxRoundsInFlight, MaxRoundsInFlightDefault)
 	out.Listener = out.Listener.withDefaults()
 	if out.Logger == nil {
 		out.Logger = defaultLogger()
@@ -85,6 +95,8 @@ func (c *Config) validate() error {
 		return invalidf(ErrInvalidConfig, "RetryBackoff", "%v: must not be negative", c.RetryBackoff)
 	case c.MaxRetryBackoff < c.RetryBackoff:
 		return invalidf(ErrInvalidConfig, "MaxRetryBackoff", "%v: must be at least RetryBackoff (%v)", c.MaxRetryBackoff, c.RetryBackoff)
+	case c.MaxRoundsInFlight < 1 || c.MaxRoundsInFlight > 16:
+		return invalidf(ErrInvalidConfig, "MaxRoundsInFlight", "%d: must be between 1 and 16", c.MaxRoundsInFlight)
 	}
 	return c.Listener.validate()
 }
@@ -113,7 +125,8 @@ type Relay struct {
 	listening atomic.Bool // the listener's LISTEN is in effect
 	ready     chan struct{}
 	markReady func()
-	wake      chan struct{}
+	wake      chan struct{} // the main loop's: notifications
+	helpWake  chan struct{} // the helper loops': plenty of work
 	stopCh    chan struct{}
 	cancel    context.CancelFunc
 	done      chan struct{}
@@ -125,10 +138,15 @@ type Relay struct {
 	retryCheck atomic.Bool
 }
 
-// retryCheckInterval is how often an idle relay reads the retry schedule (one
-// query on a small index), to notice events failed by another relay that has
-// died since. A busy relay looks at the catch-up lane this often too.
-const retryCheckInterval = time.Second
+// catchUpInterval is how often a busy relay (full batches, back to back)
+// also serves the catch-up lane.
+const catchUpInterval = time.Second
+
+// trailingRecheck is how long after draining what a notification announced
+// a relay looks once more: notifications are throttled (one transaction per
+// Outbox.NotifyInterval sends one), so transactions that committed just after
+// the one that notified are found within milliseconds, not at the next poll.
+const trailingRecheck = 25 * time.Millisecond
 
 // callbackQueue is how many OnPoison calls may wait in line.
 const callbackQueue = 1000
@@ -235,44 +253,52 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	r.ready = make(chan struct{})
 	r.markReady = sync.OnceFunc(func() { close(r.ready) })
 	r.wake = make(chan struct{}, 1)
+	r.helpWake = make(chan struct{}, 1)
 	r.stopCh = make(chan struct{})
 	r.done = make(chan struct{})
 	runCtx, cancel := context.WithCancel(ctx)
 	r.cancel = cancel
 	r.running = true
 
-	sleep := listener.SleepContext
-	if r.hooks.reconnectPause != nil {
-		sleep = r.hooks.reconnectPause
+	var wg sync.WaitGroup
+	if r.config.Listener.PollOnly {
+		r.listening.Store(true) // polling is all there is
+	} else {
+		sleep := listener.SleepContext
+		if r.hooks.reconnectPause != nil {
+			sleep = r.hooks.reconnectPause
+		}
+		l := &listener.Listener{
+			ConnConfig: r.pool.Config().ConnConfig,
+			Connect:    r.config.Listener.Connect,
+			Channels:   []string{r.sql.ChannelEvents},
+			OnNotify: func(string, string) {
+				if r.hooks.notified != nil {
+					r.hooks.notified()
+				}
+				r.poke()
+			},
+			OnConnect: func() {
+				r.listening.Store(true)
+				r.poke() // notifications sent while away are lost: look now
+			},
+			Logger:       r.logger,
+			ReconnectMin: r.config.Listener.ReconnectBackoff,
+			ReconnectMax: r.config.Listener.MaxReconnectBackoff,
+			Sleep:        sleep,
+		}
+		wg.Go(func() { l.Run(runCtx) })
 	}
-	l := &listener.Listener{
-		ConnConfig: r.pool.Config().ConnConfig,
-		Channels:   []string{r.sql.ChannelEvents},
-		OnNotify: func(string, string) {
-			if r.hooks.notified != nil {
-				r.hooks.notified()
-			}
-			r.poke()
-		},
-		OnConnect: func() {
-			r.listening.Store(true)
-			r.poke() // notifications sent while away are lost: look now
-		},
-		Logger:       r.logger,
-		ReconnectMin: r.config.Listener.ReconnectBackoff,
-		ReconnectMax: r.config.Listener.MaxReconnectBackoff,
-		Sleep:        sleep,
+	var rounds sync.WaitGroup
+	rounds.Go(func() { r.loop(runCtx) })
+	for range r.config.MaxRoundsInFlight - 1 {
+		rounds.Go(func() { r.helper(runCtx) })
 	}
-	listenerDone := make(chan struct{})
-	go func() {
-		defer close(listenerDone)
-		l.Run(runCtx)
-	}()
 	go func() {
 		defer close(r.done)
-		r.loop(runCtx)
+		rounds.Wait()
 		cancel() // ends the listener
-		<-listenerDone
+		wg.Wait()
 	}()
 	return nil
 }
@@ -372,6 +398,14 @@ func (r *Relay) Stopped() <-chan struct{} {
 	return r.done
 }
 
+// pokeHelpers wakes one helper loop, if any waits.
+func (r *Relay) pokeHelpers() {
+	select {
+	case r.helpWake <- struct{}{}:
+	default:
+	}
+}
+
 // poke wakes the loop; a pending wake-up is enough, so extra ones are dropped.
 func (r *Relay) poke() {
 	select {
@@ -389,8 +423,12 @@ func (r *Relay) stopping() bool {
 	}
 }
 
-// loop runs rounds until stopped: straight on after a full batch, otherwise
-// waiting for a notification or for the next failed event's retry time.
+// loop is the relay's main loop. It runs rounds until stopped: straight on
+// after a full batch (and wakes a helper loop to claim alongside), otherwise
+// it serves the catch-up lane and then waits — for a notification, for the
+// trailing re-check after one, or for the next poll, which reads in one
+// query whether pending rows wait (a notification may have been throttled or
+// lost) and when the next failed event is due.
 func (r *Relay) loop(ctx context.Context) {
 	failures := 0
 	fail := func(err error) bool {
@@ -401,9 +439,10 @@ func (r *Relay) loop(ctx context.Context) {
 		return r.pause(ctx, d)
 	}
 	var (
-		retryCheckAt time.Time // when to read the retry schedule again
-		catchUpAt    time.Time // when a busy relay looks at the catch-up lane again
-		claim        = true    // whether this pass starts with a batch round
+		pollAt    time.Time // when an idle relay polls next
+		catchUpAt time.Time // when a busy relay serves the catch-up lane next
+		claim     = true    // whether this pass starts with a batch round
+		trailing  bool      // a re-check after a wake-up's drain is due
 	)
 	for !r.stopping() && ctx.Err() == nil {
 		if claim {
@@ -422,19 +461,19 @@ func (r *Relay) loop(ctx context.Context) {
 			}
 			failures = 0
 			if listened {
-				// Listening, and caught up with what was there before.
+				// Listening (or polling only), and caught up with what was
+				// there before.
 				r.markReady()
 			}
-			full := len(claimed) == r.config.BatchSize
-			if full && time.Now().Before(catchUpAt) {
-				continue
-			}
-			if full {
-				// A busy relay still serves the catch-up lane, once a
-				// retryCheckInterval, so a deploy under load ends.
-				catchUpAt = time.Now().Add(retryCheckInterval)
-				if !r.catchUpOrFail(ctx, fail) {
-					return
+			if len(claimed) == r.config.BatchSize {
+				r.pokeHelpers() // plenty of work: a helper loop may join
+				if time.Now().After(catchUpAt) {
+					// A busy relay still serves the catch-up lane, so a
+					// deploy under load ends.
+					catchUpAt = time.Now().Add(catchUpInterval)
+					if !r.catchUpOrFail(ctx, fail) {
+						return
+					}
 				}
 				continue
 			}
@@ -442,46 +481,95 @@ func (r *Relay) loop(ctx context.Context) {
 		if !r.catchUpOrFail(ctx, fail) {
 			return
 		}
-		timer, err := r.retries(ctx, &retryCheckAt)
+		next, err := r.poll(ctx, &pollAt)
 		if err != nil {
-			if ctx.Err() != nil || !fail(err) {
+			if r.stopping() || ctx.Err() != nil || !fail(err) {
 				return
 			}
 			claim = true
 			continue
 		}
-		if timer == 0 {
-			claim = true // retries ran: look for more work at once
+		if next == 0 {
+			claim = true // rows wait, or retries ran: look for more at once
 			continue
 		}
-		// A notification means new rows; a timer only means the retry
-		// schedule is worth reading again.
-		claim = r.wait(ctx, timer)
+		if trailing {
+			next = min(next, trailingRecheck)
+		}
+		woke := r.wait(ctx, next)
+		switch {
+		case woke:
+			claim, trailing = true, true
+		case trailing:
+			claim, trailing = true, false
+		default:
+			claim = false // time to poll
+		}
 	}
 }
 
-// retries runs the retry lane when a failed event is due. It returns 0 after
-// running retries, or else how long the loop may wait before reading the
-// schedule again: until the next failed event is due, or at most
-// retryCheckInterval. Between those reads it reads nothing, unless this
-// relay has just failed an event. The periodic read finds events failed by a
-// relay that died before retrying them, with no notification needed.
-func (r *Relay) retries(ctx context.Context, checkAt *time.Time) (time.Duration, error) {
-	if !r.retryCheck.Swap(false) && time.Now().Before(*checkAt) {
-		return time.Until(*checkAt), nil
+// helper is an extra loop for rounds in flight: woken by a loop whose batch
+// came back full, it claims alongside while batches stay full. Waiting for
+// notifications, polling, retries and catch-up are the main loop's.
+func (r *Relay) helper(ctx context.Context) {
+	failures := 0
+	for !r.stopping() && ctx.Err() == nil {
+		select {
+		case <-r.helpWake:
+		case <-r.stopCh:
+			return
+		case <-ctx.Done():
+			return
+		}
+		for !r.stopping() && ctx.Err() == nil {
+			claimed, err := r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
+			if err != nil {
+				// The main loop retries row by row; this one backs off.
+				failures++
+				if !r.pause(ctx, backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)) {
+					return
+				}
+				break
+			}
+			failures = 0
+			if len(claimed) < r.config.BatchSize {
+				break
+			}
+			r.pokeHelpers()
+		}
 	}
-	next, waiting, err := r.nextRetryIn(ctx)
-	switch {
-	case err != nil:
+}
+
+// poll reads, at most every PollInterval (and sooner when a failed event is
+// due, or this relay has just failed one), whether pending rows wait and when
+// the next failed event is due. It returns 0 when rows wait or after running
+// due retries, else how long the loop may wait before polling again.
+func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, error) {
+	if !r.retryCheck.Swap(false) && time.Now().Before(*pollAt) {
+		return time.Until(*pollAt), nil
+	}
+	var (
+		waiting bool
+		secs    *float64
+	)
+	if err := r.pool.QueryRow(ctx, r.sql.Poll).Scan(&waiting, &secs); err != nil {
 		return 0, err
-	case !waiting || next > retryCheckInterval:
-		*checkAt = time.Now().Add(retryCheckInterval)
-		return retryCheckInterval, nil
-	case next > 0:
-		*checkAt = time.Now().Add(next)
-		return next, nil
 	}
-	return 0, r.retryDue(ctx)
+	interval := r.config.Listener.PollInterval
+	*pollAt = time.Now().Add(interval)
+	if secs != nil {
+		next := time.Duration(*secs * float64(time.Second))
+		if next <= 0 {
+			return 0, r.retryDue(ctx)
+		}
+		if next < interval {
+			*pollAt = time.Now().Add(next)
+		}
+	}
+	if waiting {
+		return 0, nil
+	}
+	return time.Until(*pollAt), nil
 }
 
 // pause sleeps d unless the relay stops first; it reports whether to go on.

@@ -378,31 +378,6 @@ func TestRolledBackRecordIsNeverFannedOut(t *testing.T) {
 	require.Len(t, loadJobs(t, b.pool), 1)
 }
 
-// With no sweep at all, only the notification sent by Record can wake the
-// idle relay.
-func TestNotificationWakesTheRelay(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
-	b.start(t)
-	b.settle(t)
-	e := b.record(t, Event{Type: "note.changed"})[0]
-	require.Eventually(t, func() bool { return loadRows(t, b.pool)[e.ID].FannedOut }, 5*time.Second, 5*time.Millisecond)
-}
-
-// A row inserted without a notification (as by SQL that forgot it) is found
-// by the periodic sweep alone.
-func TestSweepAloneWakesTheRelay(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t, setupOpts{work: true, periodicJobs: []*river.PeriodicJob{SweepJob(300 * time.Millisecond)}},
-		mapSub("audit", false, "**"))
-	b.start(t)
-	b.settle(t)
-	_, err := b.pool.Exec(ctx, "INSERT INTO outbox_events (id, type) VALUES ($1, 'note.silent')", uuid.Must(uuid.NewV7()))
-	require.NoError(t, err)
-	waitFannedOut(t, b.pool, 20*time.Second)
-}
-
 func TestHandlerSeesTheFullEventAndErrorsAreRetriedByRiver(t *testing.T) {
 	t.Parallel()
 	var (

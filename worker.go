@@ -21,35 +21,8 @@ type HandleArgs struct {
 // Kind is the River job kind of handler jobs: "events.handle".
 func (HandleArgs) Kind() string { return "events.handle" }
 
-// SweepArgs are the args of the periodic "events relay sweep" job (see
-// [SweepJob]).
-type SweepArgs struct{}
-
-// Kind is the River job kind of the sweep: "events.relay_sweep".
-func (SweepArgs) Kind() string { return "events.relay_sweep" }
-
-// DefaultSweepInterval is how often [SweepJob] runs when given no interval.
-const DefaultSweepInterval = time.Minute
-
-// SweepJob returns the periodic River job that pokes every relay (it sends
-// the same notification as [Record]) every interval, or every
-// [DefaultSweepInterval] when interval is 0. It covers notifications lost
-// while a listener was reconnecting, and rows inserted without one. Add it to
-// river.Config.PeriodicJobs; [Relay.AddWorkers] registers its worker.
-func SweepJob(interval time.Duration) *river.PeriodicJob {
-	if interval <= 0 {
-		interval = DefaultSweepInterval
-	}
-	return river.NewPeriodicJob(river.PeriodicInterval(interval),
-		func() (river.JobArgs, *river.InsertOpts) {
-			// A failed sweep is not worth retrying: the next one comes soon.
-			return SweepArgs{}, &river.InsertOpts{MaxAttempts: 1}
-		},
-		&river.PeriodicJobOpts{ID: "events.relay_sweep", RunOnStart: true})
-}
-
-// AddWorkers registers the relay's River workers into workers: the worker of
-// Handle subscribers' jobs and the sweep's. Call it before building the River
+// AddWorkers registers the relay's River worker into workers: the worker of
+// Handle subscribers' jobs. Call it before building the River
 // client, in every process whose River client works the queues these jobs go
 // to (a handler looks its subscriber up by name in the relay it was
 // registered with, so register the same subscribers there).
@@ -57,16 +30,10 @@ func (r *Relay) AddWorkers(workers *river.Workers) error {
 	if err := river.AddWorkerSafely(workers, &handleWorker{relay: r}); err != nil {
 		return fmt.Errorf("events: add workers: %w", err)
 	}
-	if err := river.AddWorkerSafely(workers, &sweepWorker{relay: r}); err != nil {
-		return fmt.Errorf("events: add workers: %w", err)
-	}
 	return nil
 }
 
-var (
-	_ river.Worker[HandleArgs] = (*handleWorker)(nil)
-	_ river.Worker[SweepArgs]  = (*sweepWorker)(nil)
-)
+var _ river.Worker[HandleArgs] = (*handleWorker)(nil)
 
 type handleWorker struct {
 	river.WorkerDefaults[HandleArgs]
@@ -105,14 +72,4 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 	w.relay.logger.WarnContext(ctx, "events: handler job for a subscriber this process does not know; snoozing",
 		slog.String("subscriber", job.Args.Subscriber), slog.Int64("job_id", job.ID), slog.Duration("snooze", unknownSubscriberSnooze))
 	return river.JobSnooze(unknownSubscriberSnooze)
-}
-
-type sweepWorker struct {
-	river.WorkerDefaults[SweepArgs]
-	relay *Relay
-}
-
-func (w *sweepWorker) Work(ctx context.Context, job *river.Job[SweepArgs]) error {
-	_, err := w.relay.pool.Exec(ctx, "SELECT pg_notify($1, '')", ChannelEvents)
-	return err
 }

@@ -16,4 +16,5 @@ BEGIN
     RETURN new_id;
 END
 $$;
+DROP FUNCTION IF EXISTS outbox_notify();
 DROP TABLE IF EXISTS outbox_settings;

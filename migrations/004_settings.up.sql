@@ -1,12 +1,54 @@
--- One row of settings that the SQL functions read. channel is the schema's
--- notification channel: events.Migrate writes "<schema>.standmeet_events"
--- when given a schema (River qualifies its channels the same way); a team
--- running these files with its own tool in a named schema sets it likewise.
+-- One row of settings that the SQL functions read and the notify throttle
+-- they share.
+--
+-- channel is the schema's notification channel: events.Migrate writes
+-- "<schema>.standmeet_events" when given a schema (River qualifies its
+-- channels the same way); a team running these files with its own tool in a
+-- named schema sets it likewise.
+--
+-- A transaction that has run pg_notify takes a cluster-wide lock at commit
+-- (PreCommit_Notify) and holds it through its WAL flush, so notifying in
+-- every writing transaction serialises every such commit in the cluster.
+-- outbox_record (and so every watch trigger) notifies only when
+-- notify_interval has passed since notified_at and it wins the row with
+-- FOR UPDATE SKIP LOCKED, which never waits: at most about one notifying
+-- transaction per interval, cluster-wide. The others rely on the relays'
+-- trailing re-check and polling. notify_interval 0 notifies in every
+-- transaction; a negative one never.
 CREATE TABLE outbox_settings (
-    id      boolean PRIMARY KEY DEFAULT true CHECK (id),
-    channel text    NOT NULL DEFAULT 'standmeet_events'
-);
+    id              boolean     PRIMARY KEY DEFAULT true CHECK (id),
+    channel         text        NOT NULL DEFAULT 'standmeet_events',
+    notify_interval interval    NOT NULL DEFAULT '10 milliseconds',
+    notified_at     timestamptz NOT NULL DEFAULT '-infinity'
+) WITH (fillfactor = 50); -- room for HOT updates of notified_at
 INSERT INTO outbox_settings DEFAULT VALUES;
+
+-- Notifies the relays, throttled as described above.
+CREATE FUNCTION outbox_notify()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    s outbox_settings%ROWTYPE;
+BEGIN
+    SELECT * INTO s FROM outbox_settings;
+    IF s.notify_interval < interval '0' OR s.notified_at > clock_timestamp() - s.notify_interval THEN
+        RETURN;
+    END IF;
+    IF s.notify_interval > interval '0' THEN
+        -- Claim the right to notify; skip if another transaction holds it.
+        PERFORM 1 FROM outbox_settings
+         WHERE notified_at <= clock_timestamp() - notify_interval
+           FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        UPDATE outbox_settings SET notified_at = clock_timestamp();
+    END IF;
+    PERFORM pg_notify(s.channel, '');
+END
+$$;
 
 CREATE OR REPLACE FUNCTION outbox_record(event_type text, event_subject text DEFAULT '', event_payload jsonb DEFAULT '{}')
 RETURNS uuid
@@ -22,7 +64,7 @@ BEGIN
     END IF;
     INSERT INTO outbox_events (id, type, subject, payload)
     VALUES (new_id, event_type, coalesce(event_subject, ''), coalesce(event_payload, '{}'));
-    PERFORM pg_notify((SELECT channel FROM outbox_settings), '');
+    PERFORM outbox_notify();
     RETURN new_id;
 END
 $$;

@@ -136,10 +136,9 @@ func run(ctx context.Context) error {
 		note(fmt.Sprintf("webhooks      delivered %s for %s", a.Type, a.Subject), true)
 	}})
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Logger:       quiet,
-		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
-		Workers:      workers,
-		PeriodicJobs: []*river.PeriodicJob{events.SweepJob(0)},
+		Logger:  quiet,
+		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
+		Workers: workers,
 	})
 	if err != nil {
 		return err

@@ -21,9 +21,12 @@ const (
 
 // Listener is configured by its fields and run by Run.
 type Listener struct {
-	// ConnConfig is copied for every connection attempt.
+	// ConnConfig is copied for every connection attempt, unless Connect is
+	// set.
 	ConnConfig *pgx.ConnConfig
-	Channels   []string
+	// Connect, when set, opens the connection instead.
+	Connect  func(ctx context.Context) (*pgx.Conn, error)
+	Channels []string
 	// ApplicationName is set on the connection; defaults to ApplicationName.
 	ApplicationName string
 
@@ -61,15 +64,7 @@ func (l *Listener) Run(ctx context.Context) {
 // session connects, listens and relays notifications until the connection or
 // ctx fails.
 func (l *Listener) session(ctx context.Context, failures *int) error {
-	cfg := l.ConnConfig.Copy()
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	cfg.RuntimeParams["application_name"] = ApplicationName
-	if l.ApplicationName != "" {
-		cfg.RuntimeParams["application_name"] = l.ApplicationName
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := l.connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -94,6 +89,21 @@ func (l *Listener) session(ctx context.Context, failures *int) error {
 		}
 		l.OnNotify(n.Channel, n.Payload)
 	}
+}
+
+func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
+	if l.Connect != nil {
+		return l.Connect(ctx)
+	}
+	cfg := l.ConnConfig.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = ApplicationName
+	if l.ApplicationName != "" {
+		cfg.RuntimeParams["application_name"] = l.ApplicationName
+	}
+	return pgx.ConnectConfig(ctx, cfg)
 }
 
 // SleepContext waits d or until ctx ends.

@@ -39,13 +39,14 @@ type Set struct {
 	// WatchFunction is the trigger function of watches, qualified.
 	WatchFunction string
 
-	// Recording.
-	Record, RecordMany, RecordedInTx string
+	// Recording: with the relays' notification, and without (the
+	// transaction's notification was throttled).
+	Record, RecordNotify, RecordMany, RecordManyNotify, RecordedInTx string
 
 	// The relay's rounds.
 	ClaimBatch, ClaimOne, ClaimDue string
 	ClaimCatchUp, ClaimCatchUpOne  string
-	NextRetry, Stamp, StampCatchUp string
+	Poll, Stamp, StampCatchUp      string
 	Charge, ChargeCatchUp, Load    string
 	NotifyFanned                   string
 
@@ -53,7 +54,7 @@ type Set struct {
 	Register, Retire, ListSubscribers, SubscriberRetired string
 
 	// Receipts and operators.
-	Await, Inspect, ListPoisoned, ListPoisonedAfter, Requeue string
+	Await, AwaitDone, Inspect, ListPoisoned, ListPoisonedAfter, Requeue string
 }
 
 var (
@@ -127,21 +128,22 @@ func build(schema string) *Set {
 
 	// Recording. The NOTIFY rides on the INSERT: one round trip. Its payload
 	// is constant so PostgreSQL folds a transaction's notifies into one.
-	s.Record = `WITH ins AS (
-		INSERT INTO ` + t + ` (id, type, subject, payload)
+	insertOne := `INSERT INTO ` + t + ` (id, type, subject, payload)
 		VALUES ($1, $2, $3, $4::text::jsonb)
-		RETURNING seq, created_at)
-		SELECT seq, created_at, ` + notifyEvents + ` FROM ins`
+		RETURNING seq, created_at`
+	s.Record = insertOne
+	s.RecordNotify = `WITH ins AS (` + insertOne + `) SELECT seq, created_at FROM ins, (SELECT ` + notifyEvents + `) n`
 	// RETURNING order is not promised, so rows are matched back by ID. The
 	// NOTIFY sits in a materialised CTE so it runs once, not once per row.
 	// Arrays are passed as text[] so that every query exec mode can encode
 	// them.
-	s.RecordMany = `WITH notify AS MATERIALIZED (SELECT ` + notifyEvents + `),
-		ins AS (
-			INSERT INTO ` + t + ` (id, type, subject, payload)
+	insertMany := `INSERT INTO ` + t + ` (id, type, subject, payload)
 			SELECT id::uuid, type, subject, payload::jsonb
 			  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(id, type, subject, payload)
-			RETURNING id, seq, created_at)
+			RETURNING id, seq, created_at`
+	s.RecordMany = insertMany
+	s.RecordManyNotify = `WITH notify AS MATERIALIZED (SELECT ` + notifyEvents + `),
+		ins AS (` + insertMany + `)
 		SELECT ins.id, ins.seq, ins.created_at FROM ins CROSS JOIN notify`
 	s.RecordedInTx = "SELECT seq, id, type, subject, payload, created_at FROM " + t +
 		" WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND xact_id = pg_current_xact_id_if_assigned() ORDER BY seq"
@@ -152,12 +154,12 @@ func build(schema string) *Set {
 	// Rows stamped by relays that lacked some registered subscriber; $1 is
 	// the names this relay knows. Failed ones wait for next_attempt_at.
 	catchUp := "catch_up IS NOT NULL AND catch_up && $1::text[] AND poisoned_at IS NULL"
-	// charge records a failed attempt ($1 seq, $2 error, $3 pause, $4
+	// charge records a failed attempt ($1 seq, $2 error, $3 pause in µs, $4
 	// MaxAttempts) and poisons the row at the last one. A poisoning is
 	// announced on the fanned channel too: receipts waiting for the event
 	// must learn it will not be fanned out.
 	charge := func(where string) string {
-		return "WITH c AS (UPDATE " + t + " SET attempts = attempts + 1, last_error = $2, next_attempt_at = now() + $3::interval," +
+		return "WITH c AS (UPDATE " + t + " SET attempts = attempts + 1, last_error = $2, next_attempt_at = now() + $3::bigint * interval '1 microsecond'," +
 			" poisoned_at = CASE WHEN attempts + 1 >= $4 THEN now() END" +
 			" WHERE seq = $1 AND " + where + " RETURNING id, poisoned_at IS NOT NULL AS poisoned)" +
 			" SELECT poisoned, CASE WHEN poisoned THEN pg_notify(" + Literal(s.ChannelFanned) + ", id::text) END FROM c"
@@ -173,7 +175,11 @@ func build(schema string) *Set {
 	s.ClaimCatchUp = "SELECT " + claimColumns + " FROM " + t + " WHERE " + catchUp +
 		" AND (next_attempt_at IS NULL OR next_attempt_at <= now()) ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED"
 	s.ClaimCatchUpOne = "SELECT " + claimColumns + " FROM " + t + " WHERE " + catchUp + " AND seq = $2 FOR UPDATE SKIP LOCKED"
-	s.NextRetry = "SELECT extract(epoch FROM min(next_attempt_at) - now()) FROM " + t + " WHERE " + pending + " AND attempts > 0"
+	// One query tells an idle relay both whether new rows wait (a
+	// notification may have been throttled or lost) and when the next failed
+	// one is due; both through small partial indexes.
+	s.Poll = "SELECT EXISTS (SELECT 1 FROM " + t + " WHERE " + pending + " AND attempts = 0)," +
+		" (SELECT extract(epoch FROM min(next_attempt_at) - now()) FROM " + t + " WHERE " + pending + " AND attempts > 0)"
 	// $3 is the names of the subscribers the relay knows: every other active
 	// subscriber in the registry is left to catch the rows up.
 	s.Stamp = "WITH m AS (SELECT array_agg(name ORDER BY name) AS names FROM " + s.Subscribers +
@@ -207,6 +213,8 @@ func build(schema string) *Set {
 	// Receipts and operators.
 	s.Await = "SELECT id, fanned_out_at, fanout, poisoned_at IS NOT NULL, coalesce(last_error, '') FROM " + t +
 		" WHERE id = ANY($1::text[]::uuid[])"
+	s.AwaitDone = "SELECT id::text FROM " + t + " WHERE id = ANY($1::text[]::uuid[])" +
+		" AND (fanned_out_at IS NOT NULL OR poisoned_at IS NOT NULL)"
 	const infoColumns = "seq, id, type, subject, payload, created_at, fanned_out_at, fanout, attempts, last_error, next_attempt_at, poisoned_at"
 	s.Inspect = "SELECT " + infoColumns + " FROM " + t + " WHERE id = $1"
 	// Keyset pagination on the poisoned index: (poisoned_at, seq) descending.

@@ -1,0 +1,51 @@
+// Package notifylimit decides which writing transactions send the relays'
+// notification. A transaction that has run pg_notify takes a cluster-wide
+// lock at commit (PreCommit_Notify in PostgreSQL's async.c) and holds it
+// through its WAL flush, so notifying in every transaction serialises every
+// notifying commit of the cluster. River throttles its insert notifications
+// the same way (its notifylimiter).
+package notifylimit
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Limiter lets at most one caller per interval through. The zero value is
+// ready.
+type Limiter struct {
+	last atomic.Int64 // nanoseconds since epoch (monotonic) of the last pass
+}
+
+// epoch anchors the monotonic clock readings.
+var epoch = time.Now()
+
+// Allow reports whether the caller should notify: interval < 0 never, 0
+// always, otherwise when interval has passed since the last caller that was
+// allowed. Callers that lose a race for the same slot are refused.
+func (l *Limiter) Allow(interval time.Duration) bool {
+	switch {
+	case interval < 0:
+		return false
+	case interval == 0:
+		return true
+	}
+	now := int64(time.Since(epoch))
+	last := l.last.Load()
+	if last != 0 && now-last < int64(interval) {
+		return false
+	}
+	return l.last.CompareAndSwap(last, max(now, 1))
+}
+
+var limiters sync.Map // key (a schema) -> *Limiter
+
+// For returns the process's limiter for key.
+func For(key string) *Limiter {
+	if l, ok := limiters.Load(key); ok {
+		return l.(*Limiter)
+	}
+	l, _ := limiters.LoadOrStore(key, new(Limiter))
+	return l.(*Limiter)
+}

@@ -1,0 +1,230 @@
+package events
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// fannedWithin waits until e is fanned out, failing after d.
+func fannedWithin(t *testing.T, b *testBundle, id uuid.UUID, d time.Duration, msg string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[id].FannedOut }, d, 2*time.Millisecond, msg)
+	return time.Since(start)
+}
+
+// With polling out of the picture (an hour), the notification that Record
+// sends is what wakes the idle relay.
+func TestNotificationWakesTheRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
+	b.start(t)
+	b.settle(t)
+	var e Event
+	require.NoError(t, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		var err error
+		e, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(context.Background(), tx, Event{Type: "note.changed"})
+		return err
+	}))
+	fannedWithin(t, b, e.ID, 5*time.Second, "the notification did not wake the relay")
+}
+
+// A row inserted by plain SQL, with no notification at all, is found by the
+// idle relay's poll.
+func TestPollingFindsRowsWithoutANotification(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: 200 * time.Millisecond}}}, mapSub("audit", false, "**"))
+	b.start(t)
+	b.settle(t)
+	for range 3 {
+		id := uuid.Must(uuid.NewV7())
+		_, err := b.pool.Exec(ctx, "INSERT INTO outbox_events (id, type) VALUES ($1, 'note.silent')", id)
+		require.NoError(t, err)
+		took := fannedWithin(t, b, id, 2*time.Second, "a silent row was not found by polling")
+		t.Logf("found after %v (poll interval 200ms)", took)
+	}
+}
+
+// Worst case: with notifications switched off entirely, every event is
+// fanned out within the poll interval (plus generous slack for a loaded
+// machine).
+func TestWithoutNotificationsEveryEventIsFannedOutWithinThePollInterval(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const poll = 300 * time.Millisecond
+	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: poll}}}, mapSub("audit", false, "**"))
+	b.start(t)
+	b.settle(t)
+	silent := Outbox{NotifyInterval: NotifyNever}
+	var worst time.Duration
+	for i := range 10 {
+		var e Event
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			e, err = silent.Record(ctx, tx, Event{Type: "a"})
+			return err
+		}))
+		worst = max(worst, fannedWithin(t, b, e.ID, poll+time.Second, "not fanned out within the poll interval"))
+		time.Sleep(time.Duration(i*37%300) * time.Millisecond) // spread over the poll phase
+	}
+	t.Logf("worst commit-to-fanned without notifications: %v (poll interval %v)", worst, poll)
+}
+
+// A transaction whose notification was throttled (another one notified just
+// before it) is fanned out by the trailing re-check, within milliseconds,
+// not at the next poll (an hour here).
+func TestThrottledTransactionsAreFannedOutByTheTrailingRecheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
+	b.start(t)
+	b.settle(t)
+	throttled := Outbox{NotifyInterval: NotifyNever} // as if the limiter kept it quiet
+	quiet := make(chan Event, 1)
+	var once sync.Once
+	b.relay.hooks.idle = func() {
+		// The relay has drained what the notification announced; now a
+		// transaction that the limiter keeps quiet commits.
+		once.Do(func() {
+			var e Event
+			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				var err error
+				e, err = throttled.Record(ctx, tx, Event{Type: "quiet"})
+				return err
+			}))
+			quiet <- e
+		})
+	}
+	var first Event
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		first, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(ctx, tx, Event{Type: "loud"})
+		return err
+	}))
+	fannedWithin(t, b, first.ID, 5*time.Second, "the notified event")
+	e := <-quiet
+	took := fannedWithin(t, b, e.ID, 2*time.Second, "the throttled event waited for the poll")
+	t.Logf("throttled event fanned out %v after its commit", took)
+}
+
+// A watched table written by 16 concurrent transactions: only a few of them
+// send a notification (the throttle row), and every event is fanned out.
+func TestWatchedTableUnderConcurrentWritersNotifiesRarely(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	createNotes(t, b.pool, 16)
+	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
+	// A long interval: only the first winner of a burst may notify.
+	exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '1 hour'")
+
+	conn, err := pgx.Connect(ctx, b.url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "LISTEN "+ChannelEvents)
+	require.NoError(t, err)
+
+	b.start(t)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "UPDATE corpus_notes SET title = title || '!' WHERE id = $1", i+1)
+				return err
+			}))
+		}()
+	}
+	close(start)
+	wg.Wait()
+	waitFannedOut(t, b.pool, 10*time.Second)
+	require.Len(t, eventsOfType(t, b.pool, "note.changed"), 16)
+
+	notifications := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		notifications++
+	}
+	t.Logf("16 writing transactions sent %d notification(s)", notifications)
+	require.Equal(t, 1, notifications, "only the first winner notifies within the interval")
+}
+
+// With the SQL throttle at 0, every writing transaction notifies (the
+// setting is honoured both ways).
+func TestSQLThrottleZeroNotifiesEveryTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '0'")
+	conn, err := pgx.Connect(ctx, b.url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "LISTEN "+ChannelEvents)
+	require.NoError(t, err)
+	for range 3 {
+		exec(t, b.pool, "SELECT outbox_record('a')")
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		require.NoError(t, err)
+	}
+}
+
+// PollOnly: a relay and an awaiter with no listening connection at all (as
+// behind a transaction-pooling proxy) still fan out and answer receipts.
+func TestPollOnlyRelayAndAwaiter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	poll := ListenerConfig{PollOnly: true, PollInterval: 50 * time.Millisecond}
+	b := setup(t, setupOpts{config: &Config{Listener: poll}}, mapSub("audit", false, "**"))
+	b.start(t)
+	a := startAwaiter(t, b, &AwaiterConfig{Listener: poll})
+	requireClosed(t, b.relay.Ready(), "PollOnly relay ready")
+	requireClosed(t, a.Ready(), "PollOnly awaiter ready")
+	es := b.record(t, Event{Type: "a"}, Event{Type: "b"})
+	receipts, err := a.AwaitFanout(within(t, 10*time.Second), es[0].ID, es[1].ID)
+	require.NoError(t, err)
+	require.Len(t, receipts[1].Fanout, 1)
+	var listeners int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND query LIKE 'LISTEN%'`).Scan(&listeners))
+	require.Zero(t, listeners, "PollOnly opens no listening connection")
+}
+
+// Listener.Connect opens the listening connection (a direct one, while the
+// pool goes through a proxy).
+func TestListenerConnectFunc(t *testing.T) {
+	t.Parallel()
+	var connects atomic.Int32
+	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
+	b.relay.config.Listener.Connect = func(ctx context.Context) (*pgx.Conn, error) {
+		connects.Add(1)
+		return pgx.Connect(ctx, b.url)
+	}
+	b.start(t)
+	b.settle(t)
+	require.Equal(t, int32(1), connects.Load())
+	var e Event
+	require.NoError(t, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		var err error
+		e, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(context.Background(), tx, Event{Type: "a"})
+		return err
+	}))
+	fannedWithin(t, b, e.ID, 5*time.Second, "the connection Connect made did not carry the notification")
+}

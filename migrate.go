@@ -32,8 +32,9 @@ const migrateLockKey = 7_365_109_225_001
 // Migrate brings River's tables (with River's migrator, one transaction per
 // version, as River requires) and then the library's tables (in one
 // transaction) up to date. It is idempotent, and safe to call from several
-// processes at once: they take turns on an advisory lock, and the later ones
-// find nothing left to do.
+// processes at once: every transaction takes a transaction-level advisory
+// lock, so they take turns and the later ones find nothing left to do. It
+// works through a transaction-pooling proxy such as PgBouncer.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if opts == nil {
 		opts = &MigrateOpts{}
@@ -50,30 +51,48 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	if err != nil {
 		return err
 	}
-	// River's migrations must run one transaction each (a later one uses an
-	// enum value an earlier one adds), so the lock is a session lock held on
-	// a connection of its own while River migrates, then ours run.
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("events: migrate: %w", err)
+	// Every transaction takes the migration lock first, a transaction-level
+	// advisory lock, so Migrate works through a transaction-pooling proxy
+	// (PgBouncer): a session lock would stay with whichever server
+	// connection took it. River's migrations run one per transaction (a
+	// later one uses an enum value an earlier one adds, which only a commit
+	// makes usable); ours run together in a last one.
+	lock := func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey)); err != nil {
+			return fmt.Errorf("events: migrate: taking the migration lock: %w", err)
+		}
+		if opts.Schema != "" {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
+				return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
+			}
+		}
+		return nil
 	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(migrateLockKey)); err != nil {
-		return fmt.Errorf("events: migrate: taking the migration lock: %w", err)
-	}
-	defer func() {
-		// A lost connection has released the lock already.
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(migrateLockKey))
-	}()
-	if opts.Schema != "" {
-		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
-			return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
+	for {
+		var applied int
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := lock(tx); err != nil {
+				return err
+			}
+			//nolint:staticcheck // MigrateTx is deprecated for batching versions in one transaction; this applies one.
+			res, err := migrator.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{MaxSteps: 1})
+			if err != nil {
+				return fmt.Errorf("events: migrate: River: %w", err)
+			}
+			applied = len(res.Versions)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if applied == 0 {
+			break
 		}
 	}
-	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		return fmt.Errorf("events: migrate: River: %w", err)
-	}
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := lock(tx); err != nil {
+			return err
+		}
 		if opts.Schema != "" {
 			if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
 				return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)

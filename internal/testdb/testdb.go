@@ -289,3 +289,30 @@ func AtExit(f func()) {
 	defer cleanupsMu.Unlock()
 	cleanups = append(cleanups, f)
 }
+
+var (
+	bouncer     *pgtest.PgBouncer
+	bouncerErr  error
+	bouncerOnce sync.Once
+)
+
+// PgBouncer returns the test binary's PgBouncer, in transaction pooling mode
+// in front of the test server (started on first use, removed at exit). Use
+// its URL method on a URL from URL or EmptyURL. Without the pgbouncer binary
+// the test fails, saying how to install it.
+func PgBouncer(t testing.TB) *pgtest.PgBouncer {
+	t.Helper()
+	if err := setup(); err != nil {
+		t.Fatal(err)
+	}
+	bouncerOnce.Do(func() {
+		bouncer, bouncerErr = pgtest.StartPgBouncer(context.Background(), adminURL)
+		if bouncerErr == nil {
+			AtExit(bouncer.Close)
+		}
+	})
+	if bouncerErr != nil {
+		t.Fatalf("testdb: this test needs PgBouncer: %v", bouncerErr)
+	}
+	return bouncer
+}

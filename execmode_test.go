@@ -1,0 +1,192 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/testdb"
+)
+
+// poolInMode opens a pool to url whose queries run in mode.
+func poolInMode(t *testing.T, url string, mode pgx.QueryExecMode) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+var execModes = map[string]pgx.QueryExecMode{
+	"cache statement": pgx.QueryExecModeCacheStatement,
+	"cache describe":  pgx.QueryExecModeCacheDescribe,
+	"describe exec":   pgx.QueryExecModeDescribeExec,
+	"exec":            pgx.QueryExecModeExec,
+	"simple protocol": pgx.QueryExecModeSimpleProtocol,
+}
+
+// Every public function works in every pgx query exec mode (the usual
+// settings behind PgBouncer are exec and simple protocol).
+func TestEveryFunctionInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	for name, mode := range execModes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			exerciseAll(t, poolInMode(t, testdb.EmptyURL(t), mode), "", ListenerConfig{PollInterval: 50 * time.Millisecond})
+		})
+	}
+}
+
+// exerciseAll runs the quickstart's flow and every public function on pool,
+// a fresh database; schema is passed to Migrate and the Outbox, listen to
+// the relay and the awaiter.
+func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen ListenerConfig) {
+	t.Helper()
+	ctx := context.Background()
+	o := Outbox{Schema: schema}
+	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: schema}))
+	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: schema}), "twice")
+
+	var fail = true
+	broken := Subscriber{Name: "broken", Types: []string{"broken.*"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			if fail {
+				return nil, nil, errors.New("no template")
+			}
+			return testArgs{EventID: e.ID}, nil, nil
+		}}
+	relay, err := NewRelay(pool, &Config{MaxAttempts: 1, Logger: quietLogger(), Listener: listen})
+	require.NoError(t, err)
+	require.NoError(t, relay.Subscribe(mapSub("audit", false, "**")))
+	require.NoError(t, relay.Subscribe(mapSub("search", true, "note.*")))
+	require.NoError(t, relay.Subscribe(broken))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: schema, Logger: quietLogger()})
+	require.NoError(t, err)
+
+	// Recording, and a transaction's own events.
+	var recorded []Event
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		one, err := o.Record(ctx, tx, Event{Type: "note.changed", Subject: "note:1", Payload: []byte(`{"a":1}`)})
+		if err != nil {
+			return err
+		}
+		many, err := o.RecordMany(ctx, tx, []Event{{Type: "note.changed", Subject: "note:1"}, {Type: "order.placed"}})
+		if err != nil {
+			return err
+		}
+		mine, err := o.RecordedInTx(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if len(mine) != 3 {
+			return fmt.Errorf("RecordedInTx: %d events", len(mine))
+		}
+		recorded = append([]Event{one}, many...)
+		return nil
+	}))
+
+	// A watch.
+	_, err = pool.Exec(ctx, "CREATE TABLE watched (id int PRIMARY KEY, title text)")
+	require.NoError(t, err)
+	w := Watch{Table: "watched", Types: map[Op]string{OpInsert: "watched.created"}, Payload: PayloadRow}
+	require.NoError(t, o.InstallWatch(ctx, pool, w))
+	require.NoError(t, o.InstallWatch(ctx, pool, w), "unchanged")
+	_, err = pool.Exec(ctx, "INSERT INTO watched VALUES (1, 'x')")
+	require.NoError(t, err)
+
+	// Synchronous fan-out in a transaction, rolled back.
+	require.ErrorIs(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		n, err := relay.FanOutTx(ctx, tx, client)
+		if err == nil && n != 4 {
+			err = fmt.Errorf("FanOutTx claimed %d", n)
+		}
+		if err == nil {
+			err = errRollback
+		}
+		return err
+	}), errRollback)
+
+	// The relay, receipts, a poisoned event, operators.
+	awaiter, err := NewAwaiter(pool, &AwaiterConfig{Schema: schema, Logger: quietLogger(), Listener: listen})
+	require.NoError(t, err)
+	require.NoError(t, awaiter.Start(ctx))
+	defer awaiter.Stop(ctx)
+	require.NoError(t, relay.Start(ctx, client))
+	defer relay.Stop(ctx)
+	receipts, err := awaiter.AwaitFanout(within(t, 20*time.Second), recorded[0].ID, recorded[1].ID, recorded[2].ID)
+	require.NoError(t, err)
+	require.Equal(t, receipts[0].Fanout["search"], receipts[1].Fanout["search"], "coalesced")
+
+	var bad Event
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		bad, err = o.Record(ctx, tx, Event{Type: "broken.thing"})
+		return err
+	}))
+	_, err = awaiter.AwaitFanout(within(t, 20*time.Second), bad.ID)
+	var pe *PoisonedError
+	require.ErrorAs(t, err, &pe)
+	page, err := o.ListPoisoned(ctx, pool, &ListPoisonedParams{Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 1)
+	page, err = o.ListPoisoned(ctx, pool, &ListPoisonedParams{Limit: 1, After: fmt.Sprintf("%d.%d", time.Now().Add(time.Hour).UnixMicro(), 1<<40)})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 1, "keyset page after a cursor")
+	fail = false
+	require.NoError(t, o.Requeue(ctx, pool, bad.ID))
+	_, err = awaiter.AwaitFanout(within(t, 20*time.Second), bad.ID)
+	require.NoError(t, err)
+	info, err := o.Inspect(ctx, pool, bad.ID)
+	require.NoError(t, err)
+	require.Contains(t, info.Fanout, "broken")
+
+	subs, err := o.ListSubscribers(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, subs, 3)
+	require.NoError(t, o.RetireSubscriber(ctx, pool, "broken"))
+	require.NoError(t, o.RemoveWatch(ctx, pool, "", "watched", ""))
+}
+
+// The quickstart's flow, and every public function, through a real PgBouncer
+// in transaction pooling mode, with the exec modes used behind it (PgBouncer
+// 1.18 keeps no prepared statements in this mode), and the relay and awaiter
+// either polling only or listening on a direct connection.
+func TestThroughPgBouncerInTransactionMode(t *testing.T) {
+	t.Parallel()
+	bouncer := testdb.PgBouncer(t)
+	for name, mode := range map[string]pgx.QueryExecMode{"exec": pgx.QueryExecModeExec, "simple protocol": pgx.QueryExecModeSimpleProtocol} {
+		t.Run(name+", poll only", func(t *testing.T) {
+			t.Parallel()
+			pool := poolInMode(t, bouncer.URL(testdb.EmptyURL(t)), mode)
+			requireThroughBouncer(t, pool)
+			exerciseAll(t, pool, "", ListenerConfig{PollOnly: true, PollInterval: 50 * time.Millisecond})
+		})
+		t.Run(name+", listening directly", func(t *testing.T) {
+			t.Parallel()
+			direct := testdb.EmptyURL(t)
+			pool := poolInMode(t, bouncer.URL(direct), mode)
+			requireThroughBouncer(t, pool)
+			exerciseAll(t, pool, "app", ListenerConfig{PollInterval: time.Hour,
+				Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, direct) }})
+		})
+	}
+}
+
+// requireThroughBouncer checks that pool reaches PostgreSQL through a proxy:
+// the server's port is not the one the pool dials.
+func requireThroughBouncer(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var serverPort int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT inet_server_port()").Scan(&serverPort))
+	require.NotEqual(t, int(pool.Config().ConnConfig.Port), serverPort, "the pool reaches PostgreSQL through PgBouncer")
+}

@@ -142,11 +142,18 @@ type Relay struct {
 // also serves the catch-up lane.
 const catchUpInterval = time.Second
 
-// trailingRecheck is how long after draining what a notification announced
-// a relay looks once more: notifications are throttled (one transaction per
-// Outbox.NotifyInterval sends one), so transactions that committed just after
-// the one that notified are found within milliseconds, not at the next poll.
-const trailingRecheck = 25 * time.Millisecond
+// After draining what a wake-up announced, a relay keeps looking for a short
+// while: notifications are throttled (one transaction per
+// Outbox.NotifyInterval, 10 ms by default, sends one), so transactions that
+// commit just after the one that notified send none. For trailingWindow after
+// each wake-up (or each look that found rows) the idle relay polls every
+// trailingRecheck (one query on a small partial index), so those are found
+// within milliseconds, not at the next PollInterval. It costs about one small
+// query per trailingRecheck while writes flow, nothing when they stop.
+const (
+	trailingRecheck = 2 * time.Millisecond
+	trailingWindow  = 15 * time.Millisecond
+)
 
 // callbackQueue is how many OnPoison calls may wait in line.
 const callbackQueue = 1000
@@ -439,10 +446,11 @@ func (r *Relay) loop(ctx context.Context) {
 		return r.pause(ctx, d)
 	}
 	var (
-		pollAt    time.Time // when an idle relay polls next
-		catchUpAt time.Time // when a busy relay serves the catch-up lane next
-		claim     = true    // whether this pass starts with a batch round
-		trailing  bool      // a re-check after a wake-up's drain is due
+		pollAt     time.Time // when an idle relay polls next
+		catchUpAt  time.Time // when a busy relay serves the catch-up lane next
+		trailUntil time.Time // until when the idle relay keeps re-checking
+		claim      = true    // whether this pass starts with a batch round
+		recheck    bool      // this pass is a trailing re-check: poll only
 	)
 	for !r.stopping() && ctx.Err() == nil {
 		if claim {
@@ -465,6 +473,9 @@ func (r *Relay) loop(ctx context.Context) {
 				// there before.
 				r.markReady()
 			}
+			if len(claimed) > 0 {
+				trailUntil = time.Now().Add(trailingWindow) // writes flow
+			}
 			if len(claimed) == r.config.BatchSize {
 				r.pokeHelpers() // plenty of work: a helper loop may join
 				if time.Now().After(catchUpAt) {
@@ -478,8 +489,11 @@ func (r *Relay) loop(ctx context.Context) {
 				continue
 			}
 		}
-		if !r.catchUpOrFail(ctx, fail) {
+		if !recheck && !r.catchUpOrFail(ctx, fail) {
 			return
+		}
+		if recheck {
+			pollAt = time.Time{} // look now
 		}
 		next, err := r.poll(ctx, &pollAt)
 		if err != nil {
@@ -490,20 +504,22 @@ func (r *Relay) loop(ctx context.Context) {
 			continue
 		}
 		if next == 0 {
-			claim = true // rows wait, or retries ran: look for more at once
+			claim, recheck = true, false // rows wait, or retries ran
 			continue
 		}
+		trailing := time.Until(trailUntil) > 0
 		if trailing {
 			next = min(next, trailingRecheck)
 		}
 		woke := r.wait(ctx, next)
 		switch {
 		case woke:
-			claim, trailing = true, true
-		case trailing:
-			claim, trailing = true, false
+			claim, recheck = true, false
+			trailUntil = time.Now().Add(trailingWindow)
+		case trailing && time.Until(pollAt) > 0:
+			claim, recheck = false, true
 		default:
-			claim = false // time to poll
+			claim, recheck = false, false // time to poll
 		}
 	}
 }

@@ -1,3 +1,38 @@
+-- outbox_watch as in 002.
+CREATE OR REPLACE FUNCTION outbox_watch()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    rec     jsonb;
+    payload jsonb;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        rec := to_jsonb(OLD);
+    ELSE
+        rec := to_jsonb(NEW);
+    END IF;
+    CASE TG_ARGV[3]
+        WHEN 'none' THEN
+            payload := '{}';
+        WHEN 'row' THEN
+            payload := rec;
+        WHEN 'old_new' THEN
+            payload := jsonb_build_object(
+                'old', CASE WHEN TG_OP = 'INSERT' THEN NULL ELSE to_jsonb(OLD) END,
+                'new', CASE WHEN TG_OP = 'DELETE' THEN NULL ELSE to_jsonb(NEW) END);
+        ELSE
+            SELECT coalesce(jsonb_object_agg(c, rec -> c), '{}') INTO payload
+              FROM unnest(TG_ARGV[4:TG_NARGS - 1]) AS c;
+    END CASE;
+    PERFORM outbox_record(
+        TG_ARGV[0],
+        CASE WHEN TG_ARGV[2] = '' THEN TG_ARGV[1] ELSE TG_ARGV[1] || coalesce(rec ->> TG_ARGV[2], '') END,
+        payload);
+    RETURN NULL;
+END
+$$;
 CREATE OR REPLACE FUNCTION outbox_record(event_type text, event_subject text DEFAULT '', event_payload jsonb DEFAULT '{}')
 RETURNS uuid
 LANGUAGE plpgsql

@@ -68,3 +68,47 @@ BEGIN
     RETURN new_id;
 END
 $$;
+
+-- The trigger function behind events.InstallWatch, as in 002, but inserting
+-- directly: the event type was checked when the watch was installed, so the
+-- per-row validation of outbox_record is skipped, and the row is only turned
+-- into JSON when the payload or the subject needs it.
+CREATE OR REPLACE FUNCTION outbox_watch()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    rec     jsonb;
+    payload jsonb := '{}';
+    subject text  := TG_ARGV[1];
+BEGIN
+    IF TG_ARGV[3] <> 'none' OR TG_ARGV[2] <> '' THEN
+        IF TG_OP = 'DELETE' THEN
+            rec := to_jsonb(OLD);
+        ELSE
+            rec := to_jsonb(NEW);
+        END IF;
+    END IF;
+    CASE TG_ARGV[3]
+        WHEN 'none' THEN
+            NULL;
+        WHEN 'row' THEN
+            payload := rec;
+        WHEN 'old_new' THEN
+            payload := jsonb_build_object(
+                'old', CASE WHEN TG_OP = 'INSERT' THEN NULL ELSE to_jsonb(OLD) END,
+                'new', CASE WHEN TG_OP = 'DELETE' THEN NULL ELSE to_jsonb(NEW) END);
+        ELSE
+            SELECT coalesce(jsonb_object_agg(c, rec -> c), '{}') INTO payload
+              FROM unnest(TG_ARGV[4:TG_NARGS - 1]) AS c;
+    END CASE;
+    IF TG_ARGV[2] <> '' THEN
+        subject := subject || coalesce(rec ->> TG_ARGV[2], '');
+    END IF;
+    INSERT INTO outbox_events (id, type, subject, payload)
+    VALUES (outbox_uuidv7(), TG_ARGV[0], subject, payload);
+    PERFORM outbox_notify();
+    RETURN NULL;
+END
+$$;

@@ -39,8 +39,11 @@ type Options struct {
 	// Receipts is how many record→commit→await loops each receipt run makes
 	// in all. Default 1,000.
 	Receipts int
+	// WriteFor is how long each run of the write-path section lasts.
+	// Default 5s.
+	WriteFor time.Duration
 	// Only, when set, limits the run to the named sections
-	// ("throughput", "record", "latency", "receipts", "memory").
+	// ("throughput", "writepath", "record", "latency", "receipts", "memory").
 	Only map[string]bool
 	// Log receives progress lines.
 	Log io.Writer
@@ -59,6 +62,9 @@ func (o *Options) defaults() {
 	def(&o.Receipts, 1_000)
 	if o.LatencyFor == 0 {
 		o.LatencyFor = 5 * time.Second
+	}
+	if o.WriteFor == 0 {
+		o.WriteFor = 5 * time.Second
 	}
 	if len(o.Rates) == 0 {
 		o.Rates = []int{200, 2000}
@@ -119,6 +125,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		run  func(context.Context, *harness, Options, *Report) error
 	}{
 		{"throughput", runThroughput},
+		{"writepath", runWritePath},
 		{"record", runRecordOverhead},
 		{"latency", runLatency},
 		{"receipts", runReceipts},
@@ -167,7 +174,14 @@ func newHarness(ctx context.Context, adminURL string) (*harness, error) {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE bench_accounts (id int PRIMARY KEY, balance bigint NOT NULL);
-		INSERT INTO bench_accounts SELECT g, 0 FROM generate_series(1, 1000) g`); err != nil {
+		INSERT INTO bench_accounts SELECT g, 0 FROM generate_series(1, 1000) g;
+		CREATE TABLE bench_watched (id int PRIMARY KEY, balance bigint NOT NULL);
+		INSERT INTO bench_watched SELECT g, 0 FROM generate_series(1, 1000) g`); err != nil {
+		h.close()
+		return nil, err
+	}
+	if err := events.InstallWatch(ctx, pool, events.Watch{Table: "bench_watched",
+		Types: map[events.Op]string{events.OpUpdate: "account.changed"}, SubjectPrefix: "account:"}); err != nil {
 		h.close()
 		return nil, err
 	}
@@ -232,6 +246,14 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func SmokeOptions(adminURL string) Options {
 	return Options{
 		AdminURL: adminURL, Events: 600, MemoryEvents: 1_000, Batch: 50, HostTxs: 40,
-		LatencyFor: 300 * time.Millisecond, Rates: []int{50}, Receipts: 20,
+		LatencyFor: 300 * time.Millisecond, Rates: []int{50}, Receipts: 20, WriteFor: 300 * time.Millisecond,
 	}
+}
+
+// writeRounds is how many rotated runs of each write-path variant to take.
+func (o Options) writeRounds() int {
+	if o.WriteFor < time.Second {
+		return 1
+	}
+	return 3
 }

@@ -89,15 +89,22 @@ func pending(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	return any, err
 }
 
-// drainWithRelays times relays draining the backlog in pool.
+// drainWithRelays times relays (with the default rounds in flight) draining
+// the backlog in pool.
 func drainWithRelays(ctx context.Context, pool *pgxpool.Pool, relays, batch int) (time.Duration, error) {
+	return drainWithRelaysRounds(ctx, pool, relays, batch, 0)
+}
+
+// drainWithRelaysRounds is drainWithRelays with rounds in flight per relay (0:
+// the default).
+func drainWithRelaysRounds(ctx context.Context, pool *pgxpool.Pool, relays, batch, rounds int) (time.Duration, error) {
 	client, err := riverClient(pool)
 	if err != nil {
 		return 0, err
 	}
 	var rs []*events.Relay
 	for range relays {
-		r, err := events.NewRelay(pool, &events.Config{BatchSize: batch, Logger: quiet})
+		r, err := events.NewRelay(pool, &events.Config{BatchSize: batch, MaxRoundsInFlight: rounds, Logger: quiet})
 		if err != nil {
 			return 0, err
 		}
@@ -291,8 +298,12 @@ func runThroughput(ctx context.Context, h *harness, o Options, rep *Report) erro
 		drain  func(context.Context, *pgxpool.Pool, int, int) (time.Duration, error)
 		verify bool
 	}
+	oneRound := func(ctx context.Context, pool *pgxpool.Pool, relays, batch int) (time.Duration, error) {
+		return drainWithRelaysRounds(ctx, pool, relays, batch, 1)
+	}
 	variants := []variant{
-		{"relay", drainWithRelays, true},
+		{fmt.Sprintf("relay (%d rounds in flight)", events.MaxRoundsInFlightDefault), drainWithRelays, true},
+		{"relay (1 round in flight)", oneRound, true},
 		{"(a) River InsertManyTx only", insertOnly, false},
 		{"(b) bare SKIP LOCKED loop", drainBare, true},
 	}
@@ -307,18 +318,24 @@ func runThroughput(ctx context.Context, h *harness, o Options, rep *Report) erro
 				if err != nil {
 					return fmt.Errorf("%s: %w", v.name, err)
 				}
-				fmt.Fprintf(o.Log, "%-28s %d worker(s): %8.0f events/s  %8.0f jobs/s\n", v.name, workers, rate, rate*jobsPerEvent)
+				fmt.Fprintf(o.Log, "%-30s %d worker(s): %8.0f events/s  %8.0f jobs/s\n", v.name, workers, rate, rate*jobsPerEvent)
 				rates[i] = append(rates[i], rate)
 			}
 		}
-		relay, insert, bare := median(rates[0]), median(rates[1]), median(rates[2])
+		relay, single, insert, bare := median(rates[0]), median(rates[1]), median(rates[2]), median(rates[3])
 		sfx := fmt.Sprintf(", %d relay(s)", workers)
 		rep.add("throughput", "relay events/s"+sfx, relay, "events/s")
 		rep.add("throughput", "relay jobs/s"+sfx, relay*jobsPerEvent, "jobs/s")
+		rep.add("throughput", "relay, 1 round in flight, events/s"+sfx, single, "events/s")
 		rep.add("throughput", "(a) InsertManyTx events/s"+sfx, insert, "events/s")
 		rep.add("throughput", "(b) bare loop events/s"+sfx, bare, "events/s")
-		rep.addTarget("throughput", "relay ÷ (a) InsertManyTx"+sfx, relay/insert, "×", "≥ 0.75", relay/insert >= 0.75)
-		rep.addTarget("throughput", "relay ÷ (b) bare loop"+sfx, relay/bare, "×", "≥ 0.9", relay/bare >= 0.9)
+		if workers == 1 {
+			rep.addTarget("throughput", "relay ÷ (a) InsertManyTx"+sfx, relay/insert, "×", "≥ 0.85", relay/insert >= 0.85)
+		} else {
+			rep.add("throughput", "relay ÷ (a) InsertManyTx"+sfx, relay/insert, "×")
+		}
+		rep.add("throughput", "relay, 1 round ÷ (a) InsertManyTx"+sfx, single/insert, "×")
+		rep.addTarget("throughput", "relay, 1 round ÷ (b) bare loop"+sfx, single/bare, "×", "≥ 0.9", single/bare >= 0.9)
 	}
 	return nil
 }

@@ -35,6 +35,7 @@ var ErrNoBinaries = errors.New("pgtest: no PostgreSQL server binaries (initdb, p
 // Cluster is a running throwaway PostgreSQL cluster. It lives in a temporary
 // directory that Close removes.
 type Cluster struct {
+	durable bool
 	binDir  string
 	dir     string
 	dataDir string
@@ -79,6 +80,18 @@ func versionOf(initdbPath string) float64 {
 // When the process runs as root, initdb and postgres run as the "postgres"
 // user, because PostgreSQL refuses to run as root.
 func Start(ctx context.Context) (*Cluster, error) {
+	return start(ctx, false)
+}
+
+// StartDurable is Start with production durability: fsync,
+// synchronous_commit and full_page_writes on, so that commits wait for their
+// WAL flush as they do in production (the benchmark of the write path needs
+// it: what serialises notifying commits happens during that flush).
+func StartDurable(ctx context.Context) (*Cluster, error) {
+	return start(ctx, true)
+}
+
+func start(ctx context.Context, durable bool) (*Cluster, error) {
 	binDir, err := FindBinDir()
 	if err != nil {
 		return nil, err
@@ -88,6 +101,7 @@ func Start(ctx context.Context) (*Cluster, error) {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
 	c := &Cluster{
+		durable: durable,
 		binDir:  binDir,
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
@@ -155,18 +169,19 @@ func (c *Cluster) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pgtest: %w", err)
 	}
-	cmd := exec.Command(filepath.Join(c.binDir, "postgres"),
+	args := []string{
 		"-D", c.dataDir,
 		"-p", strconv.Itoa(c.port),
 		"-k", c.sockDir,
 		"-c", "listen_addresses=127.0.0.1",
-		"-c", "fsync=off",
-		"-c", "synchronous_commit=off",
-		"-c", "full_page_writes=off",
 		"-c", "max_connections=500",
 		"-c", "shared_buffers=256MB",
 		"-c", "max_wal_size=2GB",
-	)
+	}
+	if !c.durable {
+		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	}
+	cmd := exec.Command(filepath.Join(c.binDir, "postgres"), args...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	// Pdeathsig is tied to the OS thread that forks, so the fork happens on a

@@ -187,3 +187,31 @@ func (o Outbox) Requeue(ctx context.Context, db DB, id uuid.UUID) error {
 	}
 	return nil
 }
+
+// Discard deletes a poisoned event for good, on an operator's decision (an
+// event that can never be delivered, say). It returns an error wrapping
+// [ErrNotFound] for an unknown ID and [ErrNotPoisoned] for an event that is
+// not poisoned: only poisoned events can be discarded. Retention never
+// deletes poisoned events on its own.
+func Discard(ctx context.Context, db DB, id uuid.UUID) error {
+	return Outbox{}.Discard(ctx, db, id)
+}
+
+// Discard is [Discard] in o's schema.
+func (o Outbox) Discard(ctx context.Context, db DB, id uuid.UUID) error {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return err
+	}
+	var exists, discarded bool
+	err = db.QueryRow(ctx, sql.Discard, id).Scan(&exists, &discarded)
+	switch {
+	case err != nil:
+		return fmt.Errorf("events: discard %s: %w", id, err)
+	case !exists:
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	case !discarded:
+		return fmt.Errorf("%w: %s", ErrNotPoisoned, id)
+	}
+	return nil
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/listener"
@@ -45,6 +46,10 @@ type AwaiterConfig struct {
 	// Listener configures the awaiter's listening connection.
 	Listener ListenerConfig
 
+	// MeterProvider receives the awaiter's metrics (MetricReceipts and
+	// MetricReceiptDuration, by outcome). Nil means none.
+	MeterProvider metric.MeterProvider
+
 	// Logger receives the awaiter's logs. Defaults to warnings and errors on
 	// standard error.
 	Logger *slog.Logger
@@ -72,9 +77,10 @@ func (c *AwaiterConfig) validate() error {
 // serves any number of concurrent waiters over a single listening
 // connection; it needs no relay in the same process.
 type Awaiter struct {
-	pool   *pgxpool.Pool
-	config AwaiterConfig
-	sql    *statements.Set
+	pool    *pgxpool.Pool
+	config  AwaiterConfig
+	sql     *statements.Set
+	metrics awaiterMetrics
 
 	// reconnectPause replaces the listener's pause before reconnecting
 	// (tests).
@@ -117,7 +123,11 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Awaiter{pool: pool, config: cfg, sql: sql, waiters: map[uuid.UUID]map[*waiter]struct{}{}}, nil
+	metrics, err := newAwaiterMetrics(cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("events: awaiter metrics: %w", err)
+	}
+	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, waiters: map[uuid.UUID]map[*waiter]struct{}{}}, nil
 }
 
 // Start opens the listening connection (in the background; it reconnects
@@ -292,10 +302,23 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // the River jobs exist (committed), not that they have run. It names the jobs
 // of the event's first fan-out; a subscriber that catches the event up later
 // (during a rolling deploy, see [Relay.Start]) is not in it.
-func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) ([]Receipt, error) {
+func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) (receipts []Receipt, err error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
+	start := time.Now()
+	defer func() {
+		if a.metrics.receipts == nil {
+			return // a zero Awaiter, never made by NewAwaiter
+		}
+		o := outcome(err)
+		a.metrics.receipts.Add(ctx, 1, o)
+		a.metrics.duration.Record(ctx, time.Since(start).Seconds(), o)
+	}()
+	return a.await(ctx, ids)
+}
+
+func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID) ([]Receipt, error) {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	if err := a.register(w, ids); err != nil {
 		return nil, err

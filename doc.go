@@ -28,8 +28,17 @@
 // claimed by one is skipped by the others. A crash mid-round rolls back the
 // jobs and the stamps together, and the rows are claimed again.
 //
-// Relays wake on the notification [Record] sends; [SweepJob] is a periodic
-// River job that pokes them once a minute in case a notification was lost.
+// Relays wake on the notification [Record] sends, which is throttled (see
+// [Outbox.NotifyInterval]: a notifying commit takes a cluster-wide lock), and
+// never depend on it: after each wake-up a relay keeps re-checking for a few
+// milliseconds, and an idle relay polls every [ListenerConfig.PollInterval].
+// [ListenerConfig.PollOnly] and [ListenerConfig.Connect] serve pools behind a
+// transaction-pooling proxy such as PgBouncer.
+//
+// Relays register their subscribers in the database when they start, so
+// during a rolling deploy a relay that lacks a new subscriber leaves the
+// events it stamps to be caught up by one that has it; see [Relay.Start] and
+// [RetireSubscriber].
 //
 // # Subscribers
 //
@@ -52,5 +61,12 @@
 // River refuses its job) is retried alone with backoff and, after
 // [Config.MaxAttempts] failures, poisoned: set aside and reported through
 // [Config.OnPoison], never blocking the others. Failures of the database are
-// never counted against an event.
+// never counted against an event. Refused input is a [*ValidationError] that
+// names the field; a poisoned receipt a [*PoisonedError].
+//
+// # Testing
+//
+// Package eventstest gives tests a throwaway PostgreSQL with the library's
+// tables, assertions on what a transaction recorded, and a synchronous
+// fan-out ([Relay.FanOutTx]) that needs no goroutine and no LISTEN.
 package events

@@ -25,8 +25,8 @@ type SearchArgs struct {
 func (SearchArgs) Kind() string { return "search.reindex" }
 
 // startRelay starts a relay with subs on pool, with an insert-only River
-// client, and returns its stop function.
-func startRelay(pool *pgxpool.Pool, config *events.Config, subs ...events.Subscriber) func() {
+// client, and returns it and its stop function.
+func startRelay(pool *pgxpool.Pool, config *events.Config, subs ...events.Subscriber) (*events.Relay, func()) {
 	ctx := context.Background()
 	if config == nil {
 		config = &events.Config{}
@@ -49,7 +49,7 @@ func startRelay(pool *pgxpool.Pool, config *events.Config, subs ...events.Subscr
 		log.Fatal(err)
 	}
 	<-relay.Ready()
-	return func() { _ = relay.Stop(ctx) }
+	return relay, func() { _ = relay.Stop(ctx) }
 }
 
 // A write receipt: after the commit, block until the event is River jobs.
@@ -57,10 +57,11 @@ func ExampleAwaiter_AwaitFanout() {
 	ctx := context.Background()
 	pool := examplePool()
 	defer pool.Close()
-	defer startRelay(pool, nil, events.Subscriber{Name: "search", Types: []string{"note.*"},
+	_, stop := startRelay(pool, nil, events.Subscriber{Name: "search", Types: []string{"note.*"},
 		Map: func(_ context.Context, e events.Event) (river.JobArgs, *river.InsertOpts, error) {
 			return SearchArgs{Subject: e.Subject}, nil, nil
-		}})()
+		}})
+	defer stop()
 
 	awaiter, err := events.NewAwaiter(pool, nil) // one per process
 	if err != nil {
@@ -135,14 +136,15 @@ func ExampleRequeue() {
 	defer pool.Close()
 	var fixed atomic.Bool
 	poisoned := make(chan events.Event, 1)
-	defer startRelay(pool, &events.Config{MaxAttempts: 1, OnPoison: func(_ context.Context, e events.Event, _ error) { poisoned <- e }},
+	_, stop := startRelay(pool, &events.Config{MaxAttempts: 1, OnPoison: func(_ context.Context, e events.Event, _ error) { poisoned <- e }},
 		events.Subscriber{Name: "search", Types: []string{"**"},
 			Map: func(_ context.Context, e events.Event) (river.JobArgs, *river.InsertOpts, error) {
 				if !fixed.Load() {
 					return nil, nil, errors.New("search index is read-only")
 				}
 				return SearchArgs{Subject: e.Subject}, nil, nil
-			}})()
+			}})
+	defer stop()
 
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := events.Record(ctx, tx, events.Event{Type: "note.changed", Subject: "note:3"})

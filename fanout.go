@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -22,12 +23,15 @@ type claimedRow struct {
 	// catchUp lists, for a row of the catch-up lane, the subscribers that
 	// still have to receive it; nil in the pending lane.
 	catchUp []string
+	// traceContext is the recording request's W3C trace context (JSON), or
+	// nil.
+	traceContext []byte
 }
 
 // scanClaimed reads a row selected with claimColumns.
 func scanClaimed(row pgx.Row) (claimedRow, error) {
 	var c claimedRow
-	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts, &c.catchUp)
+	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts, &c.catchUp, &c.traceContext)
 	return c, err
 }
 
@@ -67,6 +71,13 @@ func (r *Relay) round(ctx context.Context, l lane, claimSQL string, args ...any)
 // transaction (a savepoint) for FanOutTx.
 func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, claimSQL string, args ...any) (claimed []int64, err error) {
 	var poisoned []rowFailure
+	start := time.Now()
+	defer func() {
+		if len(claimed) > 0 {
+			r.metrics.roundDuration.Record(ctx, seconds(time.Since(start)), r.laneAttr[l])
+			r.metrics.batchSize.Record(ctx, int64(len(claimed)), r.laneAttr[l])
+		}
+	}()
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, claimSQL, args...)
 		if err != nil {
@@ -82,7 +93,14 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, claimSQL strin
 		if len(batch) == 0 {
 			return nil
 		}
-		poisoned, err = r.fanOut(ctx, tx, l, batch)
+		spanCtx, span := r.startRoundSpan(ctx, batch)
+		defer span.End()
+		// The round's span is the parent of what River's middleware does
+		// with the insert (otelriver's insert span).
+		poisoned, err = r.fanOut(spanCtx, tx, l, batch)
+		if err != nil {
+			span.RecordError(err)
+		}
 		if err != nil {
 			return &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
 		}
@@ -110,7 +128,7 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, batch []claimedRo
 	if len(p.jobs) > 0 {
 		params := make([]river.InsertManyParams, len(p.jobs))
 		for i, j := range p.jobs {
-			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts()}
+			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)}
 		}
 		if results, err = r.client.InsertManyTx(ctx, tx, params); err != nil {
 			return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
@@ -161,6 +179,17 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, batch []claimedRo
 	poisonedAt := r.queueCharges(&sendBuf, failures)
 	if err := tx.SendBatch(ctx, &sendBuf).Close(); err != nil {
 		return nil, fmt.Errorf("stamping %d events: %w", len(seqs), err)
+	}
+	// Counted before the commit: a round that then fails to commit counts
+	// its events twice, which a metric may; nothing else does.
+	if l == lanePending {
+		r.metrics.fanned.Add(ctx, int64(len(seqs)))
+	}
+	for _, j := range p.jobs {
+		r.metrics.jobs.Add(ctx, 1, j.sub.metricAttrs)
+		if n := len(j.covers) - 1; n > 0 {
+			r.metrics.coalesced.Add(ctx, int64(n), j.sub.metricAttrs)
+		}
 	}
 	return poisonedAt(), nil
 }

@@ -82,10 +82,16 @@ var errStopping = errors.New("events: relay stopping")
 // regular expression, 15% of the relay's CPU for two tags per job. Which
 // event a job is for is in the event's fanout, and in the args of handler
 // jobs. The caller's opts are copied, never modified.
-func (j *plannedJob) insertOpts() *river.InsertOpts {
+//
+// traceContext, when set, is the carried event's recording trace context: it
+// is added to the job's metadata, where otelriver finds it.
+func (j *plannedJob) insertOpts(traceContext []byte) *river.InsertOpts {
 	var opts river.InsertOpts
 	if j.opts != nil {
 		opts = *j.opts
+	}
+	if traceContext != nil {
+		opts.Metadata = withTraceMetadata(opts.Metadata, traceContext)
 	}
 	own := opts.Tags
 	if own == nil {

@@ -39,11 +39,12 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 			}
 			return err
 		})
+		r.metrics.failures.Add(context.Background(), 1)
 		if r.hooks.charged != nil {
 			r.hooks.charged(f.row.Seq, f.row.attempts+1, delay)
 		}
 		r.logger.Warn("events: fanning out an event failed",
-			slog.String("event_id", f.row.ID.String()), slog.String("type", f.row.Type),
+			slog.String("event_id", f.row.ID.String()), slog.Int64("seq", f.row.Seq), slog.String("type", f.row.Type),
 			slog.Int("attempt", f.row.attempts+1), slog.Duration("next_in", delay), slog.String("err", msg))
 	}
 	return func() []rowFailure {
@@ -60,9 +61,10 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 // alert reports an event this relay just poisoned: an error log at once,
 // and OnPoison off the loop (see Config.OnPoison).
 func (r *Relay) alert(ctx context.Context, e Event, err error) {
-	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.String("type", e.Type),
+	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.Int64("seq", e.Seq), slog.String("type", e.Type),
 		slog.String("subject", e.Subject), slog.String("err", err.Error())}
 	r.logger.LogAttrs(ctx, slog.LevelError, "events: event poisoned: it will not be fanned out until requeued", attrs...)
+	r.metrics.poisoned.Add(ctx, 1)
 	if onPoison := r.config.OnPoison; onPoison != nil {
 		r.callbacks.Go("OnPoison", attrs, func(ctx context.Context) { onPoison(ctx, e, err) })
 	}

@@ -15,6 +15,11 @@ import (
 // wake-up notification rides on the same statement, throttled (see
 // [Outbox.NotifyInterval]).
 //
+// When ctx carries an OpenTelemetry span, its W3C trace context is stored
+// with the event and copied into the metadata of the event's River jobs, in
+// the form otelriver reads (EnableTracePropagation), so a handler's work span
+// links to the request that recorded the event.
+//
 // Invalid input is refused before anything is sent, with an error wrapping
 // [ErrInvalidEvent] that names the field, so tx stays usable.
 //
@@ -44,7 +49,7 @@ func (o Outbox) Record(ctx context.Context, tx pgx.Tx, e Event) (Event, error) {
 	if o.notify() {
 		query = sql.RecordNotify
 	}
-	err = tx.QueryRow(ctx, query, e.ID, e.Type, e.Subject, string(e.Payload)).Scan(&e.Seq, &e.CreatedAt)
+	err = tx.QueryRow(ctx, query, e.ID, e.Type, e.Subject, string(e.Payload), traceContextOf(ctx)).Scan(&e.Seq, &e.CreatedAt)
 	if err != nil {
 		return Event{}, fmt.Errorf("events: record: %w", err)
 	}
@@ -80,7 +85,7 @@ func (o Outbox) RecordMany(ctx context.Context, tx pgx.Tx, es []Event) ([]Event,
 	if o.notify() {
 		query = sql.RecordManyNotify
 	}
-	rows, err := tx.Query(ctx, query, ids, types, subjects, payloads)
+	rows, err := tx.Query(ctx, query, ids, types, subjects, payloads, traceContextOf(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("events: record many: %w", err)
 	}

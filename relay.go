@@ -13,6 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/hostcall"
@@ -53,6 +56,28 @@ type Config struct {
 	// listening connection and its polling.
 	Listener ListenerConfig
 
+	// Retention is how long fanned-out events are kept. Older ones are
+	// deleted in small batches, by one relay at a time, on a goroutine of the
+	// relay that yields while it drains a backlog (see the README's
+	// "Retention"). Poisoned events and events still
+	// to be caught up are never deleted automatically ([Discard] deletes a
+	// poisoned one). Defaults to RetentionDefault (7 days); a negative value
+	// keeps everything.
+	Retention time.Duration
+
+	// RetentionInterval is how often a relay runs a retention pass.
+	// Defaults to RetentionIntervalDefault (1 min).
+	RetentionInterval time.Duration
+
+	// MeterProvider receives the relay's metrics (see the Metric...
+	// constants). Nil means none: no global provider is used.
+	MeterProvider metric.MeterProvider
+
+	// TracerProvider receives a span per round ("events.fanout", kind
+	// producer, linked to the spans that recorded its events). Nil means
+	// none.
+	TracerProvider trace.TracerProvider
+
 	// OnPoison is called once for every event this relay poisons, with the
 	// event and the error of its last attempt, after the poisoning committed.
 	// An error-level log record is written too. Defaults to nil (log only).
@@ -78,6 +103,8 @@ func (c *Config) withDefaults() Config {
 	out.RetryBackoff = cmp.Or(out.RetryBackoff, RetryBackoffDefault)
 	out.MaxRetryBackoff = cmp.Or(out.MaxRetryBackoff, MaxRetryBackoffDefault)
 	out.MaxRoundsInFlight = cmp.Or(out.MaxRoundsInFlight, MaxRoundsInFlightDefault)
+	out.Retention = cmp.Or(out.Retention, RetentionDefault)
+	out.RetentionInterval = cmp.Or(out.RetentionInterval, RetentionIntervalDefault)
 	out.Listener = out.Listener.withDefaults()
 	if out.Logger == nil {
 		out.Logger = defaultLogger()
@@ -95,6 +122,8 @@ func (c *Config) validate() error {
 		return invalidf(ErrInvalidConfig, "RetryBackoff", "%v: must not be negative", c.RetryBackoff)
 	case c.MaxRetryBackoff < c.RetryBackoff:
 		return invalidf(ErrInvalidConfig, "MaxRetryBackoff", "%v: must be at least RetryBackoff (%v)", c.MaxRetryBackoff, c.RetryBackoff)
+	case c.RetentionInterval < 0:
+		return invalidf(ErrInvalidConfig, "RetentionInterval", "%v: must not be negative", c.RetentionInterval)
 	case c.MaxRoundsInFlight < 1 || c.MaxRoundsInFlight > 16:
 		return invalidf(ErrInvalidConfig, "MaxRoundsInFlight", "%d: must be between 1 and 16", c.MaxRoundsInFlight)
 	}
@@ -110,6 +139,17 @@ type Relay struct {
 	config Config
 	logger *slog.Logger
 	hooks  testHooks
+
+	metrics  relayMetrics
+	meter    metric.Meter
+	tracer   trace.Tracer
+	laneAttr [2]metric.MeasurementOption
+	gauges   metric.Registration // backlog and lag, while running
+
+	// Health, for Health and Healthy.
+	lastSuccess atomic.Int64 // unix nanoseconds of the last round or poll that worked
+	failing     atomic.Int32 // consecutive failures
+	busy        atomic.Bool  // the last pending round came back full
 
 	mu      sync.RWMutex
 	subs    []*subscription
@@ -174,6 +214,9 @@ type testHooks struct {
 	reconnectPause func(ctx context.Context, d time.Duration)
 	// notified runs for every notification the listener receives.
 	notified func()
+	// pruning runs inside each retention batch's transaction, with the lock
+	// held and the batch size.
+	pruning func(size int)
 }
 
 // NewRelay returns a relay that reads events through pool. Register
@@ -191,7 +234,16 @@ func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{pool: pool, config: cfg, logger: cfg.Logger, byName: map[string]*subscription{}}, nil
+	metrics, meter, err := newRelayMetrics(cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("events: relay metrics: %w", err)
+	}
+	return &Relay{pool: pool, config: cfg, logger: cfg.Logger, byName: map[string]*subscription{},
+		metrics: metrics, meter: meter, tracer: newTracer(cfg.TracerProvider),
+		laneAttr: [2]metric.MeasurementOption{
+			metric.WithAttributes(attribute.String(attrLane, "pending")),
+			metric.WithAttributes(attribute.String(attrLane, "catch_up")),
+		}}, nil
 }
 
 // Subscribe registers a subscriber. Call it before [Relay.Start]; names are
@@ -255,6 +307,13 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 		return err
 	}
 	r.client = client
+	if r.config.MeterProvider != nil {
+		if r.gauges, err = r.registerGauges(); err != nil {
+			return fmt.Errorf("events: relay metrics: %w", err)
+		}
+	}
+	r.failing.Store(0)
+	r.lastSuccess.Store(time.Now().UnixNano())
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	r.listening.Store(false)
 	r.ready = make(chan struct{})
@@ -286,7 +345,9 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 				r.poke()
 			},
 			OnConnect: func() {
-				r.listening.Store(true)
+				if r.listening.Swap(true) {
+					r.metrics.reconnects.Add(context.Background(), 1)
+				}
 				r.poke() // notifications sent while away are lost: look now
 			},
 			Logger:       r.logger,
@@ -298,6 +359,9 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	}
 	var rounds sync.WaitGroup
 	rounds.Go(func() { r.loop(runCtx) })
+	if r.config.Retention >= 0 {
+		rounds.Go(func() { r.pruner(runCtx) })
+	}
 	for range r.config.MaxRoundsInFlight - 1 {
 		rounds.Go(func() { r.helper(runCtx) })
 	}
@@ -372,6 +436,10 @@ func (r *Relay) Stop(ctx context.Context) error {
 	if cbErr := r.callbacks.Stop(ctx); err == nil {
 		err = cbErr
 	}
+	if r.gauges != nil {
+		_ = r.gauges.Unregister()
+		r.gauges = nil
+	}
 	r.mu.Lock()
 	r.running = false
 	r.mu.Unlock()
@@ -440,10 +508,16 @@ func (r *Relay) loop(ctx context.Context) {
 	failures := 0
 	fail := func(err error) bool {
 		failures++
+		r.failing.Store(int32(min(failures, 1<<30)))
 		d := backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
 		r.logger.WarnContext(ctx, "events: relay round failed; backing off",
 			slog.String("err", err.Error()), slog.Int("failures", failures), slog.Duration("pause", d))
 		return r.pause(ctx, d)
+	}
+	succeeded := func() {
+		failures = 0
+		r.failing.Store(0)
+		r.lastSuccess.Store(time.Now().UnixNano())
 	}
 	var (
 		pollAt     time.Time // when an idle relay polls next
@@ -467,7 +541,7 @@ func (r *Relay) loop(ctx context.Context) {
 				}
 				continue
 			}
-			failures = 0
+			succeeded()
 			if listened {
 				// Listening (or polling only), and caught up with what was
 				// there before.
@@ -476,6 +550,7 @@ func (r *Relay) loop(ctx context.Context) {
 			if len(claimed) > 0 {
 				trailUntil = time.Now().Add(trailingWindow) // writes flow
 			}
+			r.busy.Store(len(claimed) == r.config.BatchSize)
 			if len(claimed) == r.config.BatchSize {
 				r.pokeHelpers() // plenty of work: a helper loop may join
 				if time.Now().After(catchUpAt) {
@@ -503,6 +578,7 @@ func (r *Relay) loop(ctx context.Context) {
 			claim = true
 			continue
 		}
+		succeeded()
 		if next == 0 {
 			claim, recheck = true, false // rows wait, or retries ran
 			continue

@@ -6,6 +6,8 @@ import (
 	"regexp"
 
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/standmeet/events/internal/glob"
 )
@@ -72,6 +74,8 @@ type subscription struct {
 	// tags holds the one River tag of this subscriber's jobs, shared by
 	// jobs with no tags of their own (River only reads it).
 	tags []string
+	// metricAttrs label this subscriber's measurements.
+	metricAttrs metric.MeasurementOption
 }
 
 func newSubscription(s Subscriber) (*subscription, error) {
@@ -87,7 +91,8 @@ func newSubscription(s Subscriber) (*subscription, error) {
 	if (s.Map == nil) == (s.Handle == nil) {
 		return nil, bad("Map/Handle", "exactly one must be set")
 	}
-	sub := &subscription{Subscriber: s, tags: []string{tagSubscriber + s.Name}}
+	sub := &subscription{Subscriber: s, tags: []string{tagSubscriber + s.Name},
+		metricAttrs: metric.WithAttributes(attribute.String(attrSubscriber, s.Name), attribute.String(attrMessagingSystem, "river"))}
 	for _, t := range s.Types {
 		p, err := glob.Compile(t)
 		if err != nil {

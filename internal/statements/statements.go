@@ -55,6 +55,10 @@ type Set struct {
 
 	// Receipts and operators.
 	Await, AwaitDone, Inspect, ListPoisoned, ListPoisonedAfter, Requeue string
+	Discard, Stats                                                      string
+
+	// Retention: Prune deletes up to $2 fanned-out rows older than $1 µs.
+	Prune string
 }
 
 var (
@@ -128,8 +132,8 @@ func build(schema string) *Set {
 
 	// Recording. The NOTIFY rides on the INSERT: one round trip. Its payload
 	// is constant so PostgreSQL folds a transaction's notifies into one.
-	insertOne := `INSERT INTO ` + t + ` (id, type, subject, payload)
-		VALUES ($1, $2, $3, $4::text::jsonb)
+	insertOne := `INSERT INTO ` + t + ` (id, type, subject, payload, trace_context)
+		VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)
 		RETURNING seq, created_at`
 	s.Record = insertOne
 	s.RecordNotify = `WITH ins AS (` + insertOne + `) SELECT seq, created_at FROM ins, (SELECT ` + notifyEvents + `) n`
@@ -137,8 +141,8 @@ func build(schema string) *Set {
 	// NOTIFY sits in a materialised CTE so it runs once, not once per row.
 	// Arrays are passed as text[] so that every query exec mode can encode
 	// them.
-	insertMany := `INSERT INTO ` + t + ` (id, type, subject, payload)
-			SELECT id::uuid, type, subject, payload::jsonb
+	insertMany := `INSERT INTO ` + t + ` (id, type, subject, payload, trace_context)
+			SELECT id::uuid, type, subject, payload::jsonb, $5::text::jsonb
 			  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(id, type, subject, payload)
 			RETURNING id, seq, created_at`
 	s.RecordMany = insertMany
@@ -149,7 +153,7 @@ func build(schema string) *Set {
 		" WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND xact_id = pg_current_xact_id_if_assigned() ORDER BY seq"
 
 	// The relay.
-	const claimColumns = "seq, id, type, subject, payload, created_at, attempts, catch_up"
+	const claimColumns = "seq, id, type, subject, payload, created_at, attempts, catch_up, trace_context"
 	pending := "fanned_out_at IS NULL AND poisoned_at IS NULL"
 	// Rows stamped by relays that lacked some registered subscriber; $1 is
 	// the names this relay knows. Failed ones wait for next_attempt_at.
@@ -227,5 +231,25 @@ func build(schema string) *Set {
 			 WHERE id = $1 AND poisoned_at IS NOT NULL
 			RETURNING seq, ` + notifyEvents + `)
 		SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE id = $1), EXISTS (SELECT 1 FROM requeued)`
+	s.Discard = `WITH discarded AS (
+			DELETE FROM ` + t + ` WHERE id = $1 AND poisoned_at IS NOT NULL RETURNING seq)
+		SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE id = $1), EXISTS (SELECT 1 FROM discarded)`
+	// Each figure from a small partial index (the pending, retry, poisoned,
+	// catch-up and fanned-out indexes), so it stays fast on a table of
+	// millions of rows.
+	s.Stats = `SELECT
+		(SELECT count(*) FROM ` + t + ` WHERE ` + pending + `),
+		(SELECT count(*) FROM ` + t + ` WHERE ` + pending + ` AND attempts > 0),
+		(SELECT count(*) FROM ` + t + ` WHERE poisoned_at IS NOT NULL),
+		(SELECT count(*) FROM ` + t + ` WHERE catch_up && (SELECT coalesce(array_agg(name), '{}') FROM ` + s.Subscribers + `)),
+		(SELECT count(*) FROM ` + t + ` WHERE fanned_out_at > now() - interval '1 minute' AND poisoned_at IS NULL),
+		(SELECT extract(epoch FROM now() - created_at) FROM ` + t + ` WHERE ` + pending + ` ORDER BY seq LIMIT 1)`
+	s.Prune = `WITH doomed AS (
+			SELECT seq FROM ` + t + `
+			 WHERE fanned_out_at < now() - $1::bigint * interval '1 microsecond'
+			   AND fanned_out_at IS NOT NULL AND poisoned_at IS NULL AND catch_up IS NULL
+			 ORDER BY fanned_out_at LIMIT $2
+			   FOR UPDATE SKIP LOCKED)
+		DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM doomed)`
 	return s
 }

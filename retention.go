@@ -1,0 +1,106 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// RetentionDefault is how long fanned-out events are kept when
+// [Config.Retention] is zero.
+const RetentionDefault = 7 * 24 * time.Hour
+
+// RetentionIntervalDefault is how often a relay runs a retention pass when
+// [Config.RetentionInterval] is zero.
+const RetentionIntervalDefault = time.Minute
+
+// Retention works like River's JobCleaner: delete by seq from an
+// index-driven SELECT … LIMIT, a few thousand rows per statement, under a
+// short statement timeout, with smaller batches after a timeout and a pause
+// between batches; one relay at a time (a transaction-level advisory
+// try-lock per batch: a relay that does not get it skips the pass). It runs
+// on a goroutine of the relay's own, so it never delays a round, and it
+// yields while the relay is busy (its batches come back full): retention
+// uses the relay's idle time.
+const (
+	pruneBatchMax    = 5000                  // rows per DELETE
+	pruneBatchMin    = 100                   // after repeated timeouts
+	pruneTimeout     = "5s"                  // statement_timeout of a DELETE
+	pruneBatchPause  = 20 * time.Millisecond // between batches
+	pruneLockClassID = 7365109               // advisory lock: (class, hashtext(schema))
+)
+
+// pruner runs a retention pass every RetentionInterval until the relay
+// stops.
+func (r *Relay) pruner(ctx context.Context) {
+	t := time.NewTimer(r.config.RetentionInterval / 10) // the first soon after start
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-r.stopCh:
+			return
+		case <-ctx.Done():
+			return
+		}
+		r.prune(ctx)
+		t.Reset(r.config.RetentionInterval)
+	}
+}
+
+// prune runs one retention pass.
+func (r *Relay) prune(ctx context.Context) {
+	size := pruneBatchMax
+	for !r.stopping() && ctx.Err() == nil {
+		for r.busy.Load() {
+			// The relay drains a backlog: fan-out comes first.
+			if !r.pause(ctx, pruneBatchPause) {
+				return
+			}
+		}
+		n, locked, err := r.pruneBatch(ctx, size)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.QueryCanceled:
+			size = max(size/2, pruneBatchMin)
+			r.logger.WarnContext(ctx, "events: retention batch timed out; trying smaller batches", slog.Int("batch", size))
+			continue
+		case err != nil:
+			if ctx.Err() == nil {
+				r.logger.WarnContext(ctx, "events: retention pass failed", slog.String("err", err.Error()))
+			}
+			return
+		case !locked || n < int64(size):
+			return // another relay prunes, or nothing old is left
+		}
+		if !r.pause(ctx, pruneBatchPause) {
+			return
+		}
+	}
+}
+
+// pruneBatch deletes up to size fanned-out events older than the retention,
+// if no other relay is pruning. It reports how many it deleted and whether
+// it held the lock.
+func (r *Relay) pruneBatch(ctx context.Context, size int) (deleted int64, locked bool, err error) {
+	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '"+pruneTimeout+"'"); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1, hashtext($2))", pruneLockClassID, r.sql.Schema).Scan(&locked); err != nil || !locked {
+			return err
+		}
+		if r.hooks.pruning != nil {
+			r.hooks.pruning(size)
+		}
+		tag, err := tx.Exec(ctx, r.sql.Prune, r.config.Retention.Microseconds(), size)
+		deleted = tag.RowsAffected()
+		return err
+	})
+	return deleted, locked, err
+}

@@ -39,11 +39,15 @@ type Options struct {
 	// Receipts is how many record→commit→await loops each receipt run makes
 	// in all. Default 1,000.
 	Receipts int
+	// RetentionRows is the size of the table the operations section prunes.
+	// Default 1,000,000.
+	RetentionRows int
 	// WriteFor is how long each run of the write-path section lasts.
 	// Default 5s.
 	WriteFor time.Duration
 	// Only, when set, limits the run to the named sections
-	// ("throughput", "writepath", "record", "latency", "receipts", "memory").
+	// ("throughput", "writepath", "operations", "record", "latency",
+	// "receipts", "memory").
 	Only map[string]bool
 	// Log receives progress lines.
 	Log io.Writer
@@ -60,6 +64,7 @@ func (o *Options) defaults() {
 	def(&o.Batch, 200)
 	def(&o.HostTxs, 4_000)
 	def(&o.Receipts, 1_000)
+	def(&o.RetentionRows, 1_000_000)
 	if o.LatencyFor == 0 {
 		o.LatencyFor = 5 * time.Second
 	}
@@ -126,6 +131,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}{
 		{"throughput", runThroughput},
 		{"writepath", runWritePath},
+		{"operations", runOperations},
 		{"record", runRecordOverhead},
 		{"latency", runLatency},
 		{"receipts", runReceipts},
@@ -247,6 +253,7 @@ func SmokeOptions(adminURL string) Options {
 	return Options{
 		AdminURL: adminURL, Events: 600, MemoryEvents: 1_000, Batch: 50, HostTxs: 40,
 		LatencyFor: 300 * time.Millisecond, Rates: []int{50}, Receipts: 20, WriteFor: 300 * time.Millisecond,
+		RetentionRows: 2_000,
 	}
 }
 

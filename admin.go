@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/standmeet/events/internal/glob"
 )
 
 // EventInfo is an event with the relay's state of it, for an operator's view.
@@ -84,9 +86,124 @@ func (o Outbox) Inspect(ctx context.Context, db DB, id uuid.UUID) (EventInfo, er
 	return e, nil
 }
 
-// ListPoisonedLimitDefault is the page size of [ListPoisoned] when
-// [ListPoisonedParams.Limit] is zero.
-const ListPoisonedLimitDefault = 50
+// ListState selects the events [ListEvents] lists.
+type ListState string
+
+// The states of [ListParams].
+const (
+	// StatePending: not fanned out yet, never failed; oldest first.
+	StatePending ListState = "pending"
+	// StateRetrying: failed at least once, waiting for the next attempt;
+	// oldest first.
+	StateRetrying ListState = "retrying"
+	// StatePoisoned: set aside until Requeue or Discard; most recently
+	// poisoned first.
+	StatePoisoned ListState = "poisoned"
+	// StateRecent: fanned out; most recently fanned out first.
+	StateRecent ListState = "recent"
+)
+
+// ListLimitDefault is the page size of [ListEvents] when [ListParams.Limit]
+// is zero.
+const ListLimitDefault = 50
+
+// ListPoisonedLimitDefault is the page size of [ListPoisoned].
+const ListPoisonedLimitDefault = ListLimitDefault
+
+// ListParams selects and pages the events [ListEvents] lists.
+type ListParams struct {
+	// State selects the events. Required.
+	State ListState
+	// Type filters by event type with a glob, as [Subscriber.Types]
+	// ("note.*", "supplier.**"). Empty means every type.
+	Type string
+	// Subject filters by subject, exactly. Empty means every subject.
+	Subject string
+	// Limit is the page size. Defaults to ListLimitDefault (50); at most
+	// 1000.
+	Limit int
+	// After is the Next cursor of the previous page; empty for the first.
+	After string
+}
+
+// ListResult is one page of events.
+type ListResult struct {
+	Events []EventInfo
+	// Next is the cursor of the following page; empty on the last page.
+	Next string
+}
+
+// ListEvents lists events in one state, a page at a time (keyset paging on
+// the state's own index), optionally filtered by type glob and subject.
+func ListEvents(ctx context.Context, db DB, params ListParams) (ListResult, error) {
+	return Outbox{}.ListEvents(ctx, db, params)
+}
+
+// ListEvents is [ListEvents] in o's schema.
+func (o Outbox) ListEvents(ctx context.Context, db DB, params ListParams) (ListResult, error) {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return ListResult{}, err
+	}
+	query, ok := sql.List[string(params.State)]
+	if !ok {
+		return ListResult{}, invalidf(ErrInvalidArgument, "State", "%q: use pending, retrying, poisoned or recent", params.State)
+	}
+	limit := cmp.Or(params.Limit, ListLimitDefault)
+	if limit < 1 || limit > 1000 {
+		return ListResult{}, invalidf(ErrInvalidArgument, "Limit", "%d: must be between 1 and 1000", params.Limit)
+	}
+	var typeRE, subject *string
+	if params.Type != "" {
+		p, err := glob.Compile(params.Type)
+		if err != nil {
+			return ListResult{}, invalidf(ErrInvalidArgument, "Type", "%v", err)
+		}
+		re := p.Regexp()
+		typeRE = &re
+	}
+	if params.Subject != "" {
+		subject = &params.Subject
+	}
+	var (
+		afterSeq *int64
+		afterAt  *time.Time
+	)
+	if params.After != "" {
+		at, seq, err := parseCursor(params.After)
+		if err != nil {
+			return ListResult{}, err
+		}
+		afterSeq, afterAt = &seq, &at
+	}
+	rows, err := db.Query(ctx, query, limit+1, typeRE, subject, afterSeq, afterAt)
+	if err != nil {
+		return ListResult{}, fmt.Errorf("events: list %s: %w", params.State, err)
+	}
+	list, err := pgx.CollectRows(rows, scanInfo)
+	if err != nil {
+		return ListResult{}, fmt.Errorf("events: list %s: %w", params.State, err)
+	}
+	var res ListResult
+	if len(list) > limit {
+		list = list[:limit]
+		last := list[limit-1]
+		var at time.Time
+		switch params.State {
+		case StatePoisoned:
+			at = last.PoisonedAt
+		case StateRecent:
+			at = last.FannedOutAt
+		}
+		micros := int64(0) // seq order: the time plays no part
+		if !at.IsZero() {
+			micros = at.UnixMicro()
+		}
+		res.Next = fmt.Sprintf("%d.%d", micros, last.Seq)
+	}
+	res.Events = list
+	return res, nil
+}
 
 // ListPoisonedParams pages through poisoned events.
 type ListPoisonedParams struct {
@@ -98,56 +215,21 @@ type ListPoisonedParams struct {
 }
 
 // ListPoisonedResult is one page of poisoned events.
-type ListPoisonedResult struct {
-	// Events are newest poisoning first.
-	Events []EventInfo
-	// Next is the cursor of the following page; empty on the last page.
-	Next string
-}
+type ListPoisonedResult = ListResult
 
 // ListPoisoned lists poisoned events, most recently poisoned first, a page
-// at a time. A nil params means the first page of 50.
+// at a time: [ListEvents] with [StatePoisoned]. A nil params means the
+// first page of 50.
 func ListPoisoned(ctx context.Context, db DB, params *ListPoisonedParams) (ListPoisonedResult, error) {
 	return Outbox{}.ListPoisoned(ctx, db, params)
 }
 
 // ListPoisoned is [ListPoisoned] in o's schema.
 func (o Outbox) ListPoisoned(ctx context.Context, db DB, params *ListPoisonedParams) (ListPoisonedResult, error) {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return ListPoisonedResult{}, err
-	}
 	if params == nil {
 		params = &ListPoisonedParams{}
 	}
-	limit := cmp.Or(params.Limit, ListPoisonedLimitDefault)
-	if limit < 1 || limit > 1000 {
-		return ListPoisonedResult{}, invalidf(ErrInvalidArgument, "Limit", "%d: must be between 1 and 1000", params.Limit)
-	}
-	query, args := sql.ListPoisoned, []any{limit + 1}
-	if params.After != "" {
-		at, seq, err := parseCursor(params.After)
-		if err != nil {
-			return ListPoisonedResult{}, err
-		}
-		query, args = sql.ListPoisonedAfter, append(args, at, seq)
-	}
-	rows, err := db.Query(ctx, query, args...)
-	if err != nil {
-		return ListPoisonedResult{}, fmt.Errorf("events: list poisoned: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, scanInfo)
-	if err != nil {
-		return ListPoisonedResult{}, fmt.Errorf("events: list poisoned: %w", err)
-	}
-	var res ListPoisonedResult
-	if len(list) > limit {
-		list = list[:limit]
-		last := list[limit-1]
-		res.Next = fmt.Sprintf("%d.%d", last.PoisonedAt.UnixMicro(), last.Seq)
-	}
-	res.Events = list
-	return res, nil
+	return o.ListEvents(ctx, db, ListParams{State: StatePoisoned, Limit: params.Limit, After: params.After})
 }
 
 func parseCursor(c string) (time.Time, int64, error) {

@@ -128,6 +128,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 
 type migrationFile struct {
 	version  int
+	name     string
 	up, down string
 }
 
@@ -140,7 +141,7 @@ func loadMigrations() ([]migrationFile, error) {
 	byVersion := map[int]*migrationFile{}
 	for _, e := range entries {
 		name := e.Name()
-		numStr, _, ok := strings.Cut(name, "_")
+		numStr, rest, ok := strings.Cut(name, "_")
 		if !ok || !strings.HasSuffix(name, ".sql") {
 			continue
 		}
@@ -154,7 +155,7 @@ func loadMigrations() ([]migrationFile, error) {
 		}
 		m := byVersion[version]
 		if m == nil {
-			m = &migrationFile{version: version}
+			m = &migrationFile{version: version, name: strings.TrimSuffix(strings.TrimSuffix(rest, ".up.sql"), ".down.sql")}
 			byVersion[version] = m
 		}
 		switch {
@@ -170,4 +171,76 @@ func loadMigrations() ([]migrationFile, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
 	return out, nil
+}
+
+// MigrationInfo is one migration, as [MigrationStatus] reports it.
+type MigrationInfo struct {
+	// Line is "river" (River's own tables) or "events" (this library's).
+	Line    string
+	Version int
+	Name    string
+	// Applied reports whether the database has it.
+	Applied bool
+	// SQL is the migration's up SQL, to review before applying.
+	SQL string
+}
+
+// MigrationStatus lists River's migrations and the library's, in the order
+// [Migrate] applies them, each with whether the database has it. It
+// changes nothing: it is what `events migrate --dry-run` and `events migrate
+// list` print.
+func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) ([]MigrationInfo, error) {
+	if opts == nil {
+		opts = &MigrateOpts{}
+	}
+	if _, err := statementsFor(opts.Schema); err != nil {
+		return nil, err
+	}
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: opts.Schema})
+	if err != nil {
+		return nil, fmt.Errorf("events: migration status: %w", err)
+	}
+	var out []MigrationInfo
+	applied := map[int]bool{}
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(opts.Schema, "river_migration")).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("events: migration status: %w", err)
+	}
+	if exists {
+		existing, err := migrator.ExistingVersions(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("events: migration status: River: %w", err)
+		}
+		for _, m := range existing {
+			applied[m.Version] = true
+		}
+	}
+	for _, m := range migrator.AllVersions() {
+		out = append(out, MigrationInfo{Line: "river", Version: m.Version, Name: m.Name, Applied: applied[m.Version], SQL: m.SQLUp})
+	}
+	files, err := loadMigrations()
+	if err != nil {
+		return nil, err
+	}
+	current := 0
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(opts.Schema, "outbox_migration")).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("events: migration status: %w", err)
+	}
+	if exists {
+		if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+schemaTable(opts.Schema, "outbox_migration")).Scan(&current); err != nil {
+			return nil, fmt.Errorf("events: migration status: %w", err)
+		}
+	}
+	for _, f := range files {
+		out = append(out, MigrationInfo{Line: "events", Version: f.version, Name: f.name, Applied: f.version <= current, SQL: f.up})
+	}
+	return out, nil
+}
+
+// schemaTable is a table's name in schema, quoted, or bare for "".
+func schemaTable(schema, table string) string {
+	if schema == "" {
+		return table
+	}
+	return pgx.Identifier{schema, table}.Sanitize()
 }

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -368,4 +369,59 @@ func dropWatch(ctx context.Context, tx pgx.Tx, table, name string) error {
 
 func triggerName(name string, op Op) string {
 	return "outbox_watch_" + name + "_" + strings.ToLower(string(op))
+}
+
+// ListWatches lists the watches installed on any table, by table and name.
+// SubjectColumn is "-" for a watch without one; the spec is read back from
+// the triggers' arguments.
+func ListWatches(ctx context.Context, db DB) ([]Watch, error) {
+	return Outbox{}.ListWatches(ctx, db)
+}
+
+// ListWatches is [ListWatches] for the watches that call o's schema's
+// trigger function.
+func (o Outbox) ListWatches(ctx context.Context, db DB) ([]Watch, error) {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgargs, t.tgtype::int
+		FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE t.tgfoid = to_regprocedure($1) ORDER BY 1, 2, 3`, sql.WatchFunction+"()")
+	if err != nil {
+		return nil, fmt.Errorf("events: list watches: %w", err)
+	}
+	var (
+		out                   []Watch
+		schema, table, tgname string
+		args                  []byte
+		tgtype                int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&schema, &table, &tgname, &args, &tgtype}, func() error {
+		name := strings.TrimPrefix(tgname, "outbox_watch_")
+		i := strings.LastIndexByte(name, '_')
+		if i < 0 {
+			return nil
+		}
+		op := Op(strings.ToUpper(name[i+1:]))
+		name = name[:i]
+		a := strings.Split(strings.TrimSuffix(string(args), "\x00"), "\x00")
+		if len(a) < 4 {
+			return nil
+		}
+		if n := len(out); n == 0 || out[n-1].TableSchema != schema || out[n-1].Table != table || out[n-1].Name != name {
+			w := Watch{Table: table, TableSchema: schema, Name: name, Types: map[Op]string{},
+				SubjectPrefix: a[1], SubjectColumn: cmp.Or(a[2], "-"), Payload: PayloadMode(a[3])}
+			if w.Payload == PayloadColumns {
+				w.PayloadColumns = a[4:]
+			}
+			out = append(out, w)
+		}
+		out[len(out)-1].Types[op] = a[0]
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: list watches: %w", err)
+	}
+	return out, nil
 }

@@ -15,6 +15,7 @@ package glob
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -94,4 +95,25 @@ func ValidSegment(s string) bool {
 		}
 	}
 	return true
+}
+
+// Regexp returns a regular expression (POSIX ARE, as PostgreSQL's ~ reads
+// it, and Go's regexp too) that matches "." followed by the types the
+// pattern matches: compare it with ('.' || type) in SQL.
+func (p Pattern) Regexp() string {
+	var b strings.Builder
+	b.WriteString("^")
+	for _, s := range p.segments {
+		switch s {
+		case "*":
+			b.WriteString(`\.[^.]+`)
+		case "**":
+			b.WriteString(`(?:\.[^.]+)*`)
+		default:
+			b.WriteString(`\.`)
+			b.WriteString(regexp.QuoteMeta(s))
+		}
+	}
+	b.WriteString("$")
+	return b.String()
 }

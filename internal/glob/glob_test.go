@@ -1,6 +1,7 @@
 package glob
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -74,5 +75,22 @@ func TestCompileRejects(t *testing.T) {
 	for _, bad := range []string{"", ".", "a.", ".a", "a..b", "note*", "a.*b", "***", "a b", "a.ü", "a/b"} {
 		_, err := Compile(bad)
 		require.Error(t, err, "pattern %q", bad)
+	}
+}
+
+// Regexp matches exactly what Match matches.
+func TestRegexpAgreesWithMatch(t *testing.T) {
+	types := []string{"a", "b", "a.b", "a.b.c", "a.x.c", "note.changed", "corpus.note.changed", "supplier", "supplier.a.b", "deleted", "x-y.z_1"}
+	for _, pat := range []string{"a", "*", "**", "a.*", "a.**", "**.c", "*.b.*", "a.**.c", "corpus.note.*", "supplier.**", "**.deleted", "x-y.*", "**.*.**"} {
+		p, err := Compile(pat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		re := regexp.MustCompile(p.Regexp())
+		for _, typ := range types {
+			if got, want := re.MatchString("."+typ), p.Match(typ); got != want {
+				t.Errorf("pattern %q, type %q: Regexp %v, Match %v (%s)", pat, typ, got, want, p.Regexp())
+			}
+		}
 	}
 }

@@ -54,11 +54,16 @@ type Set struct {
 	Register, Retire, ListSubscribers, SubscriberRetired string
 
 	// Receipts and operators.
-	Await, AwaitDone, Inspect, ListPoisoned, ListPoisonedAfter, Requeue string
-	Discard, Stats                                                      string
+	Await, AwaitDone, Inspect, Requeue string
+	Discard, Stats                     string
 
 	// Retention: Prune deletes up to $2 fanned-out rows older than $1 µs.
 	Prune string
+
+	// List pages through events by state: $1 limit, $2 type regexp (see
+	// glob.Pattern.Regexp) or NULL, $3 subject or NULL, $4 and $5 the
+	// cursor (seq, and the ordering time where the order has one) or NULL.
+	List map[string]string
 }
 
 var (
@@ -221,11 +226,6 @@ func build(schema string) *Set {
 		" AND (fanned_out_at IS NOT NULL OR poisoned_at IS NOT NULL)"
 	const infoColumns = "seq, id, type, subject, payload, created_at, fanned_out_at, fanout, attempts, last_error, next_attempt_at, poisoned_at"
 	s.Inspect = "SELECT " + infoColumns + " FROM " + t + " WHERE id = $1"
-	// Keyset pagination on the poisoned index: (poisoned_at, seq) descending.
-	s.ListPoisoned = "SELECT " + infoColumns + " FROM " + t +
-		" WHERE poisoned_at IS NOT NULL ORDER BY poisoned_at DESC, seq DESC LIMIT $1"
-	s.ListPoisonedAfter = "SELECT " + infoColumns + " FROM " + t +
-		" WHERE poisoned_at IS NOT NULL AND (poisoned_at, seq) < ($2, $3) ORDER BY poisoned_at DESC, seq DESC LIMIT $1"
 	s.Requeue = `WITH requeued AS (
 			UPDATE ` + t + ` SET poisoned_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL
 			 WHERE id = $1 AND poisoned_at IS NOT NULL
@@ -244,6 +244,18 @@ func build(schema string) *Set {
 		(SELECT count(*) FROM ` + t + ` WHERE catch_up && (SELECT coalesce(array_agg(name), '{}') FROM ` + s.Subscribers + `)),
 		(SELECT count(*) FROM ` + t + ` WHERE fanned_out_at > now() - interval '1 minute' AND poisoned_at IS NULL),
 		(SELECT extract(epoch FROM now() - created_at) FROM ` + t + ` WHERE ` + pending + ` ORDER BY seq LIMIT 1)`
+	filters := ` AND ($2::text IS NULL OR ('.' || type) ~ $2) AND ($3::text IS NULL OR subject = $3)`
+	list := func(where, cursor, order string) string {
+		return "SELECT " + infoColumns + " FROM " + t + " WHERE " + where + filters +
+			" AND ($4::bigint IS NULL OR " + cursor + ") ORDER BY " + order + " LIMIT $1"
+	}
+	s.List = map[string]string{
+		// $5 is unused in seq order, but every list takes the same five.
+		"pending":  list(pending+" AND attempts = 0", "(seq > $4 AND $5::timestamptz IS NOT NULL)", "seq"),
+		"retrying": list(pending+" AND attempts > 0", "(seq > $4 AND $5::timestamptz IS NOT NULL)", "seq"),
+		"poisoned": list("poisoned_at IS NOT NULL", "(poisoned_at, seq) < ($5::timestamptz, $4)", "poisoned_at DESC, seq DESC"),
+		"recent":   list("fanned_out_at IS NOT NULL AND poisoned_at IS NULL", "(fanned_out_at, seq) < ($5::timestamptz, $4)", "fanned_out_at DESC, seq DESC"),
+	}
 	s.Prune = `WITH doomed AS (
 			SELECT seq FROM ` + t + `
 			 WHERE fanned_out_at < now() - $1::bigint * interval '1 microsecond'

@@ -1,0 +1,38 @@
+// Command events is the operator's tool for the outbox of
+// github.com/standmeet/events: migrations, stats, listing, inspecting,
+// requeuing and discarding events, and the installed watches.
+//
+//	go install github.com/standmeet/events/cmd/events@latest
+//	events [--database-url URL] [--schema S] [--json] <command> [arguments]
+//
+// Commands:
+//
+//	migrate [--dry-run]            apply River's and the library's migrations (--dry-run prints the SQL)
+//	migrate list                   the migrations, applied or not
+//	stats                          pending, lag, retrying, poisoned, catching up, fanned out in the last minute
+//	list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
+//	                               STATE is pending, retrying, poisoned or recent
+//	inspect ID                     one event: fields, payload, attempts, fanout
+//	requeue ID...                  put poisoned events back in the queue
+//	requeue --all-poisoned [--type GLOB] [--yes]
+//	discard ID...                  delete poisoned events for good
+//	watch list                     the installed table watches
+//	subscribers                    the subscriber registry
+//
+// The connection comes from --database-url or DATABASE_URL. Output is a
+// table for people, or JSON with --json. Exit codes: 0 success, 1 an error
+// (on standard error), 2 a usage error.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

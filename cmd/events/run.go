@@ -1,0 +1,582 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/standmeet/events"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// usageError is a mistake in the command line: exit code 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+const usage = `usage: events [--database-url URL] [--schema S] [--json] <command> [arguments]
+
+commands:
+  migrate [--dry-run]        apply River's and the library's migrations
+  migrate list               the migrations, applied or not
+  stats                      pending, lag, retrying, poisoned, fanned out in the last minute
+  list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
+                             STATE: pending, retrying, poisoned or recent
+  inspect ID                 one event in full
+  requeue ID...              put poisoned events back in the queue
+  requeue --all-poisoned [--type GLOB] [--yes]
+  discard ID...              delete poisoned events for good
+  watch list                 the installed table watches
+  subscribers                the subscriber registry
+
+The connection comes from --database-url or DATABASE_URL.
+`
+
+// cli is one invocation.
+type cli struct {
+	ctx    context.Context
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	json   bool
+	outbox events.Outbox
+	pool   *pgxpool.Pool
+}
+
+// run runs the command line args and returns the exit code.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	c := &cli{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	err := c.run(args)
+	var ue usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "events: %v\n\n%s", err, usage)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "events: %v\n", err)
+		return exitError
+	}
+}
+
+func (c *cli) run(args []string) error {
+	global := flag.NewFlagSet("events", flag.ContinueOnError)
+	global.SetOutput(io.Discard)
+	dbURL := global.String("database-url", os.Getenv("DATABASE_URL"), "")
+	global.StringVar(&c.outbox.Schema, "schema", "", "")
+	global.BoolVar(&c.json, "json", false, "")
+	if err := global.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usagef("%v", err)
+	}
+	rest := global.Args()
+	if len(rest) == 0 {
+		return usagef("no command")
+	}
+	cmd, rest := rest[0], rest[1:]
+	commands := map[string]func([]string) error{
+		"migrate": c.migrate, "stats": c.stats, "list": c.list, "inspect": c.inspect,
+		"requeue": c.requeue, "discard": c.discard, "watch": c.watch, "subscribers": c.subscribers,
+	}
+	f, ok := commands[cmd]
+	if !ok {
+		if cmd == "help" {
+			return flag.ErrHelp
+		}
+		return usagef("unknown command %q", cmd)
+	}
+	if *dbURL == "" {
+		return usagef("no database: set --database-url or DATABASE_URL")
+	}
+	cfg, err := pgxpool.ParseConfig(*dbURL)
+	if err != nil {
+		return usagef("--database-url: %v", err)
+	}
+	cfg.MaxConns = 2
+	if c.pool, err = pgxpool.NewWithConfig(c.ctx, cfg); err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	return f(rest)
+}
+
+// flags parses a command's own flags; positional arguments may come before
+// or after them.
+func flags(name string, args []string, define func(*flag.FlagSet)) ([]string, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	define(fs)
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, usagef("%s: %v", name, err)
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// output writes v as JSON with --json, or calls table otherwise.
+func (c *cli) output(v any, table func(w *tabwriter.Writer)) error {
+	if c.json {
+		enc := json.NewEncoder(c.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	table(w)
+	return w.Flush()
+}
+
+func (c *cli) migrate(args []string) error {
+	var dryRun bool
+	pos, err := flags("migrate", args, func(fs *flag.FlagSet) { fs.BoolVar(&dryRun, "dry-run", false, "") })
+	if err != nil {
+		return err
+	}
+	opts := &events.MigrateOpts{Schema: c.outbox.Schema}
+	switch {
+	case len(pos) == 1 && pos[0] == "list":
+		all, err := events.MigrationStatus(c.ctx, c.pool, opts)
+		if err != nil {
+			return err
+		}
+		type row struct {
+			Line    string `json:"line"`
+			Version int    `json:"version"`
+			Name    string `json:"name"`
+			Applied bool   `json:"applied"`
+		}
+		rows := make([]row, len(all))
+		for i, m := range all {
+			rows[i] = row{m.Line, m.Version, m.Name, m.Applied}
+		}
+		return c.output(rows, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "LINE\tVERSION\tNAME\tAPPLIED")
+			for _, r := range rows {
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", r.Line, r.Version, r.Name, yesNo(r.Applied))
+			}
+		})
+	case len(pos) > 0:
+		return usagef("migrate: unexpected %q", pos[0])
+	case dryRun:
+		all, err := events.MigrationStatus(c.ctx, c.pool, opts)
+		if err != nil {
+			return err
+		}
+		pending := slices.DeleteFunc(all, func(m events.MigrationInfo) bool { return m.Applied })
+		if c.json {
+			return c.output(pending, nil)
+		}
+		if len(pending) == 0 {
+			fmt.Fprintln(c.stdout, "-- nothing to apply")
+		}
+		for _, m := range pending {
+			fmt.Fprintf(c.stdout, "-- %s %03d %s\n%s\n\n", m.Line, m.Version, m.Name, strings.TrimSpace(m.SQL))
+		}
+		return nil
+	}
+	if err := events.Migrate(c.ctx, c.pool, opts); err != nil {
+		return err
+	}
+	if c.json {
+		return c.output(map[string]bool{"migrated": true}, nil)
+	}
+	fmt.Fprintln(c.stdout, "migrated")
+	return nil
+}
+
+func (c *cli) stats(args []string) error {
+	if len(args) > 0 {
+		return usagef("stats takes no arguments")
+	}
+	st, err := c.outbox.Stats(c.ctx, c.pool)
+	if err != nil {
+		return err
+	}
+	return c.output(struct {
+		Pending             int64   `json:"pending"`
+		LagSeconds          float64 `json:"lag_seconds"`
+		Retrying            int64   `json:"retrying"`
+		Poisoned            int64   `json:"poisoned"`
+		CatchingUp          int64   `json:"catching_up"`
+		FannedOutLastMinute int64   `json:"fanned_out_last_minute"`
+	}{st.Pending, st.Lag.Seconds(), st.Retrying, st.Poisoned, st.CatchingUp, st.FannedOutLastMinute}, func(w *tabwriter.Writer) {
+		fmt.Fprintf(w, "pending\t%d\n", st.Pending)
+		fmt.Fprintf(w, "lag\t%s\n", st.Lag.Round(time.Millisecond))
+		fmt.Fprintf(w, "retrying\t%d\n", st.Retrying)
+		fmt.Fprintf(w, "poisoned\t%d\n", st.Poisoned)
+		fmt.Fprintf(w, "catching up\t%d\n", st.CatchingUp)
+		fmt.Fprintf(w, "fanned out, last minute\t%d\n", st.FannedOutLastMinute)
+	})
+}
+
+// eventJSON is an event as --json prints it.
+type eventJSON struct {
+	ID            uuid.UUID        `json:"id"`
+	Seq           int64            `json:"seq"`
+	Type          string           `json:"type"`
+	Subject       string           `json:"subject"`
+	Payload       json.RawMessage  `json:"payload"`
+	CreatedAt     time.Time        `json:"created_at"`
+	FannedOutAt   *time.Time       `json:"fanned_out_at"`
+	Fanout        map[string]int64 `json:"fanout"`
+	Attempts      int              `json:"attempts"`
+	LastError     string           `json:"last_error,omitempty"`
+	NextAttemptAt *time.Time       `json:"next_attempt_at"`
+	PoisonedAt    *time.Time       `json:"poisoned_at"`
+}
+
+func toJSON(e events.EventInfo) eventJSON {
+	opt := func(t time.Time) *time.Time {
+		if t.IsZero() {
+			return nil
+		}
+		return &t
+	}
+	return eventJSON{e.ID, e.Seq, e.Type, e.Subject, e.Payload, e.CreatedAt, opt(e.FannedOutAt), e.Fanout,
+		e.Attempts, e.LastError, opt(e.NextAttemptAt), opt(e.PoisonedAt)}
+}
+
+func (c *cli) list(args []string) error {
+	var p events.ListParams
+	pos, err := flags("list", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&p.Type, "type", "", "")
+		fs.StringVar(&p.Subject, "subject", "", "")
+		fs.IntVar(&p.Limit, "limit", 0, "")
+		fs.StringVar(&p.After, "after", "", "")
+	})
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("list: give one state: pending, retrying, poisoned or recent")
+	}
+	p.State = events.ListState(pos[0])
+	page, err := c.outbox.ListEvents(c.ctx, c.pool, p)
+	var invalid *events.ValidationError
+	if errors.As(err, &invalid) {
+		return usagef("list: %s %s", strings.ToLower(invalid.Field), invalid.Reason)
+	}
+	if err != nil {
+		return err
+	}
+	out := struct {
+		Events []eventJSON `json:"events"`
+		Next   string      `json:"next,omitempty"`
+	}{Events: []eventJSON{}, Next: page.Next}
+	for _, e := range page.Events {
+		out.Events = append(out.Events, toJSON(e))
+	}
+	return c.output(out, func(w *tabwriter.Writer) {
+		fmt.Fprintln(w, "ID\tSEQ\tTYPE\tSUBJECT\tCREATED\tATTEMPTS\tLAST ERROR")
+		for _, e := range page.Events {
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\t%s\n", e.ID, e.Seq, e.Type, e.Subject,
+				e.CreatedAt.UTC().Format(time.RFC3339), e.Attempts, truncate(e.LastError, 60))
+		}
+		if page.Next != "" {
+			fmt.Fprintf(w, "\nnext page: --after %s\n", page.Next)
+		}
+	})
+}
+
+func (c *cli) inspect(args []string) error {
+	if len(args) != 1 {
+		return usagef("inspect: give one event ID")
+	}
+	id, err := uuid.Parse(args[0])
+	if err != nil {
+		return usagef("inspect: %q is not an event ID", args[0])
+	}
+	e, err := c.outbox.Inspect(c.ctx, c.pool, id)
+	if err != nil {
+		return err
+	}
+	return c.output(toJSON(e), func(w *tabwriter.Writer) {
+		state := "pending"
+		switch {
+		case e.Poisoned():
+			state = "poisoned"
+		case !e.FannedOutAt.IsZero():
+			state = "fanned out"
+		case e.Attempts > 0:
+			state = "retrying"
+		}
+		fmt.Fprintf(w, "id\t%s\nseq\t%d\ntype\t%s\nsubject\t%s\nstate\t%s\ncreated\t%s\n", e.ID, e.Seq, e.Type, e.Subject,
+			state, e.CreatedAt.UTC().Format(time.RFC3339Nano))
+		if !e.FannedOutAt.IsZero() {
+			fmt.Fprintf(w, "fanned out\t%s\n", e.FannedOutAt.UTC().Format(time.RFC3339Nano))
+		}
+		fmt.Fprintf(w, "attempts\t%d\n", e.Attempts)
+		if e.LastError != "" {
+			fmt.Fprintf(w, "last error\t%s\n", e.LastError)
+		}
+		for _, name := range sortedKeys(e.Fanout) {
+			fmt.Fprintf(w, "job\t%s → %d\n", name, e.Fanout[name])
+		}
+		var pretty bytes.Buffer
+		if err := json.Indent(&pretty, e.Payload, "", "  "); err != nil {
+			pretty.Reset()
+			pretty.Write(e.Payload)
+		}
+		fmt.Fprintf(w, "payload\t%s\n", strings.ReplaceAll(pretty.String(), "\n", "\n\t"))
+	})
+}
+
+func (c *cli) requeue(args []string) error {
+	var all, yes bool
+	var typ string
+	pos, err := flags("requeue", args, func(fs *flag.FlagSet) {
+		fs.BoolVar(&all, "all-poisoned", false, "")
+		fs.BoolVar(&yes, "yes", false, "")
+		fs.StringVar(&typ, "type", "", "")
+	})
+	if err != nil {
+		return err
+	}
+	ids, err := c.ids("requeue", pos)
+	switch {
+	case all && len(pos) > 0:
+		return usagef("requeue: give IDs or --all-poisoned, not both")
+	case !all && typ != "":
+		return usagef("requeue: --type goes with --all-poisoned")
+	case !all && err != nil:
+		return err
+	case all:
+		if ids, err = c.allPoisoned(typ); err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			return c.report("requeued", nil)
+		}
+		if !yes && !c.confirm(fmt.Sprintf("requeue %d poisoned event(s)%s?", len(ids), ofType(typ))) {
+			return errors.New("requeue: not confirmed (answer y, or pass --yes)")
+		}
+	}
+	return c.each("requeued", ids, func(id uuid.UUID) error { return c.outbox.Requeue(c.ctx, c.pool, id) })
+}
+
+func (c *cli) discard(args []string) error {
+	ids, err := c.ids("discard", args)
+	if err != nil {
+		return err
+	}
+	return c.each("discarded", ids, func(id uuid.UUID) error { return c.outbox.Discard(c.ctx, c.pool, id) })
+}
+
+// ids parses event IDs.
+func (c *cli) ids(cmd string, args []string) ([]uuid.UUID, error) {
+	if len(args) == 0 {
+		return nil, usagef("%s: give at least one event ID", cmd)
+	}
+	ids := make([]uuid.UUID, len(args))
+	for i, a := range args {
+		id, err := uuid.Parse(a)
+		if err != nil {
+			return nil, usagef("%s: %q is not an event ID", cmd, a)
+		}
+		ids[i] = id
+	}
+	return ids, nil
+}
+
+// allPoisoned lists the IDs of every poisoned event of type glob typ.
+func (c *cli) allPoisoned(typ string) ([]uuid.UUID, error) {
+	var ids []uuid.UUID
+	p := events.ListParams{State: events.StatePoisoned, Type: typ, Limit: 1000}
+	for {
+		page, err := c.outbox.ListEvents(c.ctx, c.pool, p)
+		var invalid *events.ValidationError
+		if errors.As(err, &invalid) {
+			return nil, usagef("requeue: --%s %s", strings.ToLower(invalid.Field), invalid.Reason)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range page.Events {
+			ids = append(ids, e.ID)
+		}
+		if page.Next == "" {
+			return ids, nil
+		}
+		p.After = page.Next
+	}
+}
+
+// each applies f to every ID, reports what worked, and fails if any failed.
+func (c *cli) each(done string, ids []uuid.UUID, f func(uuid.UUID) error) error {
+	var ok []uuid.UUID
+	var failed int
+	for _, id := range ids {
+		if err := f(id); err != nil {
+			fmt.Fprintf(c.stderr, "events: %v\n", err)
+			failed++
+			continue
+		}
+		ok = append(ok, id)
+	}
+	if err := c.report(done, ok); err != nil {
+		return err
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d event(s) not %s", failed, len(ids), done)
+	}
+	return nil
+}
+
+func (c *cli) report(done string, ids []uuid.UUID) error {
+	if ids == nil {
+		ids = []uuid.UUID{}
+	}
+	return c.output(map[string][]uuid.UUID{done: ids}, func(w *tabwriter.Writer) {
+		for _, id := range ids {
+			fmt.Fprintf(w, "%s\t%s\n", done, id)
+		}
+		if len(ids) == 0 {
+			fmt.Fprintf(w, "nothing %s\n", done)
+		}
+	})
+}
+
+// confirm asks a yes/no question on stdin; anything but y or yes is no.
+func (c *cli) confirm(question string) bool {
+	fmt.Fprintf(c.stderr, "%s [y/N] ", question)
+	line, _ := bufio.NewReader(c.stdin).ReadString('\n')
+	answer := strings.ToLower(strings.TrimSpace(line))
+	return answer == "y" || answer == "yes"
+}
+
+func (c *cli) watch(args []string) error {
+	if len(args) != 1 || args[0] != "list" {
+		return usagef("watch: the only subcommand is list")
+	}
+	ws, err := c.outbox.ListWatches(c.ctx, c.pool)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		Table   string            `json:"table"`
+		Name    string            `json:"name"`
+		Types   map[string]string `json:"types"`
+		Subject string            `json:"subject"`
+		Payload string            `json:"payload"`
+	}
+	rows := []row{}
+	for _, w := range ws {
+		r := row{Table: w.TableSchema + "." + w.Table, Name: w.Name, Types: map[string]string{}, Payload: string(w.Payload)}
+		for op, typ := range w.Types {
+			r.Types[strings.ToLower(string(op))] = typ
+		}
+		r.Subject = w.SubjectPrefix
+		if w.SubjectColumn != "-" {
+			r.Subject += "<" + w.SubjectColumn + ">"
+		}
+		if len(w.PayloadColumns) > 0 {
+			r.Payload += " (" + strings.Join(w.PayloadColumns, ", ") + ")"
+		}
+		rows = append(rows, r)
+	}
+	return c.output(rows, func(w *tabwriter.Writer) {
+		fmt.Fprintln(w, "TABLE\tNAME\tOPERATION\tEVENT TYPE\tSUBJECT\tPAYLOAD")
+		for _, r := range rows {
+			for _, op := range []string{"insert", "update", "delete"} {
+				if typ, ok := r.Types[op]; ok {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Table, r.Name, op, typ, r.Subject, r.Payload)
+				}
+			}
+		}
+	})
+}
+
+func (c *cli) subscribers(args []string) error {
+	if len(args) > 0 {
+		return usagef("subscribers takes no arguments")
+	}
+	subs, err := c.outbox.ListSubscribers(c.ctx, c.pool)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		Name         string     `json:"name"`
+		RegisteredAt time.Time  `json:"registered_at"`
+		RetiredAt    *time.Time `json:"retired_at"`
+	}
+	rows := []row{}
+	for _, s := range subs {
+		r := row{Name: s.Name, RegisteredAt: s.RegisteredAt}
+		if !s.RetiredAt.IsZero() {
+			r.RetiredAt = &s.RetiredAt
+		}
+		rows = append(rows, r)
+	}
+	return c.output(rows, func(w *tabwriter.Writer) {
+		fmt.Fprintln(w, "NAME\tREGISTERED\tRETIRED")
+		for _, r := range rows {
+			retired := "-"
+			if r.RetiredAt != nil {
+				retired = r.RetiredAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\n", r.Name, r.RegisteredAt.UTC().Format(time.RFC3339), retired)
+		}
+	})
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func ofType(typ string) string {
+	if typ == "" {
+		return ""
+	}
+	return " of type " + typ
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
+
+func sortedKeys(m map[string]int64) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

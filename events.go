@@ -37,6 +37,11 @@ type Event struct {
 	// valid UTF-8.
 	Subject string `json:"subject,omitempty"`
 
+	// Scope says whose event it is, for example "tenant:42". Webhook
+	// endpoints (package webhook) receive only the scopes they list.
+	// Optional; at most [MaxScopeLength] bytes of valid UTF-8.
+	Scope string `json:"scope,omitempty"`
+
 	// Payload is a JSON document with the event's data. Empty means {}.
 	// At most [MaxPayloadBytes] bytes.
 	Payload json.RawMessage `json:"payload"`
@@ -50,6 +55,7 @@ type Event struct {
 const (
 	MaxTypeLength    = 255
 	MaxSubjectLength = 255
+	MaxScopeLength   = 255
 	MaxPayloadBytes  = 1 << 20 // 1 MiB
 )
 

@@ -31,7 +31,7 @@ type claimedRow struct {
 // scanClaimed reads a row selected with claimColumns.
 func scanClaimed(row pgx.Row) (claimedRow, error) {
 	var c claimedRow
-	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Payload, &c.CreatedAt, &c.attempts, &c.catchUp, &c.traceContext)
+	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &c.attempts, &c.catchUp, &c.traceContext)
 	return c, err
 }
 

@@ -168,13 +168,13 @@ type eventRow struct {
 
 func loadRows(t *testing.T, pool *pgxpool.Pool) map[uuid.UUID]eventRow {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT seq, id, type, subject, payload, created_at,
+	rows, err := pool.Query(context.Background(), `SELECT seq, id, type, subject, scope, payload, created_at,
 		fanned_out_at IS NOT NULL, fanout, attempts, last_error, poisoned_at IS NOT NULL FROM outbox_events`)
 	require.NoError(t, err)
 	out := map[uuid.UUID]eventRow{}
 	for rows.Next() {
 		var r eventRow
-		require.NoError(t, rows.Scan(&r.Seq, &r.ID, &r.Type, &r.Subject, &r.Payload, &r.CreatedAt,
+		require.NoError(t, rows.Scan(&r.Seq, &r.ID, &r.Type, &r.Subject, &r.Scope, &r.Payload, &r.CreatedAt,
 			&r.FannedOut, &r.Fanout, &r.Attempts, &r.LastError, &r.Poisoned))
 		out[r.ID] = r
 	}

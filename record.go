@@ -49,7 +49,7 @@ func (o Outbox) Record(ctx context.Context, tx pgx.Tx, e Event) (Event, error) {
 	if o.notify() {
 		query = sql.RecordNotify
 	}
-	err = tx.QueryRow(ctx, query, e.ID, e.Type, e.Subject, string(e.Payload), traceContextOf(ctx)).Scan(&e.Seq, &e.CreatedAt)
+	err = tx.QueryRow(ctx, query, e.ID, e.Type, e.Subject, string(e.Payload), traceContextOf(ctx), e.Scope).Scan(&e.Seq, &e.CreatedAt)
 	if err != nil {
 		return Event{}, fmt.Errorf("events: record: %w", err)
 	}
@@ -72,20 +72,21 @@ func (o Outbox) RecordMany(ctx context.Context, tx pgx.Tx, es []Event) ([]Event,
 		types    = make([]string, len(out))
 		subjects = make([]string, len(out))
 		payloads = make([]string, len(out))
+		scopes   = make([]string, len(out))
 		index    = make(map[uuid.UUID]int, len(out))
 	)
 	for i := range out {
 		if err := prepare(&out[i]); err != nil {
 			return nil, fmt.Errorf("events[%d]: %w", i, err)
 		}
-		ids[i], types[i], subjects[i], payloads[i] = out[i].ID.String(), out[i].Type, out[i].Subject, string(out[i].Payload)
+		ids[i], types[i], subjects[i], payloads[i], scopes[i] = out[i].ID.String(), out[i].Type, out[i].Subject, string(out[i].Payload), out[i].Scope
 		index[out[i].ID] = i
 	}
 	query := sql.RecordMany
 	if o.notify() {
 		query = sql.RecordManyNotify
 	}
-	rows, err := tx.Query(ctx, query, ids, types, subjects, payloads, traceContextOf(ctx))
+	rows, err := tx.Query(ctx, query, ids, types, subjects, payloads, traceContextOf(ctx), scopes)
 	if err != nil {
 		return nil, fmt.Errorf("events: record many: %w", err)
 	}

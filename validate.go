@@ -33,6 +33,12 @@ func Validate(e Event) error {
 	if !utf8.ValidString(e.Subject) || strings.IndexByte(e.Subject, 0) >= 0 {
 		return invalid("Subject", "must be valid UTF-8 without NUL bytes")
 	}
+	if len(e.Scope) > MaxScopeLength {
+		return invalid("Scope", fmt.Sprintf("is %d bytes long; the limit is %d", len(e.Scope), MaxScopeLength))
+	}
+	if !utf8.ValidString(e.Scope) || strings.IndexByte(e.Scope, 0) >= 0 {
+		return invalid("Scope", "must be valid UTF-8 without NUL bytes")
+	}
 	if len(e.Payload) > MaxPayloadBytes {
 		return invalid("Payload", fmt.Sprintf("is %d bytes long; the limit is %d", len(e.Payload), MaxPayloadBytes))
 	}

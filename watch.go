@@ -73,6 +73,11 @@ type Watch struct {
 	// no column (the subject is then SubjectPrefix alone).
 	SubjectPrefix, SubjectColumn string
 
+	// ScopePrefix and ScopeColumn form each event's scope, like the subject:
+	// ScopePrefix followed by the value of ScopeColumn (empty: none), for
+	// example "tenant:" and "tenant_id". Both empty: no scope.
+	ScopePrefix, ScopeColumn string
+
 	// Payload says what the payload holds. Defaults to PayloadNone.
 	Payload PayloadMode
 
@@ -151,6 +156,9 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		case !has(subjectCol):
 			return invalidf(ErrInvalidWatch, "SubjectColumn", "table %s has no column %q", table, subjectCol)
 		}
+		if w.ScopeColumn != "" && !has(w.ScopeColumn) {
+			return invalidf(ErrInvalidWatch, "ScopeColumn", "table %s has no column %q", table, w.ScopeColumn)
+		}
 		ddls := w.triggerDDL(sql.WatchFunction, table, subjectCol)
 		fingerprint := watchFingerprint(ddls)
 		// Unchanged: touch nothing. Dropping a trigger takes an ACCESS
@@ -184,7 +192,7 @@ func (w *Watch) triggerDDL(fn, table, subjectCol string) map[string]string {
 		if !ok {
 			continue
 		}
-		args := []string{typ, w.SubjectPrefix, subjectCol, string(w.Payload)}
+		args := []string{typ, w.SubjectPrefix, subjectCol, string(w.Payload), w.ScopePrefix, w.ScopeColumn}
 		if w.Payload == PayloadColumns {
 			args = append(args, w.PayloadColumns...)
 		}
@@ -311,6 +319,9 @@ func (w *Watch) validate() error {
 	if strings.ContainsRune(w.SubjectPrefix, 0) {
 		return bad("SubjectPrefix", "contains a NUL byte")
 	}
+	if strings.ContainsRune(w.ScopePrefix, 0) {
+		return bad("ScopePrefix", "contains a NUL byte")
+	}
 	return nil
 }
 
@@ -406,14 +417,15 @@ func (o Outbox) ListWatches(ctx context.Context, db DB) ([]Watch, error) {
 		op := Op(strings.ToUpper(name[i+1:]))
 		name = name[:i]
 		a := strings.Split(strings.TrimSuffix(string(args), "\x00"), "\x00")
-		if len(a) < 4 {
-			return nil
+		if len(a) < 6 {
+			return nil // installed before this version: reinstall it
 		}
 		if n := len(out); n == 0 || out[n-1].TableSchema != schema || out[n-1].Table != table || out[n-1].Name != name {
 			w := Watch{Table: table, TableSchema: schema, Name: name, Types: map[Op]string{},
-				SubjectPrefix: a[1], SubjectColumn: cmp.Or(a[2], "-"), Payload: PayloadMode(a[3])}
+				SubjectPrefix: a[1], SubjectColumn: cmp.Or(a[2], "-"), Payload: PayloadMode(a[3]),
+				ScopePrefix: a[4], ScopeColumn: a[5]}
 			if w.Payload == PayloadColumns {
-				w.PayloadColumns = a[4:]
+				w.PayloadColumns = a[6:]
 			}
 			out = append(out, w)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -143,7 +144,7 @@ func TestWatchEventsAreFannedOutEndToEnd(t *testing.T) {
 	b.relay.hooks.notified = func() { notifications.Add(1) }
 	a := startAwaiter(t, b, nil)
 	b.start(t)
-	b.waitIdle(t)
+	b.settle(t) // listening: the transaction's notification must reach it
 
 	var mine []Event
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
@@ -327,4 +328,31 @@ func TestSQLMadeEventsHaveUUIDv7(t *testing.T) {
 	// The timestamp is now, to the millisecond.
 	sec, nsec := ids[len(ids)-1].Time().UnixTime()
 	require.WithinDuration(t, time.Now(), time.Unix(sec, nsec), 5*time.Second)
+}
+
+// A watch sets each event's scope from a column, and Record and RecordMany
+// store the scope they are given.
+func TestScopeFromAWatchAndFromRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	exec(t, b.pool, "CREATE TABLE invoices (id int PRIMARY KEY, tenant_id int NOT NULL, status text)")
+	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "invoices", Types: map[Op]string{OpInsert: "invoice.created"},
+		ScopePrefix: "tenant:", ScopeColumn: "tenant_id"}))
+	exec(t, b.pool, "INSERT INTO invoices VALUES (1, 42, 'open')")
+	got := eventsOfType(t, b.pool, "invoice.created")
+	require.Len(t, got, 1)
+	require.Equal(t, "tenant:42", got[0].Scope)
+	require.Equal(t, "invoice.created", got[0].Type)
+
+	es := b.record(t, Event{Type: "a", Scope: "tenant:7"}, Event{Type: "b"})
+	rows := loadRows(t, b.pool)
+	require.Equal(t, "tenant:7", rows[es[0].ID].Scope)
+	require.Empty(t, rows[es[1].ID].Scope)
+	err := InstallWatch(ctx, b.pool, Watch{Table: "invoices", Name: "other", Types: map[Op]string{OpInsert: "x"}, ScopeColumn: "nope"})
+	require.ErrorIs(t, err, ErrInvalidWatch)
+	_, err = Record(ctx, nil, Event{Type: "a", Scope: strings.Repeat("s", MaxScopeLength+1)})
+	var ve *ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, "Scope", ve.Field)
 }

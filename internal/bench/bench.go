@@ -39,6 +39,9 @@ type Options struct {
 	// Receipts is how many record→commit→await loops each receipt run makes
 	// in all. Default 1,000.
 	Receipts int
+	// Deliveries is how many webhook deliveries each webhooks run makes.
+	// Default 3,000.
+	Deliveries int
 	// RetentionRows is the size of the table the operations section prunes.
 	// Default 1,000,000.
 	RetentionRows int
@@ -46,8 +49,8 @@ type Options struct {
 	// Default 5s.
 	WriteFor time.Duration
 	// Only, when set, limits the run to the named sections
-	// ("throughput", "writepath", "operations", "record", "latency",
-	// "receipts", "memory").
+	// ("throughput", "writepath", "operations", "webhooks", "record",
+	// "latency", "receipts", "memory").
 	Only map[string]bool
 	// Log receives progress lines.
 	Log io.Writer
@@ -65,6 +68,7 @@ func (o *Options) defaults() {
 	def(&o.HostTxs, 4_000)
 	def(&o.Receipts, 1_000)
 	def(&o.RetentionRows, 1_000_000)
+	def(&o.Deliveries, 3_000)
 	if o.LatencyFor == 0 {
 		o.LatencyFor = 5 * time.Second
 	}
@@ -132,6 +136,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		{"throughput", runThroughput},
 		{"writepath", runWritePath},
 		{"operations", runOperations},
+		{"webhooks", runWebhooks},
 		{"record", runRecordOverhead},
 		{"latency", runLatency},
 		{"receipts", runReceipts},
@@ -253,7 +258,7 @@ func SmokeOptions(adminURL string) Options {
 	return Options{
 		AdminURL: adminURL, Events: 600, MemoryEvents: 1_000, Batch: 50, HostTxs: 40,
 		LatencyFor: 300 * time.Millisecond, Rates: []int{50}, Receipts: 20, WriteFor: 300 * time.Millisecond,
-		RetentionRows: 2_000,
+		RetentionRows: 2_000, Deliveries: 100,
 	}
 }
 

@@ -137,8 +137,8 @@ func build(schema string) *Set {
 
 	// Recording. The NOTIFY rides on the INSERT: one round trip. Its payload
 	// is constant so PostgreSQL folds a transaction's notifies into one.
-	insertOne := `INSERT INTO ` + t + ` (id, type, subject, payload, trace_context)
-		VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)
+	insertOne := `INSERT INTO ` + t + ` (id, type, subject, payload, trace_context, scope)
+		VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb, $6)
 		RETURNING seq, created_at`
 	s.Record = insertOne
 	s.RecordNotify = `WITH ins AS (` + insertOne + `) SELECT seq, created_at FROM ins, (SELECT ` + notifyEvents + `) n`
@@ -146,19 +146,19 @@ func build(schema string) *Set {
 	// NOTIFY sits in a materialised CTE so it runs once, not once per row.
 	// Arrays are passed as text[] so that every query exec mode can encode
 	// them.
-	insertMany := `INSERT INTO ` + t + ` (id, type, subject, payload, trace_context)
-			SELECT id::uuid, type, subject, payload::jsonb, $5::text::jsonb
-			  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(id, type, subject, payload)
+	insertMany := `INSERT INTO ` + t + ` (id, type, subject, payload, trace_context, scope)
+			SELECT id::uuid, type, subject, payload::jsonb, $5::text::jsonb, scope
+			  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $6::text[]) AS u(id, type, subject, payload, scope)
 			RETURNING id, seq, created_at`
 	s.RecordMany = insertMany
 	s.RecordManyNotify = `WITH notify AS MATERIALIZED (SELECT ` + notifyEvents + `),
 		ins AS (` + insertMany + `)
 		SELECT ins.id, ins.seq, ins.created_at FROM ins CROSS JOIN notify`
-	s.RecordedInTx = "SELECT seq, id, type, subject, payload, created_at FROM " + t +
+	s.RecordedInTx = "SELECT seq, id, type, subject, scope, payload, created_at FROM " + t +
 		" WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND xact_id = pg_current_xact_id_if_assigned() ORDER BY seq"
 
 	// The relay.
-	const claimColumns = "seq, id, type, subject, payload, created_at, attempts, catch_up, trace_context"
+	const claimColumns = "seq, id, type, subject, scope, payload, created_at, attempts, catch_up, trace_context"
 	pending := "fanned_out_at IS NULL AND poisoned_at IS NULL"
 	// Rows stamped by relays that lacked some registered subscriber; $1 is
 	// the names this relay knows. Failed ones wait for next_attempt_at.
@@ -224,7 +224,7 @@ func build(schema string) *Set {
 		" WHERE id = ANY($1::text[]::uuid[])"
 	s.AwaitDone = "SELECT id::text FROM " + t + " WHERE id = ANY($1::text[]::uuid[])" +
 		" AND (fanned_out_at IS NOT NULL OR poisoned_at IS NOT NULL)"
-	const infoColumns = "seq, id, type, subject, payload, created_at, fanned_out_at, fanout, attempts, last_error, next_attempt_at, poisoned_at"
+	const infoColumns = "seq, id, type, subject, scope, payload, created_at, fanned_out_at, fanout, attempts, last_error, next_attempt_at, poisoned_at"
 	s.Inspect = "SELECT " + infoColumns + " FROM " + t + " WHERE id = $1"
 	s.Requeue = `WITH requeued AS (
 			UPDATE ` + t + ` SET poisoned_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL

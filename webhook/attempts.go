@@ -1,0 +1,110 @@
+package webhook
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+)
+
+// Attempt is one delivery attempt, as the attempt log keeps it.
+type Attempt struct {
+	ID         int64
+	EndpointID uuid.UUID
+	EventID    uuid.UUID
+	// Attempt is the job's attempt number, 1 for the first.
+	Attempt int
+	// Status is the HTTP status; 0 when no answer came.
+	Status int
+	// ErrorClass is "" for a success, else "status", "timeout", "network",
+	// "redirect", "forbidden_address", ….
+	ErrorClass string
+	Error      string
+	Duration   time.Duration
+	// DialedIP is the address the request went to.
+	DialedIP string
+	// Response is the start of the response body (Config.MaxResponseBytes).
+	Response  string
+	CreatedAt time.Time
+}
+
+// AttemptFilter selects attempts. Zero fields select everything.
+type AttemptFilter struct {
+	EndpointID   uuid.UUID
+	EventID      uuid.UUID
+	FailuresOnly bool
+	// Before pages: attempts with a smaller ID (the last ID of the previous
+	// page).
+	Before int64
+	// Limit defaults to 50; at most 1000.
+	Limit int
+}
+
+// Attempts lists attempts, newest first.
+func (w *Webhooks) Attempts(ctx context.Context, f AttemptFilter) ([]Attempt, error) {
+	if f.Limit <= 0 || f.Limit > 1000 {
+		f.Limit = 50
+	}
+	var endpoint, event *uuid.UUID
+	if f.EndpointID != uuid.Nil {
+		endpoint = &f.EndpointID
+	}
+	if f.EventID != uuid.Nil {
+		event = &f.EventID
+	}
+	var before *int64
+	if f.Before > 0 {
+		before = &f.Before
+	}
+	rows, err := w.pool.Query(ctx, `SELECT id, endpoint_id, event_id, attempt, status, error_class, error, duration_ms,
+		dialed_ip, response, created_at FROM `+w.t.attempts+`
+		WHERE ($1::uuid IS NULL OR endpoint_id = $1) AND ($2::uuid IS NULL OR event_id = $2)
+		  AND (NOT $3 OR error_class <> '') AND ($4::bigint IS NULL OR id < $4)
+		ORDER BY id DESC LIMIT $5`, endpoint, event, f.FailuresOnly, before, f.Limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) {
+		var a Attempt
+		var ms int64
+		err := row.Scan(&a.ID, &a.EndpointID, &a.EventID, &a.Attempt, &a.Status, &a.ErrorClass, &a.Error, &ms,
+			&a.DialedIP, &a.Response, &a.CreatedAt)
+		a.Duration = time.Duration(ms) * time.Millisecond
+		return a, err
+	})
+}
+
+// PruneAttempts deletes attempts older than before, in batches of 5,000,
+// and returns how many it deleted.
+func (w *Webhooks) PruneAttempts(ctx context.Context, before time.Time) (int64, error) {
+	var total int64
+	for {
+		tag, err := w.pool.Exec(ctx, `DELETE FROM `+w.t.attempts+` WHERE id IN
+			(SELECT id FROM `+w.t.attempts+` WHERE created_at < $1 ORDER BY created_at LIMIT 5000)`, before)
+		if err != nil {
+			return total, err
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < 5000 {
+			return total, nil
+		}
+	}
+}
+
+// PruneArgs are the args of the periodic attempt-log pruning job.
+type PruneArgs struct{}
+
+// Kind is "webhook.prune_attempts".
+func (PruneArgs) Kind() string { return "webhook.prune_attempts" }
+
+type pruneWorker struct {
+	river.WorkerDefaults[PruneArgs]
+	w *Webhooks
+}
+
+func (p *pruneWorker) Work(ctx context.Context, _ *river.Job[PruneArgs]) error {
+	_, err := p.w.PruneAttempts(ctx, time.Now().Add(-p.w.config.AttemptRetention))
+	return err
+}

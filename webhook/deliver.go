@@ -1,0 +1,380 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/standmeet/events"
+)
+
+var (
+	_ river.Worker[FanoutArgs]  = (*fanoutWorker)(nil)
+	_ river.Worker[DeliverArgs] = (*deliverWorker)(nil)
+	_ river.Worker[PruneArgs]   = (*pruneWorker)(nil)
+)
+
+// fanoutWorker turns one event into one delivery job per matching enabled
+// endpoint, in one transaction.
+type fanoutWorker struct {
+	river.WorkerDefaults[FanoutArgs]
+	w *Webhooks
+}
+
+func (f *fanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) error {
+	w, e := f.w, job.Args.Event
+	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE enabled")
+		if err != nil {
+			return err
+		}
+		endpoints, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) { return scanEndpoint(row) })
+		if err != nil {
+			return err
+		}
+		var params []river.InsertManyParams
+		for _, ep := range endpoints {
+			if ep.matches(e.Type, e.Scope) {
+				params = append(params, river.InsertManyParams{Args: deliverArgs(ep.ID, e, ""), InsertOpts: w.deliverOpts()})
+			}
+		}
+		if len(params) == 0 {
+			return nil
+		}
+		_, err = client.InsertManyTx(ctx, tx, params)
+		return err
+	})
+}
+
+func deliverArgs(endpoint uuid.UUID, e events.Event, replay string) DeliverArgs {
+	return DeliverArgs{EndpointID: endpoint, EventID: e.ID, Type: e.Type, Timestamp: e.CreatedAt, Data: e.Payload, Replay: replay}
+}
+
+// deliverOpts: unique per (event, endpoint, replay) in every state but
+// cancelled and discarded, so a fanout job retried after a crash inserts
+// nothing twice.
+func (w *Webhooks) deliverOpts() *river.InsertOpts {
+	return &river.InsertOpts{Queue: w.config.Queue, MaxAttempts: MaxAttempts, UniqueOpts: river.UniqueOpts{ByArgs: true}}
+}
+
+// retrySchedule is the pause after each failed attempt, before ±20 % jitter.
+var retrySchedule = []time.Duration{5 * time.Second, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour}
+
+// retryDelay is the pause after failed attempt n (1-based), jittered.
+func retryDelay(n int, jitter float64) time.Duration {
+	d := retrySchedule[min(max(n, 1), len(retrySchedule))-1]
+	return time.Duration(float64(d) * (1 + 0.4*(jitter-0.5)))
+}
+
+// deliverWorker sends one event to one endpoint.
+type deliverWorker struct {
+	river.WorkerDefaults[DeliverArgs]
+	w *Webhooks
+}
+
+// NextRetry follows the schedule of 5 s, 5 min, 30 min, 2 h, 5 h, 10 h,
+// 10 h, each ±20 %.
+func (d *deliverWorker) NextRetry(job *river.Job[DeliverArgs]) time.Time {
+	return time.Now().Add(retryDelay(job.Attempt, rand.Float64()))
+}
+
+// Timeout leaves the request's own timeout (at most 1 min) in charge.
+func (d *deliverWorker) Timeout(*river.Job[DeliverArgs]) time.Duration { return 2 * time.Minute }
+
+// outcome classifies an attempt for the attempt log.
+type outcome struct {
+	status     int
+	errorClass string // "" on success; "status", "timeout", "forbidden_address", "network", "redirect"
+	err        string
+	dialedIP   string
+	response   string
+	duration   time.Duration
+}
+
+// Snooze bounds for Retry-After.
+const (
+	minSnooze = time.Second
+	maxSnooze = time.Hour
+)
+
+func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) error {
+	w, a := d.w, job.Args
+	ep, err := w.Get(ctx, a.EndpointID)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was deleted", a.EndpointID))
+	case err != nil:
+		return err
+	case !ep.Enabled:
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s is disabled: %s", ep.ID, ep.DisabledReason))
+	}
+	if !w.acquire(ep.ID, ep.MaxInFlight) {
+		return river.JobSnooze(time.Second) // the endpoint's concurrency is used up in this process
+	}
+	defer w.release(ep.ID)
+
+	out, retryAfter := w.send(ctx, &ep, a)
+	success := out.errorClass == ""
+	gone := out.status == http.StatusGone
+	if err := w.record(ctx, &ep, a, job.Attempt, out, success, gone); err != nil {
+		return err
+	}
+	switch {
+	case success:
+		return nil
+	case gone:
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s answered 410 Gone: disabled", ep.ID))
+	case retryAfter > 0:
+		return river.JobSnooze(retryAfter)
+	}
+	if disabled, err := w.autoDisable(ctx, &ep); err != nil || disabled {
+		if err == nil {
+			err = river.JobCancel(fmt.Errorf("webhook: endpoint %s failed for %v: disabled", ep.ID, w.config.AutoDisableAfter))
+		}
+		return err
+	}
+	return fmt.Errorf("webhook: delivery of %s to %s: %s %s", a.EventID, ep.URL, out.errorClass, out.err)
+}
+
+// body is the delivery's body: {"type", "timestamp", "data"}.
+func body(a DeliverArgs) ([]byte, error) {
+	data := a.Data
+	if len(data) == 0 {
+		data = json.RawMessage("{}")
+	}
+	return json.Marshal(struct {
+		Type      string          `json:"type"`
+		Timestamp time.Time       `json:"timestamp"`
+		Data      json.RawMessage `json:"data"`
+	}{a.Type, a.Timestamp.UTC(), data})
+}
+
+// send makes one attempt. It returns what happened and, for a 429, 502,
+// 503 or 504 with Retry-After, how long to snooze.
+func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outcome, time.Duration) {
+	w.clientOnce.Do(func() { w.client = clientWithIP{w.guard.newClient(w.lookup, nil)} })
+	var out outcome
+	b, err := body(a)
+	if err != nil {
+		out.errorClass, out.err = "payload", err.Error()
+		return out, 0
+	}
+	now := time.Now()
+	sig, err := Sign(ep.activeSecrets(now), a.EventID.String(), now, b)
+	if err != nil {
+		out.errorClass, out.err = "secret", err.Error()
+		return out, 0
+	}
+	// The address the request went to, new connection or reused.
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		if host, _, err := net.SplitHostPort(info.Conn.RemoteAddr().String()); err == nil {
+			out.dialedIP = host
+		}
+	}})
+	ctx, cancel := context.WithTimeout(ctx, ep.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(b))
+	if err != nil {
+		out.errorClass, out.err = "request", err.Error()
+		return out, 0
+	}
+	for k, v := range ep.Headers {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "standmeet-events-webhook/1")
+	req.Header.Set(HeaderID, a.EventID.String())
+	req.Header.Set(HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
+	req.Header.Set(HeaderSignature, sig)
+	start := time.Now()
+	resp, err := w.client.Do(req)
+	out.duration = time.Since(start)
+	if err != nil {
+		out.err = err.Error()
+		var nerr net.Error
+		switch {
+		case errors.Is(err, ErrForbiddenAddress):
+			out.errorClass = "forbidden_address"
+		case errors.As(err, &nerr) && nerr.Timeout(), errors.Is(err, context.DeadlineExceeded):
+			out.errorClass = "timeout"
+		default:
+			out.errorClass = "network"
+		}
+		return out, 0
+	}
+	// Closing without draining the rest: a huge answer is cut off, not read.
+	defer func() { _ = resp.Body.Close() }()
+	// At most MaxResponseBytes are read: a huge answer costs nothing more.
+	kept, _ := io.ReadAll(io.LimitReader(resp.Body, int64(w.config.MaxResponseBytes)))
+	out.duration = time.Since(start)
+	out.status, out.response = resp.StatusCode, string(bytes.ToValidUTF8(kept, []byte("?")))
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		return out, 0
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		out.errorClass, out.err = "redirect", "redirects are not followed: "+resp.Header.Get("Location")
+		return out, 0
+	}
+	out.errorClass, out.err = "status", resp.Status
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		if d := retryAfter(resp.Header.Get("Retry-After"), time.Now()); d > 0 {
+			return out, min(max(d, minSnooze), maxSnooze)
+		}
+	}
+	return out, 0
+}
+
+// retryAfter reads a Retry-After header: seconds, or an HTTP date.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.Atoi(v); err == nil {
+		return time.Duration(secs) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+// clientWithIP is the deliveries' HTTP client.
+type clientWithIP struct{ *http.Client }
+
+// record writes the attempt log and the endpoint's state in one
+// transaction: success clears failing_since; a failure sets it if unset;
+// 410 Gone disables the endpoint and records the disabled event.
+func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, attempt int, out outcome, success, gone bool) error {
+	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+w.t.attempts+` (endpoint_id, event_id, attempt, status, error_class, error,
+			duration_ms, dialed_ip, response) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			ep.ID, a.EventID, attempt, out.status, out.errorClass, out.err, out.duration.Milliseconds(), out.dialedIP, out.response); err != nil {
+			return err
+		}
+		var err error
+		switch {
+		case success:
+			_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET failing_since = NULL, last_success_at = now() WHERE id = $1", ep.ID)
+		case gone:
+			err = w.disable(ctx, tx, ep, "the endpoint answered 410 Gone")
+		default:
+			_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET failing_since = coalesce(failing_since, now()) WHERE id = $1", ep.ID)
+		}
+		return err
+	})
+}
+
+// autoDisable disables an endpoint that has failed every attempt for
+// AutoDisableAfter, and reports whether it did.
+func (w *Webhooks) autoDisable(ctx context.Context, ep *Endpoint) (bool, error) {
+	disabled := false
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		var failing bool
+		if err := tx.QueryRow(ctx, "SELECT coalesce(failing_since < now() - $2::bigint * interval '1 millisecond', false) FROM "+
+			w.t.endpoints+" WHERE id = $1 AND enabled FOR UPDATE", ep.ID, w.config.AutoDisableAfter.Milliseconds()).Scan(&failing); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
+		}
+		if !failing {
+			return nil
+		}
+		disabled = true
+		return w.disable(ctx, tx, ep, fmt.Sprintf("every attempt failed for %v", w.config.AutoDisableAfter))
+	})
+	return disabled, err
+}
+
+// disable disables ep in tx and records EventEndpointDisabled through the
+// outbox, in the same transaction: the host alerts on it like on any event.
+func (w *Webhooks) disable(ctx context.Context, tx pgx.Tx, ep *Endpoint, reason string) error {
+	if _, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1",
+		ep.ID, reason); err != nil {
+		return err
+	}
+	payload, _ := json.Marshal(map[string]string{"endpoint_id": ep.ID.String(), "url": ep.URL, "reason": reason})
+	_, err := w.outbox.Record(ctx, tx, events.Event{Type: EventEndpointDisabled, Subject: "webhook_endpoint:" + ep.ID.String(), Payload: payload})
+	return err
+}
+
+func (w *Webhooks) acquire(id uuid.UUID, limit int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.inFlight[id] >= limit {
+		return false
+	}
+	w.inFlight[id]++
+	return true
+}
+
+func (w *Webhooks) release(id uuid.UUID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.inFlight[id]--; w.inFlight[id] <= 0 {
+		delete(w.inFlight, id)
+	}
+}
+
+// Replay delivers one event to one endpoint again (a new job, whatever
+// became of the first). The event is read from the outbox: a deleted one
+// (retention) returns an error wrapping events.ErrNotFound.
+func (w *Webhooks) Replay(ctx context.Context, client *river.Client[pgx.Tx], eventID, endpointID uuid.UUID) error {
+	info, err := w.outbox.Inspect(ctx, w.pool, eventID)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Get(ctx, endpointID); err != nil {
+		return err
+	}
+	_, err = client.Insert(ctx, deliverArgs(endpointID, info.Event, uuid.Must(uuid.NewV7()).String()), w.deliverOpts())
+	return err
+}
+
+// Recover delivers again, to one endpoint, every event whose delivery to it
+// failed in [from, to) and never succeeded afterwards: after the endpoint
+// was fixed (and enabled). It returns how many it queued; events deleted by
+// retention meanwhile are skipped.
+func (w *Webhooks) Recover(ctx context.Context, client *river.Client[pgx.Tx], endpointID uuid.UUID, from, to time.Time) (int, error) {
+	rows, err := w.pool.Query(ctx, `SELECT DISTINCT a.event_id FROM `+w.t.attempts+` a
+		WHERE a.endpoint_id = $1 AND a.error_class <> '' AND a.created_at >= $2 AND a.created_at < $3
+		  AND NOT EXISTS (SELECT 1 FROM `+w.t.attempts+` s WHERE s.endpoint_id = a.endpoint_id AND s.event_id = a.event_id
+		                   AND s.error_class = '' AND s.created_at > a.created_at)`, endpointID, from, to)
+	if err != nil {
+		return 0, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, id := range ids {
+		err := w.Replay(ctx, client, id, endpointID)
+		if errors.Is(err, events.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}

@@ -1,0 +1,307 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/standmeet/events/internal/glob"
+)
+
+// ErrNotFound is returned for an endpoint ID that does not exist.
+var ErrNotFound = errors.New("webhook: endpoint not found")
+
+// ErrInvalidEndpoint is returned for endpoint parameters that cannot work;
+// the error names the field.
+var ErrInvalidEndpoint = errors.New("webhook: invalid endpoint")
+
+// Endpoint is a registered receiver.
+type Endpoint struct {
+	ID          uuid.UUID
+	URL         string
+	Description string
+	// Types selects events with globs, as events.Subscriber.Types.
+	Types []string
+	// Scopes lists the event scopes the endpoint receives; empty: all.
+	Scopes []string
+	// Headers are sent with every delivery.
+	Headers map[string]string
+	// Secrets sign the deliveries: every one not yet expired.
+	Secrets []Secret
+	// Timeout bounds one delivery; MaxInFlight how many run at once (in one
+	// process).
+	Timeout     time.Duration
+	MaxInFlight int
+	Enabled     bool
+	// DisabledReason and DisabledAt say why and when it was disabled.
+	DisabledReason string
+	DisabledAt     time.Time
+	// FailingSince is the first failure since the last success; zero when
+	// the last attempt succeeded.
+	FailingSince  time.Time
+	LastSuccessAt time.Time
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+// Secret is a signing secret ("whsec_…"). ExpiresAt is zero for the current
+// one, and set on a secret replaced by RotateSecret, which signs alongside
+// the new one until then.
+type Secret struct {
+	Secret    string    `json:"secret"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+// EndpointParams are what Create and Update set.
+type EndpointParams struct {
+	URL         string
+	Description string
+	// Types selects events with globs. Required.
+	Types []string
+	// Scopes lists the scopes received; empty: all.
+	Scopes []string
+	// Headers are sent with every delivery. Hop-by-hop headers, Host,
+	// Content-Type, Content-Length and the webhook-* headers are refused.
+	Headers map[string]string
+	// Timeout defaults to TimeoutDefault (15 s); at most 1 min.
+	Timeout time.Duration
+	// MaxInFlight defaults to MaxInFlightDefault (10).
+	MaxInFlight int
+	// Secret, at Create only: the signing secret; empty makes a new one.
+	Secret string
+}
+
+// deniedHeaders may not be set by an endpoint.
+var deniedHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Type",
+	http.CanonicalHeaderKey(HeaderID), http.CanonicalHeaderKey(HeaderTimestamp), http.CanonicalHeaderKey(HeaderSignature)}
+
+func (w *Webhooks) validate(p *EndpointParams) error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s %s", ErrInvalidEndpoint, field, fmt.Sprintf(format, args...))
+	}
+	if _, err := w.guard.validateURL(p.URL); err != nil {
+		return bad("URL", "%v", err)
+	}
+	if len(p.Types) == 0 {
+		return bad("Types", "is empty; give at least one glob, such as \"**\"")
+	}
+	for _, t := range p.Types {
+		if _, err := glob.Compile(t); err != nil {
+			return bad("Types", "%v", err)
+		}
+	}
+	for name := range p.Headers {
+		if slices.Contains(deniedHeaders, http.CanonicalHeaderKey(name)) || strings.HasPrefix(strings.ToLower(name), "webhook-") {
+			return bad("Headers", "%q may not be set", name)
+		}
+	}
+	if p.Timeout == 0 {
+		p.Timeout = TimeoutDefault
+	}
+	if p.Timeout < 0 || p.Timeout > time.Minute {
+		return bad("Timeout", "%v: must be between 0 and 1m", p.Timeout)
+	}
+	if p.MaxInFlight == 0 {
+		p.MaxInFlight = MaxInFlightDefault
+	}
+	if p.MaxInFlight < 1 {
+		return bad("MaxInFlight", "%d: must be at least 1", p.MaxInFlight)
+	}
+	if p.Secret != "" {
+		if _, err := secretKey(p.Secret); err != nil {
+			return bad("Secret", "%v", err)
+		}
+	}
+	if p.Scopes == nil {
+		p.Scopes = []string{}
+	}
+	if p.Headers == nil {
+		p.Headers = map[string]string{}
+	}
+	return nil
+}
+
+const endpointColumns = "id, url, description, types, scopes, headers, secrets, timeout_ms, max_in_flight, enabled," +
+	" coalesce(disabled_reason, ''), disabled_at, failing_since, last_success_at, created_at, updated_at"
+
+func scanEndpoint(row pgx.Row) (Endpoint, error) {
+	var (
+		e                                     Endpoint
+		timeoutMS                             int
+		disabledAt, failingSince, lastSuccess *time.Time
+		secrets                               []Secret
+	)
+	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.Types, &e.Scopes, &e.Headers, &secrets, &timeoutMS, &e.MaxInFlight,
+		&e.Enabled, &e.DisabledReason, &disabledAt, &failingSince, &lastSuccess, &e.CreatedAt, &e.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Endpoint{}, ErrNotFound
+	}
+	if err != nil {
+		return Endpoint{}, err
+	}
+	e.Secrets, e.Timeout = secrets, time.Duration(timeoutMS)*time.Millisecond
+	for dst, src := range map[*time.Time]*time.Time{&e.DisabledAt: disabledAt, &e.FailingSince: failingSince, &e.LastSuccessAt: lastSuccess} {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	return e, nil
+}
+
+// Create registers an endpoint, enabled, with p.Secret or a new secret.
+func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, error) {
+	if err := w.validate(&p); err != nil {
+		return Endpoint{}, err
+	}
+	secret := p.Secret
+	if secret == "" {
+		secret = NewSecret()
+	}
+	secrets, _ := json.Marshal([]Secret{{Secret: secret}})
+	return scanEndpoint(w.pool.QueryRow(ctx, `INSERT INTO `+w.t.endpoints+`
+		(id, url, description, types, scopes, headers, secrets, timeout_ms, max_in_flight)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING `+endpointColumns,
+		uuid.Must(uuid.NewV7()), p.URL, p.Description, p.Types, p.Scopes, p.Headers, string(secrets), p.Timeout.Milliseconds(), p.MaxInFlight))
+}
+
+// Update changes an endpoint's URL, description, types, scopes, headers,
+// timeout and concurrency (not its secrets: see RotateSecret).
+func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (Endpoint, error) {
+	if p.Secret != "" {
+		return Endpoint{}, fmt.Errorf("%w: Secret is set at Create; use RotateSecret", ErrInvalidEndpoint)
+	}
+	if err := w.validate(&p); err != nil {
+		return Endpoint{}, err
+	}
+	return scanEndpoint(w.pool.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
+		scopes = $5, headers = $6, timeout_ms = $7, max_in_flight = $8, updated_at = now() WHERE id = $1 RETURNING `+endpointColumns,
+		id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, p.Timeout.Milliseconds(), p.MaxInFlight))
+}
+
+// Get returns an endpoint, or ErrNotFound.
+func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
+	return scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id))
+}
+
+// ListEndpointsResult is a page of endpoints, oldest first.
+type ListEndpointsResult struct {
+	Endpoints []Endpoint
+	// Next is the After of the next page; zero on the last one.
+	Next uuid.UUID
+}
+
+// List returns up to limit endpoints (default 50) created after the one
+// with ID after (uuid.Nil for the first page).
+func (w *Webhooks) List(ctx context.Context, after uuid.UUID, limit int) (ListEndpointsResult, error) {
+	if limit <= 0 || limit > 1000 {
+		limit = 50
+	}
+	rows, err := w.pool.Query(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id > $1 ORDER BY id LIMIT $2", after, limit+1)
+	if err != nil {
+		return ListEndpointsResult{}, err
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) { return scanEndpoint(row) })
+	if err != nil {
+		return ListEndpointsResult{}, err
+	}
+	var res ListEndpointsResult
+	if len(list) > limit {
+		list = list[:limit]
+		res.Next = list[limit-1].ID
+	}
+	res.Endpoints = list
+	return res, nil
+}
+
+// Disable stops deliveries to an endpoint (pending ones end as cancelled),
+// with a reason kept for operators.
+func (w *Webhooks) Disable(ctx context.Context, id uuid.UUID, reason string) error {
+	return w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1", id, reason)
+}
+
+// Enable resumes deliveries to an endpoint and forgets its failures. Events
+// missed meanwhile are not sent: see Recover.
+func (w *Webhooks) Enable(ctx context.Context, id uuid.UUID) error {
+	return w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = true, disabled_reason = NULL, disabled_at = NULL,"+
+		" failing_since = NULL, updated_at = now() WHERE id = $1", id)
+}
+
+// RotateSecret adds a new secret and returns it; the current ones keep
+// signing alongside it until grace has passed (SecretGraceDefault, 24 h,
+// when grace is zero), so receivers can switch without missing a delivery.
+func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Duration) (string, error) {
+	if grace <= 0 {
+		grace = SecretGraceDefault
+	}
+	secret := NewSecret()
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		e, err := scanEndpoint(tx.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id))
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		kept := []Secret{{Secret: secret}}
+		for _, s := range e.Secrets {
+			switch {
+			case s.ExpiresAt.IsZero():
+				kept = append(kept, Secret{Secret: s.Secret, ExpiresAt: now.Add(grace)})
+			case s.ExpiresAt.After(now):
+				kept = append(kept, s)
+			}
+		}
+		b, _ := json.Marshal(kept)
+		_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET secrets = $2, updated_at = now() WHERE id = $1", id, string(b))
+		return err
+	})
+	return secret, err
+}
+
+// Delete removes an endpoint; its pending deliveries end as cancelled. The
+// attempt log keeps its entries until retention.
+func (w *Webhooks) Delete(ctx context.Context, id uuid.UUID) error {
+	return w.exec(ctx, "DELETE FROM "+w.t.endpoints+" WHERE id = $1", id)
+}
+
+func (w *Webhooks) exec(ctx context.Context, sql string, args ...any) error {
+	tag, err := w.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// activeSecrets are the secrets that sign now.
+func (e *Endpoint) activeSecrets(now time.Time) []string {
+	var out []string
+	for _, s := range e.Secrets {
+		if s.ExpiresAt.IsZero() || s.ExpiresAt.After(now) {
+			out = append(out, s.Secret)
+		}
+	}
+	return out
+}
+
+// matches reports whether the endpoint takes an event of type t and scope.
+func (e *Endpoint) matches(t, scope string) bool {
+	if len(e.Scopes) > 0 && !slices.Contains(e.Scopes, scope) {
+		return false
+	}
+	for _, pattern := range e.Types {
+		if p, err := glob.Compile(pattern); err == nil && p.Match(t) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,202 @@
+// Package webhook sends events out of the service as signed HTTP
+// deliveries, the part every user of an outbox ends up writing by hand.
+//
+//	wh, err := webhook.New(pool, &webhook.Config{})
+//	relay.Subscribe(wh.Subscriber("webhooks"))
+//	wh.AddWorkers(workers)
+//	ep, err := wh.Create(ctx, webhook.EndpointParams{URL: "https://example.com/hooks", Types: []string{"order.**"}})
+//
+// The relay gives every event to one River job of kind "webhook.fanout",
+// which inserts, in one transaction, one "webhook.deliver" job per enabled
+// endpoint whose type globs and scopes match (unique per event and
+// endpoint, so a retried fanout never doubles a delivery). Each delivery
+// carries what it needs (type, time, payload), so it does not depend on the
+// outbox row, which retention may delete.
+//
+// A delivery follows Standard Webhooks v1: headers webhook-id (the event ID,
+// the receiver's idempotency key), webhook-timestamp and webhook-signature
+// (v1,<base64 HMAC-SHA256 of "id.timestamp.body">, one per active secret);
+// body {"type", "timestamp", "data"}. Success is a 2xx; redirects are not
+// followed; 410 Gone disables the endpoint; 429, 502, 503 and 504 with
+// Retry-After snooze the job; other failures retry after about 5 s, 5 min,
+// 30 min, 2 h, 5 h, 10 h and 10 h (±20 %), then the delivery is given up.
+// Every attempt is logged. An endpoint that has failed every attempt for
+// Config.AutoDisableAfter is disabled, and a "webhook.endpoint.disabled"
+// event is recorded through the outbox.
+//
+// Deliveries dial only public addresses: the host is resolved by the
+// library, every address is checked (loopback, private, link-local and
+// cloud metadata, CGNAT, multicast, unspecified, their IPv6 and embedded
+// IPv4 forms are refused) and the checked address is the one dialled, so DNS
+// rebinding cannot slip through; no proxy. Config.AllowedNetworks opens
+// chosen ranges (tests, deliberate internal receivers).
+//
+// Receivers in Go check deliveries with [Verify].
+package webhook
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/standmeet/events"
+)
+
+// Defaults of Config and EndpointParams.
+const (
+	TimeoutDefault          = 15 * time.Second
+	MaxInFlightDefault      = 10
+	MaxResponseBytesDefault = 20 << 10
+	AutoDisableAfterDefault = 5 * 24 * time.Hour
+	SecretGraceDefault      = 24 * time.Hour
+	AttemptRetentionDefault = 30 * 24 * time.Hour
+	// MaxAttempts is how many times a delivery is tried before it is given
+	// up: the first try and seven retries.
+	MaxAttempts = 8
+)
+
+// EventEndpointDisabled is the type of the event recorded when an endpoint
+// is disabled automatically (failing for AutoDisableAfter, or 410 Gone).
+const EventEndpointDisabled = "webhook.endpoint.disabled"
+
+// Config configures the webhooks. The zero value works.
+type Config struct {
+	// Schema holds the tables (the library's and River's). Empty means the
+	// search_path.
+	Schema string
+	// MaxResponseBytes is how much of a response body is read and kept in
+	// the attempt log. Defaults to MaxResponseBytesDefault (20 KB).
+	MaxResponseBytes int
+	// AutoDisableAfter disables an endpoint that has failed every attempt
+	// for this long. Defaults to AutoDisableAfterDefault (5 days).
+	AutoDisableAfter time.Duration
+	// AttemptRetention is how long the attempt log is kept (see
+	// PeriodicJobs). Defaults to AttemptRetentionDefault (30 days).
+	AttemptRetention time.Duration
+	// AllowedNetworks are ranges deliveries may reach although the guard
+	// forbids them (loopback for tests, a deliberate internal receiver).
+	AllowedNetworks []netip.Prefix
+	// Queue is the River queue of the fanout and delivery jobs. Defaults to
+	// river.QueueDefault.
+	Queue string
+	// Logger receives the package's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Webhooks is the package's entry point: endpoints, the subscriber, the
+// workers.
+type Webhooks struct {
+	pool   *pgxpool.Pool
+	config Config
+	guard  guard
+	lookup lookupFunc
+	outbox events.Outbox
+	t      tables
+
+	clientOnce sync.Once
+	client     clientWithIP
+
+	mu       sync.Mutex
+	inFlight map[uuid.UUID]int
+}
+
+// tables are the package's table names in the schema.
+type tables struct{ endpoints, attempts string }
+
+// New returns the webhooks of pool's database. events.Migrate creates their
+// tables.
+func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
+	if pool == nil {
+		return nil, errors.New("webhook: pool is nil")
+	}
+	if config == nil {
+		config = &Config{}
+	}
+	cfg := *config
+	cfg.MaxResponseBytes = cmp.Or(cfg.MaxResponseBytes, MaxResponseBytesDefault)
+	cfg.AutoDisableAfter = cmp.Or(cfg.AutoDisableAfter, AutoDisableAfterDefault)
+	cfg.AttemptRetention = cmp.Or(cfg.AttemptRetention, AttemptRetentionDefault)
+	cfg.Queue = cmp.Or(cfg.Queue, river.QueueDefault)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxResponseBytes < 0 || cfg.AutoDisableAfter < 0 || cfg.AttemptRetention < 0 {
+		return nil, errors.New("webhook: MaxResponseBytes, AutoDisableAfter and AttemptRetention must not be negative")
+	}
+	q := func(table string) string {
+		if cfg.Schema == "" {
+			return table
+		}
+		return pgx.Identifier{cfg.Schema, table}.Sanitize()
+	}
+	return &Webhooks{pool: pool, config: cfg, guard: guard{allowed: cfg.AllowedNetworks}, lookup: defaultLookup,
+		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts")},
+		inFlight: map[uuid.UUID]int{}}, nil
+}
+
+// FanoutArgs are the args of a "webhook.fanout" job: the whole event.
+type FanoutArgs struct {
+	Event events.Event `json:"event"`
+}
+
+// Kind is "webhook.fanout".
+func (FanoutArgs) Kind() string { return "webhook.fanout" }
+
+// DeliverArgs are the args of a "webhook.deliver" job: one event to one
+// endpoint, with everything the delivery needs.
+type DeliverArgs struct {
+	EndpointID uuid.UUID       `json:"endpoint_id" river:"unique"`
+	EventID    uuid.UUID       `json:"event_id" river:"unique"`
+	Type       string          `json:"type"`
+	Timestamp  time.Time       `json:"timestamp"`
+	Data       json.RawMessage `json:"data"`
+	// Replay tells a replay apart from the first delivery, which stays
+	// unique per event and endpoint.
+	Replay string `json:"replay,omitempty" river:"unique"`
+}
+
+// Kind is "webhook.deliver".
+func (DeliverArgs) Kind() string { return "webhook.deliver" }
+
+// Subscriber returns the relay subscriber that hands every event to a
+// "webhook.fanout" job. Register it with relay.Subscribe.
+func (w *Webhooks) Subscriber(name string) events.Subscriber {
+	return events.Subscriber{Name: name, Types: []string{"**"},
+		Map: func(_ context.Context, e events.Event) (river.JobArgs, *river.InsertOpts, error) {
+			return FanoutArgs{Event: e}, &river.InsertOpts{Queue: w.config.Queue}, nil
+		}}
+}
+
+// AddWorkers registers the fanout, delivery and attempt-log workers.
+func (w *Webhooks) AddWorkers(workers *river.Workers) error {
+	for _, add := range []func() error{
+		func() error { return river.AddWorkerSafely(workers, &fanoutWorker{w: w}) },
+		func() error { return river.AddWorkerSafely(workers, &deliverWorker{w: w}) },
+		func() error { return river.AddWorkerSafely(workers, &pruneWorker{w: w}) },
+	} {
+		if err := add(); err != nil {
+			return fmt.Errorf("webhook: add workers: %w", err)
+		}
+	}
+	return nil
+}
+
+// PeriodicJobs returns the job that deletes attempt-log entries older than
+// Config.AttemptRetention, every hour. Add it to river.Config.PeriodicJobs.
+func (w *Webhooks) PeriodicJobs() []*river.PeriodicJob {
+	return []*river.PeriodicJob{river.NewPeriodicJob(river.PeriodicInterval(time.Hour),
+		func() (river.JobArgs, *river.InsertOpts) {
+			return PruneArgs{}, &river.InsertOpts{Queue: w.config.Queue, MaxAttempts: 1}
+		}, &river.PeriodicJobOpts{ID: "webhook.prune_attempts"})}
+}

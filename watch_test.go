@@ -344,6 +344,9 @@ func TestScopeFromAWatchAndFromRecord(t *testing.T) {
 	require.Len(t, got, 1)
 	require.Equal(t, "tenant:42", got[0].Scope)
 	require.Equal(t, "invoice.created", got[0].Type)
+	require.Equal(t, uuid.Version(7), got[0].ID.Version(), "trigger-made IDs are UUIDv7 too")
+	sec, nsec := got[0].ID.Time().UnixTime()
+	require.WithinDuration(t, time.Now(), time.Unix(sec, nsec), 5*time.Second)
 
 	es := b.record(t, Event{Type: "a", Scope: "tenant:7"}, Event{Type: "b"})
 	rows := loadRows(t, b.pool)

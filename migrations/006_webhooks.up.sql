@@ -28,6 +28,9 @@ $$;
 --   0 event type, 1 subject prefix, 2 subject column ('' for none),
 --   3 payload mode ('none', 'row', 'old_new' or 'columns'),
 --   4 scope prefix, 5 scope column ('' for none), 6… payload columns.
+-- It runs for every written row, so it calls as little as it can: the
+-- UUIDv7 is built inline (as outbox_uuidv7 does), and outbox_notify is
+-- called only when the throttle's interval has passed.
 CREATE OR REPLACE FUNCTION outbox_watch()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -35,9 +38,11 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     rec     jsonb;
-    payload jsonb := '{}';
-    subject text  := TG_ARGV[1];
-    scope   text  := TG_ARGV[4];
+    payload jsonb   := '{}';
+    subject text    := TG_ARGV[1];
+    scope   text    := TG_ARGV[4];
+    ms      numeric := extract(epoch FROM clock_timestamp()) * 1000;
+    frac    integer := floor((ms - floor(ms)) * 4096);
 BEGIN
     IF TG_ARGV[3] <> 'none' OR TG_ARGV[2] <> '' OR TG_ARGV[5] <> '' THEN
         IF TG_OP = 'DELETE' THEN
@@ -66,8 +71,14 @@ BEGIN
         scope := scope || coalesce(rec ->> TG_ARGV[5], '');
     END IF;
     INSERT INTO outbox_events (id, type, subject, payload, scope)
-    VALUES (outbox_uuidv7(), TG_ARGV[0], subject, payload, scope);
-    PERFORM outbox_notify();
+    VALUES (encode(set_byte(set_byte(
+                overlay(uuid_send(gen_random_uuid()) PLACING substring(int8send(floor(ms)::bigint) FROM 3) FROM 1 FOR 6),
+                6, 112 | (frac >> 8)), 7, frac & 255), 'hex')::uuid,
+            TG_ARGV[0], subject, payload, scope);
+    IF NOT EXISTS (SELECT 1 FROM outbox_settings
+                    WHERE notify_interval < interval '0' OR notified_at > clock_timestamp() - notify_interval) THEN
+        PERFORM outbox_notify();
+    END IF;
     RETURN NULL;
 END
 $$;

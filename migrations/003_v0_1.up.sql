@@ -1,3 +1,127 @@
+-- Version 0.1.0 of the library's schema, on top of the outbox (001) and the
+-- watch triggers (002): the subscriber registry and the catch-up lane of
+-- rolling deploys, UUIDv7 for SQL-made events, the settings row with the
+-- schema's channel and the notify throttle, trace context, retention's
+-- index and vacuum settings, event scopes, and the webhook tables.
+
+-- Subscribers that exist, and since when. A relay registers the subscribers
+-- it knows when it starts. During a rolling deploy, relays with different
+-- subscriber sets run side by side: a relay that stamps an event marks, in
+-- catch_up, the registered subscribers it does not know, and a relay that
+-- knows one of them fans the event out to it later (the catch-up lane).
+CREATE TABLE outbox_subscribers (
+    name          text        PRIMARY KEY,
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    -- Set by events.RetireSubscriber: no relay fans out to it or catches up
+    -- for it any more.
+    retired_at    timestamptz
+);
+
+-- Registered subscribers the stamping relay did not know: each still has to
+-- receive this event (if it matches). NULL when none.
+ALTER TABLE outbox_events ADD COLUMN catch_up text[];
+
+-- The catch-up lane: a relay asks for the rows naming any subscriber it
+-- knows (catch_up && ARRAY[...]). A GIN index, so rows waiting for a
+-- subscriber that no running relay knows are never read again.
+CREATE INDEX outbox_events_catch_up_idx ON outbox_events USING gin (catch_up)
+    WHERE catch_up IS NOT NULL;
+
+-- A version-7 UUID (RFC 9562): 48 bits of Unix milliseconds, then 12 bits of
+-- the sub-millisecond fraction (method 3, so IDs made in one session sort by
+-- time to the microsecond), then random bits. PostgreSQL 15 has no uuidv7().
+CREATE FUNCTION outbox_uuidv7()
+RETURNS uuid
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+DECLARE
+    ms    numeric := extract(epoch FROM clock_timestamp()) * 1000;
+    whole bigint  := floor(ms);
+    frac  integer := floor((ms - whole) * 4096);
+    b     bytea   := uuid_send(gen_random_uuid());
+BEGIN
+    b := overlay(b PLACING substring(int8send(whole) FROM 3) FROM 1 FOR 6);
+    b := set_byte(b, 6, 112 | (frac >> 8)); -- version 7 in the high nibble
+    b := set_byte(b, 7, frac & 255);
+    RETURN encode(b, 'hex')::uuid;          -- variant bits come from v4
+END
+$$;
+
+-- One row of settings that the SQL functions read and the notify throttle
+-- they share.
+--
+-- channel is the schema's notification channel: events.Migrate writes
+-- "<schema>.standmeet_events" when given a schema (River qualifies its
+-- channels the same way); a team running these files with its own tool in a
+-- named schema sets it likewise.
+--
+-- A transaction that has run pg_notify takes a cluster-wide lock at commit
+-- (PreCommit_Notify) and holds it through its WAL flush, so notifying in
+-- every writing transaction serialises every such commit in the cluster.
+-- outbox_record (and so every watch trigger) notifies only when
+-- notify_interval has passed since notified_at and it wins the row with
+-- FOR UPDATE SKIP LOCKED, which never waits: at most about one notifying
+-- transaction per interval, cluster-wide. The others rely on the relays'
+-- trailing re-check and polling. notify_interval 0 notifies in every
+-- transaction; a negative one never.
+CREATE TABLE outbox_settings (
+    id              boolean     PRIMARY KEY DEFAULT true CHECK (id),
+    channel         text        NOT NULL DEFAULT 'standmeet_events',
+    notify_interval interval    NOT NULL DEFAULT '10 milliseconds',
+    notified_at     timestamptz NOT NULL DEFAULT '-infinity'
+) WITH (fillfactor = 50); -- room for HOT updates of notified_at
+INSERT INTO outbox_settings DEFAULT VALUES;
+
+-- Notifies the relays, throttled as described above.
+CREATE FUNCTION outbox_notify()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    s outbox_settings%ROWTYPE;
+BEGIN
+    SELECT * INTO s FROM outbox_settings;
+    IF s.notify_interval < interval '0' OR s.notified_at > clock_timestamp() - s.notify_interval THEN
+        RETURN;
+    END IF;
+    IF s.notify_interval > interval '0' THEN
+        -- Claim the right to notify; skip if another transaction holds it.
+        PERFORM 1 FROM outbox_settings
+         WHERE notified_at <= clock_timestamp() - notify_interval
+           FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        UPDATE outbox_settings SET notified_at = clock_timestamp();
+    END IF;
+    PERFORM pg_notify(s.channel, '');
+END
+$$;
+
+-- W3C trace context of the request that recorded the event
+-- ({"traceparent": …, "tracestate": …}), copied into the metadata of its
+-- jobs. NULL when the recording context had no span: such events cost
+-- nothing more.
+ALTER TABLE outbox_events ADD COLUMN trace_context jsonb;
+
+-- Fanned-out rows by fan-out time: what retention deletes, oldest first, and
+-- what Stats counts as fanned out in the last minute.
+CREATE INDEX outbox_events_fanned_idx ON outbox_events (fanned_out_at)
+    WHERE fanned_out_at IS NOT NULL AND poisoned_at IS NULL;
+
+-- The stamp UPDATE changes indexed columns, so it is never a HOT update:
+-- every fan-out leaves a dead row version, and retention deletes many rows.
+-- Vacuum this table more eagerly than the defaults (which wait for 20% of
+-- the table to be dead).
+ALTER TABLE outbox_events SET (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.05,
+    autovacuum_vacuum_cost_limit = 2000
+);
+
 -- An optional scope per event (such as "tenant:42"): webhook endpoints
 -- receive only the scopes they list.
 ALTER TABLE outbox_events ADD COLUMN scope text NOT NULL DEFAULT '';

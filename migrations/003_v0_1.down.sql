@@ -1,3 +1,6 @@
+-- Back to version 002: the webhook tables, scopes, trace context, settings,
+-- registry and catch-up lane go, and outbox_record and outbox_watch are as
+-- 002 made them.
 DROP TABLE IF EXISTS webhook_attempts;
 DROP TABLE IF EXISTS webhook_endpoints;
 DROP FUNCTION IF EXISTS outbox_record(text, text, jsonb, text);
@@ -7,7 +10,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    new_id uuid := outbox_uuidv7();
+    new_id uuid := gen_random_uuid();
 BEGIN
     IF event_type IS NULL OR event_type !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' OR length(event_type) > 255 THEN
         RAISE EXCEPTION 'outbox_record: invalid event type %', quote_literal(coalesce(event_type, 'NULL'))
@@ -15,7 +18,7 @@ BEGIN
     END IF;
     INSERT INTO outbox_events (id, type, subject, payload)
     VALUES (new_id, event_type, coalesce(event_subject, ''), coalesce(event_payload, '{}'));
-    PERFORM outbox_notify();
+    PERFORM pg_notify('standmeet_events', '');
     RETURN new_id;
 END
 $$;
@@ -26,19 +29,16 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     rec     jsonb;
-    payload jsonb := '{}';
-    subject text  := TG_ARGV[1];
+    payload jsonb;
 BEGIN
-    IF TG_ARGV[3] <> 'none' OR TG_ARGV[2] <> '' THEN
-        IF TG_OP = 'DELETE' THEN
-            rec := to_jsonb(OLD);
-        ELSE
-            rec := to_jsonb(NEW);
-        END IF;
+    IF TG_OP = 'DELETE' THEN
+        rec := to_jsonb(OLD);
+    ELSE
+        rec := to_jsonb(NEW);
     END IF;
     CASE TG_ARGV[3]
         WHEN 'none' THEN
-            NULL;
+            payload := '{}';
         WHEN 'row' THEN
             payload := rec;
         WHEN 'old_new' THEN
@@ -49,14 +49,22 @@ BEGIN
             SELECT coalesce(jsonb_object_agg(c, rec -> c), '{}') INTO payload
               FROM unnest(TG_ARGV[4:TG_NARGS - 1]) AS c;
     END CASE;
-    IF TG_ARGV[2] <> '' THEN
-        subject := subject || coalesce(rec ->> TG_ARGV[2], '');
-    END IF;
-    INSERT INTO outbox_events (id, type, subject, payload)
-    VALUES (outbox_uuidv7(), TG_ARGV[0], subject, payload);
-    PERFORM outbox_notify();
+    PERFORM outbox_record(
+        TG_ARGV[0],
+        CASE WHEN TG_ARGV[2] = '' THEN TG_ARGV[1] ELSE TG_ARGV[1] || coalesce(rec ->> TG_ARGV[2], '') END,
+        payload);
     RETURN NULL;
 END
 $$;
+DROP FUNCTION IF EXISTS outbox_notify();
+DROP TABLE IF EXISTS outbox_settings;
+DROP FUNCTION IF EXISTS outbox_uuidv7();
+ALTER TABLE outbox_events RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
+    autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit);
+DROP INDEX IF EXISTS outbox_events_fanned_idx;
+DROP INDEX IF EXISTS outbox_events_catch_up_idx;
 ALTER TABLE outbox_events DROP CONSTRAINT IF EXISTS outbox_events_scope_check;
 ALTER TABLE outbox_events DROP COLUMN IF EXISTS scope;
+ALTER TABLE outbox_events DROP COLUMN IF EXISTS trace_context;
+ALTER TABLE outbox_events DROP COLUMN IF EXISTS catch_up;
+DROP TABLE IF EXISTS outbox_subscribers;

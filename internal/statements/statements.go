@@ -26,14 +26,11 @@ const (
 const (
 	EventsTable      = "outbox_events"
 	SubscribersTable = "outbox_subscribers"
-	SettingsTable    = "outbox_settings"
 )
 
 // Set is the statements of one schema. Every field is read-only.
 type Set struct {
 	Schema string
-	// Events and Subscribers are the quoted, qualified table names.
-	Events, Subscribers, Settings string
 	// ChannelEvents and ChannelFanned are the schema's channels.
 	ChannelEvents, ChannelFanned string
 	// WatchFunction is the trigger function of watches, qualified.
@@ -124,11 +121,9 @@ func Literal(s string) string {
 
 func build(schema string) *Set {
 	t := qualify(schema, EventsTable)
+	subscribers := qualify(schema, SubscribersTable)
 	s := &Set{
 		Schema:        schema,
-		Events:        t,
-		Subscribers:   qualify(schema, SubscribersTable),
-		Settings:      qualify(schema, SettingsTable),
 		ChannelEvents: Channel(schema, ChannelEvents),
 		ChannelFanned: Channel(schema, ChannelFanned),
 		WatchFunction: qualify(schema, "outbox_watch"),
@@ -191,7 +186,7 @@ func build(schema string) *Set {
 		" (SELECT extract(epoch FROM min(next_attempt_at) - now()) FROM " + t + " WHERE " + pending + " AND attempts > 0)"
 	// $3 is the names of the subscribers the relay knows: every other active
 	// subscriber in the registry is left to catch the rows up.
-	s.Stamp = "WITH m AS (SELECT array_agg(name ORDER BY name) AS names FROM " + s.Subscribers +
+	s.Stamp = "WITH m AS (SELECT array_agg(name ORDER BY name) AS names FROM " + subscribers +
 		" WHERE retired_at IS NULL AND name <> ALL($3::text[]))" +
 		" UPDATE " + t + " AS e SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL, catch_up = m.names" +
 		" FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout), m WHERE e.seq = u.seq"
@@ -206,18 +201,18 @@ func build(schema string) *Set {
 
 	// The registry.
 	s.Register = `WITH ins AS (
-			INSERT INTO ` + s.Subscribers + ` (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING)
-		SELECT name FROM ` + s.Subscribers + ` WHERE name = ANY($1::text[]) AND retired_at IS NOT NULL ORDER BY name`
+			INSERT INTO ` + subscribers + ` (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING)
+		SELECT name FROM ` + subscribers + ` WHERE name = ANY($1::text[]) AND retired_at IS NOT NULL ORDER BY name`
 	s.Retire = `WITH r AS (
-			UPDATE ` + s.Subscribers + ` SET retired_at = coalesce(retired_at, now())
+			UPDATE ` + subscribers + ` SET retired_at = coalesce(retired_at, now())
 			 WHERE name = $1 RETURNING name),
 		c AS (
 			UPDATE ` + t + ` SET catch_up = nullif(array_remove(catch_up, $1), '{}')
 			 WHERE catch_up @> ARRAY[$1]::text[] AND EXISTS (SELECT 1 FROM r))
 		SELECT EXISTS (SELECT 1 FROM r)`
-	s.ListSubscribers = "SELECT name, registered_at, retired_at FROM " + s.Subscribers + " ORDER BY name"
+	s.ListSubscribers = "SELECT name, registered_at, retired_at FROM " + subscribers + " ORDER BY name"
 	// An unregistered name counts as retired: no relay can serve it.
-	s.SubscriberRetired = "SELECT coalesce((SELECT retired_at IS NOT NULL FROM " + s.Subscribers + " WHERE name = $1), true)"
+	s.SubscriberRetired = "SELECT coalesce((SELECT retired_at IS NOT NULL FROM " + subscribers + " WHERE name = $1), true)"
 
 	// Receipts and operators.
 	s.Await = "SELECT id, fanned_out_at, fanout, poisoned_at IS NOT NULL, coalesce(last_error, '') FROM " + t +
@@ -241,7 +236,7 @@ func build(schema string) *Set {
 		(SELECT count(*) FROM ` + t + ` WHERE ` + pending + `),
 		(SELECT count(*) FROM ` + t + ` WHERE ` + pending + ` AND attempts > 0),
 		(SELECT count(*) FROM ` + t + ` WHERE poisoned_at IS NOT NULL),
-		(SELECT count(*) FROM ` + t + ` WHERE catch_up && (SELECT coalesce(array_agg(name), '{}') FROM ` + s.Subscribers + `)),
+		(SELECT count(*) FROM ` + t + ` WHERE catch_up && (SELECT coalesce(array_agg(name), '{}') FROM ` + subscribers + `)),
 		(SELECT count(*) FROM ` + t + ` WHERE fanned_out_at > now() - interval '1 minute' AND poisoned_at IS NULL),
 		(SELECT extract(epoch FROM now() - created_at) FROM ` + t + ` WHERE ` + pending + ` ORDER BY seq LIMIT 1)`
 	filters := ` AND ($2::text IS NULL OR ('.' || type) ~ $2) AND ($3::text IS NULL OR subject = $3)`

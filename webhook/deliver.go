@@ -41,7 +41,9 @@ func (f *fanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) err
 		return err
 	}
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE enabled")
+		// Scopes filter in SQL; type globs in Go.
+		rows, err := tx.Query(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+
+			" WHERE enabled AND (cardinality(scopes) = 0 OR $1 = ANY(scopes))", e.Scope)
 		if err != nil {
 			return err
 		}
@@ -169,7 +171,7 @@ func body(a DeliverArgs) ([]byte, error) {
 // send makes one attempt. It returns what happened and, for a 429, 502,
 // 503 or 504 with Retry-After, how long to snooze.
 func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outcome, time.Duration) {
-	w.clientOnce.Do(func() { w.client = clientWithIP{w.guard.newClient(w.lookup, nil)} })
+	w.clientOnce.Do(func() { w.client = w.guard.newClient(w.lookup, nil) })
 	var out outcome
 	b, err := body(a)
 	if err != nil {
@@ -255,9 +257,6 @@ func retryAfter(v string, now time.Time) time.Duration {
 	}
 	return 0
 }
-
-// clientWithIP is the deliveries' HTTP client.
-type clientWithIP struct{ *http.Client }
 
 // record writes the attempt log and the endpoint's state in one
 // transaction: success clears failing_since; a failure sets it if unset;

@@ -41,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"sync"
 	"time"
@@ -105,7 +106,7 @@ type Webhooks struct {
 	t      tables
 
 	clientOnce sync.Once
-	client     clientWithIP
+	client     *http.Client // deliveries', made on first use
 
 	mu       sync.Mutex
 	inFlight map[uuid.UUID]int

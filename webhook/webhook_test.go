@@ -312,7 +312,7 @@ func TestSSRFGuard(t *testing.T) {
 		return []netip.Addr{netip.MustParseAddr("10.0.0.5")}, nil
 	}
 	b.wh.clientOnce.Do(func() {
-		b.wh.client = clientWithIP{b.wh.guard.newClient(b.wh.lookup, func(context.Context, string) { dialed.Store(true) })}
+		b.wh.client = b.wh.guard.newClient(b.wh.lookup, func(context.Context, string) { dialed.Store(true) })
 	})
 	ep, err := b.wh.Create(ctx, EndpointParams{URL: "http://internal.example:8080/", Types: []string{"**"}})
 	require.NoError(t, err, "a name is checked when it is resolved")

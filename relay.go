@@ -217,6 +217,8 @@ type testHooks struct {
 	// pruning runs inside each retention batch's transaction, with the lock
 	// held and the batch size.
 	pruning func(size int)
+	// prunePass runs at the start of every retention pass.
+	prunePass func()
 }
 
 // NewRelay returns a relay that reads events through pool. Register
@@ -359,9 +361,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	}
 	var rounds sync.WaitGroup
 	rounds.Go(func() { r.loop(runCtx) })
-	if r.config.Retention >= 0 {
-		rounds.Go(func() { r.pruner(runCtx) })
-	}
+	rounds.Go(func() { r.pruner(runCtx) })
 	for range r.config.MaxRoundsInFlight - 1 {
 		rounds.Go(func() { r.helper(runCtx) })
 	}

@@ -53,8 +53,14 @@ func (r *Relay) pruner(ctx context.Context) {
 	}
 }
 
-// prune runs one retention pass.
+// prune runs one retention pass; a negative Retention keeps everything.
 func (r *Relay) prune(ctx context.Context) {
+	if r.hooks.prunePass != nil {
+		r.hooks.prunePass()
+	}
+	if r.config.Retention < 0 {
+		return
+	}
 	size := pruneBatchMax
 	for !r.stopping() && ctx.Err() == nil {
 		for r.busy.Load() {

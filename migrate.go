@@ -2,17 +2,23 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/standmeet/events/internal/backoff"
+	"github.com/standmeet/events/internal/listener"
 	"github.com/standmeet/events/migrations"
 )
 
@@ -30,12 +36,32 @@ type MigrateOpts struct {
 const migrateLockKey = 7_365_109_225_001
 
 // Migrate brings River's tables (with River's migrator, one transaction per
-// version, as River requires) and then the library's tables (in one
-// transaction) up to date. It is idempotent, and safe to call from several
+// version, as River requires) and then the library's tables (one transaction
+// per version) up to date. It is idempotent, and safe to call from several
 // processes at once: every transaction takes a transaction-level advisory
 // lock, so they take turns and the later ones find nothing left to do. It
 // works through a transaction-pooling proxy such as PgBouncer.
+//
+// It runs while the service writes: no step of the library's holds a lock
+// that blocks [Record] for longer than an instant, and a step that must wait
+// for a table lock (behind a long transaction) gives up after
+// half a second (migrateLockTimeout) and tries again, rather than queue every writer behind
+// it. Run it before rolling out a new release (see the README's
+// "Deploying"): the previous release keeps working on the migrated schema.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
+	return migrate(ctx, pool, opts, 0)
+}
+
+// migrateLockTimeout bounds how long one step of [Migrate] waits for a lock
+// before it rolls back and tries again (up to migrateLockTries times), so
+// that writers never queue behind a waiting migration for longer.
+const migrateLockTimeout = 500 * time.Millisecond
+
+const migrateLockTries = 20
+
+// migrate is Migrate up to version to (0: all), for tests that need an
+// earlier release's schema.
+func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int) error {
 	if opts == nil {
 		opts = &MigrateOpts{}
 	}
@@ -56,24 +82,27 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	// (PgBouncer): a session lock would stay with whichever server
 	// connection took it. River's migrations run one per transaction (a
 	// later one uses an enum value an earlier one adds, which only a commit
-	// makes usable); ours run together in a last one.
-	lock := func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey)); err != nil {
-			return fmt.Errorf("events: migrate: taking the migration lock: %w", err)
-		}
-		if opts.Schema != "" {
-			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
-				return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
+	// makes usable); ours too, each holding its locks only as long as it
+	// runs.
+	step := func(f func(tx pgx.Tx) error) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey)); err != nil {
+				return fmt.Errorf("events: migrate: taking the migration lock: %w", err)
 			}
-		}
-		return nil
+			if opts.Schema != "" {
+				if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
+					return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
+				}
+				if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
+					return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
+				}
+			}
+			return f(tx)
+		})
 	}
 	for {
 		var applied int
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if err := lock(tx); err != nil {
-				return err
-			}
+		err := step(func(tx pgx.Tx) error {
 			//nolint:staticcheck // MigrateTx is deprecated for batching versions in one transaction; this applies one.
 			res, err := migrator.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{MaxSteps: 1})
 			if err != nil {
@@ -89,27 +118,43 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 			break
 		}
 	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if err := lock(tx); err != nil {
+	for _, m := range files {
+		if to > 0 && m.version > to {
+			break
+		}
+		if err := migrateStep(ctx, step, m); err != nil {
 			return err
 		}
-		if opts.Schema != "" {
-			if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
-				return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
+	}
+	// The SQL functions notify the schema's own channel.
+	return step(func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "UPDATE outbox_settings SET channel = $1 WHERE channel <> $1", sql.ChannelEvents); err != nil {
+			return fmt.Errorf("events: migrate: settings: %w", err)
+		}
+		return nil
+	})
+}
+
+// migrateStep applies m unless the database has it, in one transaction whose
+// lock waits are bounded by migrateLockTimeout; a step that timed out is
+// retried after a pause.
+func migrateStep(ctx context.Context, step func(func(pgx.Tx) error) error, m migrationFile) error {
+	for try := 1; ; try++ {
+		err := step(func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS outbox_migration (
+				version    integer     PRIMARY KEY,
+				applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+				return fmt.Errorf("events: migrate: %w", err)
 			}
-		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS outbox_migration (
-			version    integer     PRIMARY KEY,
-			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-			return fmt.Errorf("events: migrate: %w", err)
-		}
-		var current int
-		if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM outbox_migration").Scan(&current); err != nil {
-			return fmt.Errorf("events: migrate: %w", err)
-		}
-		for _, m := range files {
+			var current int
+			if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM outbox_migration").Scan(&current); err != nil {
+				return fmt.Errorf("events: migrate: %w", err)
+			}
 			if m.version <= current {
-				continue
+				return nil
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", migrateLockTimeout.Milliseconds())); err != nil {
+				return fmt.Errorf("events: migrate: %w", err)
 			}
 			if _, err := tx.Exec(ctx, m.up); err != nil {
 				return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
@@ -117,13 +162,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 			if _, err := tx.Exec(ctx, "INSERT INTO outbox_migration (version) VALUES ($1)", m.version); err != nil {
 				return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
 			}
+			return nil
+		})
+		var pgErr *pgconn.PgError
+		if err == nil || try == migrateLockTries || !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.LockNotAvailable {
+			return err
 		}
-		// The SQL functions notify the schema's own channel.
-		if _, err := tx.Exec(ctx, "UPDATE outbox_settings SET channel = $1 WHERE channel <> $1", sql.ChannelEvents); err != nil {
-			return fmt.Errorf("events: migrate: settings: %w", err)
+		listener.SleepContext(ctx, backoff.Delay(try, 100*time.Millisecond, 2*time.Second))
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
-		return nil
-	})
+	}
 }
 
 type migrationFile struct {

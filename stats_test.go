@@ -31,23 +31,30 @@ func TestStatsCountsEachState(t *testing.T) {
 	require.Equal(t, OutboxStats{}, st)
 }
 
-// Stats answers from indexes: fast on a table of a million rows (the
-// benchmark reports the figure; this bound is generous).
-func TestStatsOnAMillionRows(t *testing.T) {
+// Stats answers from indexes: fast on a table of a million rows, also right
+// after a bulk load, before any ANALYZE (when the planner, left to itself,
+// scanned the whole table for the fanned-in-the-last-minute count). The
+// benchmark reports the figure; this bound is generous for a shared CI
+// machine.
+func TestStatsOnAMillionRowsBeforeAnalyze(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("loads a million rows: run without -short (CI does)")
 	}
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
+	// No autovacuum either: the statistics stay those of an empty table.
+	exec(t, b.pool, "ALTER TABLE outbox_events SET (autovacuum_enabled = false)")
 	exec(t, b.pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, created_at)
 		SELECT gen_random_uuid(), 'bulk', now() - interval '1 hour' - g * interval '1 second', '{}', now() - interval '1 hour'
 		  FROM generate_series(1, 1000000) g`)
-	exec(t, b.pool, "VACUUM ANALYZE outbox_events")
 	b.record(t, Event{Type: "pending"})
 	exec(t, b.pool, "INSERT INTO outbox_events (id, type, fanned_out_at, fanout) SELECT gen_random_uuid(), 'x', now(), '{}' FROM generate_series(1, 7)")
+	var analyzed *time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT coalesce(last_analyze, last_autoanalyze) FROM pg_stat_user_tables WHERE relname = 'outbox_events'").Scan(&analyzed))
+	require.Nil(t, analyzed, "the table must not have been analysed")
 	var best time.Duration
-	for i := range 3 {
+	for i := range 5 {
 		start := time.Now()
 		st, err := Stats(ctx, b.pool)
 		took := time.Since(start)
@@ -58,8 +65,8 @@ func TestStatsOnAMillionRows(t *testing.T) {
 			best = took
 		}
 	}
-	t.Logf("Stats on 1,000,001 rows: %v", best)
-	require.Less(t, best, 500*time.Millisecond)
+	t.Logf("Stats on 1,000,008 rows before ANALYZE: %v", best)
+	require.Less(t, best, 50*time.Millisecond)
 }
 
 // Health and Healthy: a readiness probe's view of the relay.

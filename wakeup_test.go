@@ -116,7 +116,7 @@ func TestThrottledTransactionsAreFannedOutByTheTrailingRecheck(t *testing.T) {
 }
 
 // A watched table written by 16 concurrent transactions: only a few of them
-// send a notification (the throttle row), and every event is fanned out.
+// send a notification (the throttle's slot), and every event is fanned out.
 func TestWatchedTableUnderConcurrentWritersNotifiesRarely(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -162,7 +162,10 @@ func TestWatchedTableUnderConcurrentWritersNotifiesRarely(t *testing.T) {
 		notifications++
 	}
 	t.Logf("16 writing transactions sent %d notification(s)", notifications)
-	require.Equal(t, 1, notifications, "only the first winner notifies within the interval")
+	// The slot is taken without a lock (a sequence), so two writers that
+	// race for it may both notify; never more than a few of 16.
+	require.GreaterOrEqual(t, notifications, 1, "the first writer of the interval notifies")
+	require.LessOrEqual(t, notifications, 3, "only the first winners notify within the interval")
 }
 
 // With the SQL throttle at 0, every writing transaction notifies (the

@@ -86,6 +86,8 @@ type Awaiter struct {
 	// (tests).
 	reconnectPause func(ctx context.Context, d time.Duration)
 
+	kick chan struct{} // to the kicker: wake the relays
+
 	mu      sync.Mutex
 	running bool
 	waiters map[uuid.UUID]map[*waiter]struct{}
@@ -127,7 +129,8 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: awaiter metrics: %w", err)
 	}
-	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, waiters: map[uuid.UUID]map[*waiter]struct{}{}}, nil
+	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, kick: make(chan struct{}, 1),
+		waiters: map[uuid.UUID]map[*waiter]struct{}{}}, nil
 }
 
 // Start opens the listening connection (in the background; it reconnects
@@ -144,7 +147,11 @@ func (a *Awaiter) Start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	a.cancel, a.done, a.ready, a.running = cancel, make(chan struct{}), make(chan struct{}), true
 	ready := sync.OnceFunc(func() { close(a.ready) })
-	run := func(ctx context.Context) { a.pollLoop(ctx, ready) }
+	// Every waiter's rows are re-read every PollInterval, listening or not:
+	// a listening connection can die silently (until the ping finds out)
+	// and a notification can be lost, so no receipt waits on a socket
+	// longer than that.
+	run := func(ctx context.Context) { ready(); a.pollLoop(ctx) }
 	if !a.config.Listener.PollOnly {
 		l := &listener.Listener{
 			ConnConfig:      a.pool.Config().ConnConfig,
@@ -156,6 +163,7 @@ func (a *Awaiter) Start(ctx context.Context) error {
 				a.pokeAll() // notifications sent while away are lost: re-check
 				ready()
 			},
+			PingInterval: a.config.Listener.PingInterval,
 			Logger:       a.config.Logger,
 			ReconnectMin: a.config.Listener.ReconnectBackoff,
 			ReconnectMax: a.config.Listener.MaxReconnectBackoff,
@@ -164,12 +172,20 @@ func (a *Awaiter) Start(ctx context.Context) error {
 		if a.reconnectPause != nil {
 			l.Sleep = a.reconnectPause
 		}
-		run = l.Run
+		run = func(ctx context.Context) {
+			var wg sync.WaitGroup
+			wg.Go(func() { a.pollLoop(ctx) })
+			l.Run(ctx)
+			wg.Wait()
+		}
 	}
 	done := a.done
 	go func() {
 		defer close(done)
+		var kicks sync.WaitGroup
+		kicks.Go(func() { a.kicker(runCtx) })
 		run(runCtx)
+		kicks.Wait()
 		// ctx ended (or Stop): a waiter must not wait for notifications
 		// that no one listens for any more.
 		a.mu.Lock()
@@ -181,11 +197,11 @@ func (a *Awaiter) Start(ctx context.Context) error {
 	return nil
 }
 
-// pollLoop is the PollOnly awaiter's stand-in for the listener: every
-// PollInterval it reads, in one query, the events that waiters wait for, and
-// wakes the waiters of those fanned out or poisoned.
-func (a *Awaiter) pollLoop(ctx context.Context, ready func()) {
-	ready()
+// pollLoop is the PollOnly awaiter's stand-in for the listener, and the
+// listening one's safety net: every PollInterval it reads, in one query, the
+// events that waiters wait for, and wakes the waiters of those fanned out or
+// poisoned.
+func (a *Awaiter) pollLoop(ctx context.Context) {
 	t := time.NewTicker(a.config.Listener.PollInterval)
 	defer t.Stop()
 	for {
@@ -216,6 +232,34 @@ func (a *Awaiter) pollLoop(ctx context.Context, ready func()) {
 		if len(done) > 0 {
 			a.notified(strings.Join(done, ","))
 		}
+	}
+}
+
+// kicker wakes the relays on behalf of waiters whose events are not fanned
+// out yet. Record throttles its notification (one transaction per
+// NotifyInterval sends one), so a writer that waits for its receipt right
+// after committing would otherwise wait for a relay's next re-check. The
+// kick is a notification of its own, sent after the host's commit and
+// outside its transaction; kicks are coalesced, one in flight per awaiter.
+func (a *Awaiter) kicker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.kick:
+		}
+		if _, err := a.pool.Exec(ctx, a.sql.NotifyEvents); err != nil && ctx.Err() == nil {
+			a.config.Logger.DebugContext(ctx, "events: awaiter could not wake the relays", slog.String("err", err.Error()))
+		}
+	}
+}
+
+// kickRelays asks the kicker to wake the relays; a kick already asked for
+// covers this one too.
+func (a *Awaiter) kickRelays() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -330,6 +374,7 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID) ([]Receipt, error)
 	grace := time.NewTimer(a.config.NotFoundGrace)
 	defer grace.Stop()
 	graceOver := false
+	kicked := false
 	failures := 0
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
@@ -370,6 +415,10 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID) ([]Receipt, error)
 				out[i] = receipts[id]
 			}
 			return out, nil
+		}
+		if !kicked {
+			kicked = true
+			a.kickRelays()
 		}
 		select {
 		case <-w.wake:

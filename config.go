@@ -20,10 +20,11 @@ const (
 	RetryBackoffDefault        = 2 * time.Second
 	MaxRetryBackoffDefault     = time.Minute
 	ReconnectBackoffDefault    = 250 * time.Millisecond
-	MaxReconnectBackoffDefault = 10 * time.Second
+	MaxReconnectBackoffDefault = 2 * time.Second
 	PollIntervalDefault        = time.Second
 	NotFoundGraceDefault       = 2 * time.Second
 	MaxRoundsInFlightDefault   = 2
+	PingIntervalDefault        = 5 * time.Second
 )
 
 // ListenerConfig configures how a [Relay] and an [Awaiter] learn of changes:
@@ -58,14 +59,25 @@ type ListenerConfig struct {
 	ReconnectBackoff time.Duration
 
 	// MaxReconnectBackoff caps ReconnectBackoff's doubling. Defaults to
-	// MaxReconnectBackoffDefault (10 s).
+	// MaxReconnectBackoffDefault (2 s: a failover ends within that of the
+	// new primary accepting connections, however long it took).
 	MaxReconnectBackoff time.Duration
+
+	// PingInterval is how long the listening connection may stay silent
+	// before it is pinged, and how long the answer may take: a connection
+	// whose peer vanished without closing it (a failover, a proxy or NAT
+	// that stopped forwarding) sends no error, so silence past twice
+	// PingInterval ends it and a new one is made, and [Relay.Health] reports
+	// it as not listening meanwhile. TCP keepalives are turned on too.
+	// Defaults to PingIntervalDefault (5 s, River's).
+	PingInterval time.Duration
 }
 
 func (c ListenerConfig) withDefaults() ListenerConfig {
 	c.ReconnectBackoff = cmp.Or(c.ReconnectBackoff, ReconnectBackoffDefault)
 	c.MaxReconnectBackoff = cmp.Or(c.MaxReconnectBackoff, MaxReconnectBackoffDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.PingInterval = cmp.Or(c.PingInterval, PingIntervalDefault)
 	return c
 }
 
@@ -75,6 +87,8 @@ func (c ListenerConfig) validate() error {
 		return invalidf(ErrInvalidConfig, "Listener.ReconnectBackoff", "%v: must not be negative", c.ReconnectBackoff)
 	case c.PollInterval < 0:
 		return invalidf(ErrInvalidConfig, "Listener.PollInterval", "%v: must not be negative", c.PollInterval)
+	case c.PingInterval < 0:
+		return invalidf(ErrInvalidConfig, "Listener.PingInterval", "%v: must not be negative", c.PingInterval)
 	case c.MaxReconnectBackoff < c.ReconnectBackoff:
 		return invalidf(ErrInvalidConfig, "Listener.MaxReconnectBackoff", "%v: must be at least ReconnectBackoff (%v)", c.MaxReconnectBackoff, c.ReconnectBackoff)
 	}

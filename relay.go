@@ -163,13 +163,19 @@ type Relay struct {
 	known     []string        // names of active
 	callbacks *hostcall.Runner
 	listening atomic.Bool // the listener's LISTEN is in effect
-	ready     chan struct{}
-	markReady func()
-	wake      chan struct{} // the main loop's: notifications
-	helpWake  chan struct{} // the helper loops': plenty of work
-	stopCh    chan struct{}
-	cancel    context.CancelFunc
-	done      chan struct{}
+	// connectedOnce is set at the run's first connect: later ones are
+	// reconnects.
+	connectedOnce atomic.Bool
+	// reconnected receives when the listener (re)connects: the database is
+	// back, so the loop ends any backoff at once.
+	reconnected chan struct{}
+	ready       chan struct{}
+	markReady   func()
+	wake        chan struct{} // the main loop's: notifications
+	helpWake    chan struct{} // the helper loops': plenty of work
+	stopCh      chan struct{}
+	cancel      context.CancelFunc
+	done        chan struct{}
 
 	stopMu sync.Mutex
 
@@ -178,9 +184,10 @@ type Relay struct {
 	retryCheck atomic.Bool
 }
 
-// catchUpInterval is how often a busy relay (full batches, back to back)
-// also serves the catch-up lane.
-const catchUpInterval = time.Second
+// busyTurnInterval is how often a busy relay (full batches, back to back)
+// also runs the retries that are due and serves the catch-up lane: a query
+// on a small index each when there is nothing to do.
+const busyTurnInterval = 250 * time.Millisecond
 
 // After draining what a wake-up announced, a relay keeps looking for a short
 // while: notifications are throttled (one transaction per
@@ -318,6 +325,8 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	r.lastSuccess.Store(time.Now().UnixNano())
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	r.listening.Store(false)
+	r.connectedOnce.Store(false)
+	r.reconnected = make(chan struct{}, 1)
 	r.ready = make(chan struct{})
 	r.markReady = sync.OnceFunc(func() { close(r.ready) })
 	r.wake = make(chan struct{}, 1)
@@ -347,11 +356,18 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 				r.poke()
 			},
 			OnConnect: func() {
-				if r.listening.Swap(true) {
+				if r.connectedOnce.Swap(true) {
 					r.metrics.reconnects.Add(context.Background(), 1)
+				}
+				r.listening.Store(true)
+				select { // the database answers: end any backoff
+				case r.reconnected <- struct{}{}:
+				default:
 				}
 				r.poke() // notifications sent while away are lost: look now
 			},
+			OnDisconnect: func(error) { r.listening.Store(false) },
+			PingInterval: r.config.Listener.PingInterval,
 			Logger:       r.logger,
 			ReconnectMin: r.config.Listener.ReconnectBackoff,
 			ReconnectMax: r.config.Listener.MaxReconnectBackoff,
@@ -510,9 +526,15 @@ func (r *Relay) loop(ctx context.Context) {
 		failures++
 		r.failing.Store(int32(min(failures, 1<<30)))
 		d := backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
+		if isTransient(err) {
+			// The database is away (a restart, a failover): looking again
+			// costs a connection attempt, so look at least every poll
+			// interval, and at once when the listener is back.
+			d = min(d, r.config.Listener.PollInterval)
+		}
 		r.logger.WarnContext(ctx, "events: relay round failed; backing off",
 			slog.String("err", err.Error()), slog.Int("failures", failures), slog.Duration("pause", d))
-		return r.pause(ctx, d)
+		return r.backOff(ctx, d)
 	}
 	succeeded := func() {
 		failures = 0
@@ -521,7 +543,7 @@ func (r *Relay) loop(ctx context.Context) {
 	}
 	var (
 		pollAt     time.Time // when an idle relay polls next
-		catchUpAt  time.Time // when a busy relay serves the catch-up lane next
+		turnsAt    time.Time // when a busy relay gives the other duties their turn next
 		trailUntil time.Time // until when the idle relay keeps re-checking
 		claim      = true    // whether this pass starts with a batch round
 		recheck    bool      // this pass is a trailing re-check: poll only
@@ -553,10 +575,18 @@ func (r *Relay) loop(ctx context.Context) {
 			r.busy.Store(len(claimed) == r.config.BatchSize)
 			if len(claimed) == r.config.BatchSize {
 				r.pokeHelpers() // plenty of work: a helper loop may join
-				if time.Now().After(catchUpAt) {
-					// A busy relay still serves the catch-up lane, so a
-					// deploy under load ends.
-					catchUpAt = time.Now().Add(catchUpInterval)
+				if time.Now().After(turnsAt) {
+					// Full batches back to back must not starve the rest:
+					// four times a second a busy relay also runs the
+					// retries that are due and serves the catch-up lane
+					// (retention runs on its own goroutine and takes its
+					// own turns).
+					turnsAt = time.Now().Add(busyTurnInterval)
+					if err := r.retryDue(ctx); err != nil {
+						if r.stopping() || ctx.Err() != nil || !fail(err) {
+							return
+						}
+					}
 					if !r.catchUpOrFail(ctx, fail) {
 						return
 					}
@@ -673,6 +703,26 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) bool {
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return true
+	case <-r.stopCh:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// backOff is pause for the main loop's backoff after a failed round: it
+// also ends, reporting true, when the listener (re)connects — the database
+// is back, so there is no reason to wait out a long backoff.
+func (r *Relay) backOff(ctx context.Context, d time.Duration) bool {
+	if r.hooks.pause != nil {
+		return r.pause(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.reconnected:
 		return true
 	case <-r.stopCh:
 	case <-ctx.Done():

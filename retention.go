@@ -24,14 +24,16 @@ const RetentionIntervalDefault = time.Minute
 // short statement timeout, with smaller batches after a timeout and a pause
 // between batches; one relay at a time (a transaction-level advisory
 // try-lock per batch: a relay that does not get it skips the pass). It runs
-// on a goroutine of the relay's own, so it never delays a round, and it
-// yields while the relay is busy (its batches come back full): retention
-// uses the relay's idle time.
+// on a goroutine of the relay's own, so it never delays a round, and while
+// the relay is busy (its batches come back full) it deletes only one batch a
+// second: retention uses the relay's idle time, and still keeps up under
+// sustained load.
 const (
 	pruneBatchMax    = 5000                  // rows per DELETE
 	pruneBatchMin    = 100                   // after repeated timeouts
 	pruneTimeout     = "5s"                  // statement_timeout of a DELETE
 	pruneBatchPause  = 20 * time.Millisecond // between batches
+	pruneBusyPause   = time.Second           // before each batch while the relay is busy
 	pruneLockClassID = 7365109               // advisory lock: (class, hashtext(schema))
 )
 
@@ -63,9 +65,11 @@ func (r *Relay) prune(ctx context.Context) {
 	}
 	size := pruneBatchMax
 	for !r.stopping() && ctx.Err() == nil {
-		for r.busy.Load() {
-			// The relay drains a backlog: fan-out comes first.
-			if !r.pause(ctx, pruneBatchPause) {
+		if r.busy.Load() {
+			// The relay drains a backlog: fan-out comes first, but not
+			// forever — under sustained load retention still deletes a
+			// batch a second, or the table would grow without bound.
+			if !r.pause(ctx, pruneBusyPause) {
 				return
 			}
 		}

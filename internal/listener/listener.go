@@ -1,13 +1,26 @@
 // Package listener keeps one dedicated connection LISTENing on a set of
 // channels, and re-establishes it, with capped backoff, whenever it is lost.
+//
+// A connection that only listens can die without an error: a peer that
+// vanished (a failover, a dropped NAT entry, a proxy that stops forwarding)
+// sends no FIN and no RST, and a read waits forever. So the listener pings
+// the server whenever the connection has been silent for PingInterval and
+// gives the answer PingInterval to come (River's notifier pings every 5 s),
+// and turns on TCP keepalives; silence past that bound ends the session, and
+// a new one is dialled.
 package listener
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/standmeet/events/internal/backoff"
 )
@@ -36,6 +49,13 @@ type Listener struct {
 	// in effect: notifications sent while disconnected are lost, so callers
 	// re-check state here.
 	OnConnect func()
+	// OnDisconnect is called, with the reason, whenever a session that had
+	// connected ends before ctx does.
+	OnDisconnect func(err error)
+
+	// PingInterval is how long the connection may stay silent before it is
+	// pinged, and how long the ping may take. Defaults to PingIntervalDefault.
+	PingInterval time.Duration
 
 	Logger *slog.Logger
 	// ReconnectMin and ReconnectMax bound the pause between attempts.
@@ -43,6 +63,9 @@ type Listener struct {
 	// Sleep waits d or until ctx ends; tests replace it.
 	Sleep func(ctx context.Context, d time.Duration)
 }
+
+// PingIntervalDefault is Listener.PingInterval's default, River's.
+const PingIntervalDefault = 5 * time.Second
 
 // Run listens until ctx ends. It never returns early: connection failures are
 // logged and retried.
@@ -62,8 +85,8 @@ func (l *Listener) Run(ctx context.Context) {
 }
 
 // session connects, listens and relays notifications until the connection or
-// ctx fails.
-func (l *Listener) session(ctx context.Context, failures *int) error {
+// ctx fails, or the server stops answering pings.
+func (l *Listener) session(ctx context.Context, failures *int) (err error) {
 	conn, err := l.connect(ctx)
 	if err != nil {
 		return err
@@ -73,8 +96,16 @@ func (l *Listener) session(ctx context.Context, failures *int) error {
 		defer cancel()
 		_ = conn.Close(closeCtx) // the session is over either way
 	}()
+	keepAlive(conn.PgConn().Conn())
+	ping := l.PingInterval
+	if ping <= 0 {
+		ping = PingIntervalDefault
+	}
 	for _, ch := range l.Channels {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+		listenCtx, cancel := context.WithTimeout(ctx, ping)
+		_, err := conn.Exec(listenCtx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
+		cancel()
+		if err != nil {
 			return err
 		}
 	}
@@ -82,12 +113,47 @@ func (l *Listener) session(ctx context.Context, failures *int) error {
 	if l.OnConnect != nil {
 		l.OnConnect()
 	}
+	defer func() {
+		if ctx.Err() == nil && l.OnDisconnect != nil {
+			l.OnDisconnect(err)
+		}
+	}()
 	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
+		waitCtx, cancel := context.WithTimeout(ctx, ping)
+		n, err := conn.WaitForNotification(waitCtx)
+		cancel()
+		switch {
+		case err == nil:
+			l.OnNotify(n.Channel, n.Payload)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded):
+			// Silent for a whole interval: is anyone there?
+			pingCtx, cancel := context.WithTimeout(ctx, ping)
+			err := conn.Ping(pingCtx)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("no answer to a ping within %v: %w", ping, err)
+			}
+			continue
+		default:
 			return err
 		}
-		l.OnNotify(n.Channel, n.Payload)
+	}
+}
+
+// keepAlive turns on TCP keepalives that notice a dead peer within about
+// 30 s, as a second line behind the pings, when c is a TCP connection
+// (possibly under TLS).
+func keepAlive(c net.Conn) {
+	if t, ok := c.(*tls.Conn); ok {
+		c = t.NetConn()
+	}
+	if tcp, ok := c.(*net.TCPConn); ok {
+		_ = tcp.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3})
 	}
 }
 

@@ -46,6 +46,9 @@ type Set struct {
 	Poll, Stamp, StampCatchUp      string
 	Charge, ChargeCatchUp, Load    string
 	NotifyFanned                   string
+	// NotifyEvents wakes the relays, outside any host transaction (an
+	// awaiter's kick).
+	NotifyEvents string
 
 	// The subscriber registry.
 	Register, Retire, ListSubscribers, SubscriberRetired string
@@ -198,6 +201,7 @@ func build(schema string) *Set {
 	s.ChargeCatchUp = charge("catch_up IS NOT NULL AND poisoned_at IS NULL")
 	s.Load = "SELECT " + claimColumns + " FROM " + t + " WHERE seq = $1"
 	s.NotifyFanned = "SELECT pg_notify(" + Literal(s.ChannelFanned) + ", $1)"
+	s.NotifyEvents = "SELECT " + notifyEvents
 
 	// The registry.
 	s.Register = `WITH ins AS (

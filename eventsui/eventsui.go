@@ -3,15 +3,22 @@
 // stats, with the lag), lists of pending, retrying, poisoned and recent
 // events with filters and keyset paging, each event's detail (fields, payload
 // pretty-printed, attempts and last error, fanout with each subscriber's
-// River job, linked to River UI when its URL is configured), and Requeue and
-// Discard buttons.
+// River job and River's state, attempts and last error of it, linked to
+// River UI when its URL is configured), Requeue, and Discard behind a
+// confirmation page; on the poisoned list, requeue or discard of every event
+// matching the filter, after a confirmation page that says how many; and
+// charts of the events fanned out per minute and their lag over the last
+// hour or day, drawn on the server as inline SVG.
 //
 // It is server-rendered HTML (html/template, which escapes everything: the
 // payloads are user data) with embedded static assets: no build step, no CDN,
-// works offline. State changes are POST only and refused when cross-origin
+// no JavaScript (the Content-Security-Policy says script-src 'none'), works
+// offline. State changes are POST only and refused when cross-origin
 // (net/http's CrossOriginProtection). The host decides who may see and do
 // what with Options.Authorize, which is required: the view never ships
-// open. Options.ReadOnly shows no buttons and refuses every change.
+// open; a button or link to an action shows only when Authorize allows that
+// action for the request. Options.ReadOnly shows no buttons and refuses
+// every change.
 //
 //	ui, err := eventsui.NewHandler(pool, &eventsui.Options{
 //		Prefix:     "/outbox",
@@ -34,6 +41,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,11 +75,19 @@ type Options struct {
 	RiverUIURL string
 
 	// Authorize decides whether the request may do action. Required: the
-	// view never ships open. A refused request gets 403.
+	// view never ships open. A refused request gets 403. It is also asked,
+	// while a page renders, whether the request may requeue or discard, to
+	// show only the buttons that would work.
 	Authorize func(r *http.Request, action Action) bool
 
 	// ReadOnly shows no buttons and refuses every change with 403.
 	ReadOnly bool
+
+	// Refresh, when positive, reloads the overview and the lists every
+	// Refresh (with <meta http-equiv="refresh">, no script), at least every
+	// 5 s. A request's refresh parameter (seconds, 0 for off) overrides it.
+	// Defaults to off.
+	Refresh time.Duration
 
 	// Logger receives errors. Defaults to warnings on standard error.
 	Logger *slog.Logger
@@ -113,14 +129,10 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 	}
 	funcs := template.FuncMap{
 		"time": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
-		"lag": func(d time.Duration) string {
-			if d < time.Second {
-				return d.Round(time.Millisecond).String()
-			}
-			return d.Round(time.Second).String()
-		},
+		"lag":  formatLag,
+		"sub":  func(a, b int) int { return a - b },
 	}
-	for _, page := range []string{"overview", "list", "event", "error"} {
+	for _, page := range []string{"overview", "list", "event", "confirm", "error"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("eventsui: %w", err)
@@ -137,13 +149,20 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 	h.mux.HandleFunc("GET "+p+"/{$}", h.overview)
 	h.mux.HandleFunc("GET "+p+"/events", h.list)
 	h.mux.HandleFunc("GET "+p+"/events/{id}", h.event)
-	h.mux.HandleFunc("POST "+p+"/events/{id}/requeue", h.change(ActionRequeue, "requeued", func(r *http.Request, id uuid.UUID) error {
-		return events.Outbox{Schema: h.opts.Schema}.Requeue(r.Context(), h.db, id)
-	}))
-	h.mux.HandleFunc("POST "+p+"/events/{id}/discard", h.change(ActionDiscard, "discarded", func(r *http.Request, id uuid.UUID) error {
-		return events.Outbox{Schema: h.opts.Schema}.Discard(r.Context(), h.db, id)
-	}))
+	h.mux.HandleFunc("GET "+p+"/events/{id}/discard", h.confirmDiscard)
+	h.mux.HandleFunc("POST "+p+"/events/{id}/requeue", h.change(ActionRequeue, "requeued", h.requeue))
+	h.mux.HandleFunc("POST "+p+"/events/{id}/discard", h.change(ActionDiscard, "discarded", h.discard))
+	h.mux.HandleFunc("GET "+p+"/bulk/{action}", h.confirmBulk)
+	h.mux.HandleFunc("POST "+p+"/bulk/{action}", h.bulk)
 	return h, nil
+}
+
+func (h *handler) requeue(r *http.Request, id uuid.UUID) error {
+	return events.Outbox{Schema: h.opts.Schema}.Requeue(r.Context(), h.db, id)
+}
+
+func (h *handler) discard(r *http.Request, id uuid.UUID) error {
+	return events.Outbox{Schema: h.opts.Schema}.Discard(r.Context(), h.db, id)
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -163,11 +182,45 @@ type page struct {
 	Title, Nav, Prefix, RiverUIURL, Flash string
 	States                                []events.ListState
 	ReadOnly                              bool
+	// CanRequeue and CanDiscard: whether this request may (not read-only,
+	// and Authorize allows it), so that only working buttons show.
+	CanRequeue, CanDiscard bool
+	// Refresh is the auto-refresh interval in seconds; 0 for none.
+	Refresh int
 }
 
 func (h *handler) page(title, nav string, r *http.Request) page {
 	return page{Title: title, Nav: nav, Prefix: h.opts.Prefix, RiverUIURL: strings.TrimRight(h.opts.RiverUIURL, "/"),
-		Flash: r.URL.Query().Get("done"), States: states, ReadOnly: h.opts.ReadOnly}
+		Flash: r.URL.Query().Get("done"), States: states, ReadOnly: h.opts.ReadOnly,
+		CanRequeue: h.may(r, ActionRequeue), CanDiscard: h.may(r, ActionDiscard)}
+}
+
+// may reports whether r may do a changing action.
+func (h *handler) may(r *http.Request, action Action) bool {
+	return !h.opts.ReadOnly && h.opts.Authorize(r, action)
+}
+
+// Bounds of the auto-refresh: often enough to follow, never a load.
+const (
+	minRefresh = 5 * time.Second
+	maxRefresh = time.Hour
+)
+
+// refresh is the auto-refresh of a page, in seconds: the request's refresh
+// parameter, or Options.Refresh; 0 for none.
+func (h *handler) refresh(r *http.Request) int {
+	d := h.opts.Refresh
+	if v := r.URL.Query().Get("refresh"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0
+		}
+		d = time.Duration(n) * time.Second
+	}
+	if d <= 0 {
+		return 0
+	}
+	return int(min(max(d, minRefresh), maxRefresh) / time.Second)
 }
 
 func (h *handler) render(w http.ResponseWriter, status int, name string, data any) {
@@ -190,15 +243,31 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, title
 }
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
-	st, err := events.Outbox{Schema: h.opts.Schema}.Stats(r.Context(), h.db)
+	o := events.Outbox{Schema: h.opts.Schema}
+	st, err := o.Stats(r.Context(), h.db)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
 	}
+	span := time.Hour
+	if r.URL.Query().Get("range") == "24h" {
+		span = 24 * time.Hour
+	}
+	minutes, err := o.FanoutByMinute(r.Context(), h.db, time.Now().Add(-span))
+	if err != nil {
+		h.dbError(w, r, err)
+		return
+	}
+	p := h.page("Overview", "overview", r)
+	p.Refresh = h.refresh(r)
 	h.render(w, http.StatusOK, "overview", struct {
 		page
-		Stats events.OutboxStats
-	}{h.page("Overview", "overview", r), st})
+		Stats          events.OutboxStats
+		Range          string
+		Fanned, Lag    chart
+		RefreshChoices []int
+	}{p, st, map[bool]string{true: "24h", false: "1h"}[span > time.Hour], fannedChart(minutes), lagChart(minutes),
+		[]int{0, 10, 30, 60}})
 }
 
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
@@ -226,21 +295,34 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	if params.Subject != "" {
 		next.Set("subject", params.Subject)
 	}
+	filter := url.Values{}
+	if params.Type != "" {
+		filter.Set("type", params.Type)
+	}
+	if params.Subject != "" {
+		filter.Set("subject", params.Subject)
+	}
+	query := ""
+	if len(filter) > 0 {
+		query = "?" + filter.Encode()
+	}
+	p := h.page(string(params.State)+" events", string(params.State), r)
+	p.Refresh = h.refresh(r)
 	h.render(w, http.StatusOK, "list", struct {
 		page
 		State               events.ListState
 		Type, Subject, Next string
 		NextURL             string
+		Filter              string // the filter as a query, "?type=…", for the bulk actions
 		Events              []events.EventInfo
-	}{h.page(string(params.State)+" events", string(params.State), r), params.State, params.Type, params.Subject, res.Next,
-		h.opts.Prefix + "/events?" + next.Encode(), res.Events})
+	}{p, params.State, params.Type, params.Subject, res.Next,
+		h.opts.Prefix + "/events?" + next.Encode(), query, res.Events})
 }
 
-// job is a fanout entry with its River UI link.
+// job is a fanout entry with River's state of its job and its River UI link.
 type job struct {
-	Subscriber string
-	ID         int64
-	URL        string
+	events.FanoutJob
+	URL string
 }
 
 func (h *handler) event(w http.ResponseWriter, r *http.Request) {
@@ -253,15 +335,24 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		h.dbError(w, r, err)
 		return
 	}
+	// River's state of each job, in one query; without it (River's table
+	// unreadable, say) the page still shows the job IDs.
 	var jobs []job
-	for name, jobID := range e.Fanout {
-		j := job{Subscriber: name, ID: jobID}
+	fanout, jobsErr := events.Outbox{Schema: h.opts.Schema}.FanoutJobs(r.Context(), h.db, id)
+	if jobsErr != nil {
+		h.opts.Logger.WarnContext(r.Context(), "eventsui: reading the fanout's River jobs", slog.String("err", jobsErr.Error()))
+		for name, jobID := range e.Fanout {
+			fanout = append(fanout, events.FanoutJob{Subscriber: name, JobID: jobID})
+		}
+		slices.SortFunc(fanout, func(a, b events.FanoutJob) int { return strings.Compare(a.Subscriber, b.Subscriber) })
+	}
+	for _, fj := range fanout {
+		j := job{FanoutJob: fj}
 		if h.opts.RiverUIURL != "" {
-			j.URL = fmt.Sprintf("%s/jobs/%d", strings.TrimRight(h.opts.RiverUIURL, "/"), jobID)
+			j.URL = fmt.Sprintf("%s/jobs/%d", strings.TrimRight(h.opts.RiverUIURL, "/"), fj.JobID)
 		}
 		jobs = append(jobs, j)
 	}
-	slices.SortFunc(jobs, func(a, b job) int { return strings.Compare(a.Subscriber, b.Subscriber) })
 	var pretty bytes.Buffer
 	if json.Indent(&pretty, e.Payload, "", "  ") != nil {
 		pretty.Reset()
@@ -281,24 +372,182 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		Event                 *events.EventInfo
 		StateName, StateClass string
 		Jobs                  []job
+		JobsUnknown           bool
 		Payload               string
-	}{h.page(e.Type, "", r), &e, name, class, jobs, pretty.String()})
+	}{h.page(e.Type, "", r), &e, name, class, jobs, jobsErr != nil, pretty.String()})
+}
+
+// confirm is a confirmation page: what is about to happen, and the form
+// that does it (POST, so the same guards as any change apply).
+type confirm struct {
+	page
+	Question, Detail string
+	Action, Button   string
+	Danger           bool
+	IDs              []uuid.UUID // the events the form acts on
+	Shown            []events.EventInfo
+	More             bool // more events matched than one confirmation covers
+	Cancel           string
+}
+
+// guard refuses a confirmation page to a request that could not post it.
+func (h *handler) guard(w http.ResponseWriter, r *http.Request, action Action) bool {
+	if h.opts.ReadOnly {
+		h.fail(w, r, http.StatusForbidden, "Forbidden", "This view is read-only.")
+		return false
+	}
+	if !h.opts.Authorize(r, action) {
+		h.fail(w, r, http.StatusForbidden, "Forbidden", fmt.Sprintf("You may not %s events.", action))
+		return false
+	}
+	return true
+}
+
+func (h *handler) confirmDiscard(w http.ResponseWriter, r *http.Request) {
+	id, ok := h.id(w, r)
+	if !ok || !h.guard(w, r, ActionDiscard) {
+		return
+	}
+	e, err := events.Outbox{Schema: h.opts.Schema}.Inspect(r.Context(), h.db, id)
+	if err != nil {
+		h.dbError(w, r, err)
+		return
+	}
+	if !e.Poisoned() {
+		h.dbError(w, r, events.ErrNotPoisoned)
+		return
+	}
+	h.render(w, http.StatusOK, "confirm", confirm{page: h.page("Discard event?", "", r),
+		Question: "Discard this poisoned event for good?",
+		Detail:   "It is deleted and never fanned out; this cannot be undone.",
+		Action:   h.opts.Prefix + "/events/" + id.String() + "/discard", Button: "Discard", Danger: true,
+		Shown: []events.EventInfo{e}, Cancel: h.opts.Prefix + "/events/" + id.String()})
+}
+
+// bulkMax is the most events one bulk confirmation covers: its form carries
+// their IDs, so that what is confirmed is what changes, not whatever
+// matches the filter by the time the form is posted.
+const bulkMax = 1000
+
+// bulkActions are the bulk actions by path segment.
+var bulkActions = map[string]Action{"requeue": ActionRequeue, "discard": ActionDiscard}
+
+func (h *handler) confirmBulk(w http.ResponseWriter, r *http.Request) {
+	action, ok := bulkActions[r.PathValue("action")]
+	if !ok {
+		h.fail(w, r, http.StatusNotFound, "Not found", "No such action.")
+		return
+	}
+	if !h.guard(w, r, action) {
+		return
+	}
+	q := r.URL.Query()
+	params := events.ListParams{State: events.StatePoisoned, Type: q.Get("type"), Subject: q.Get("subject"), Limit: bulkMax}
+	res, err := events.Outbox{Schema: h.opts.Schema}.ListEvents(r.Context(), h.db, params)
+	var invalid *events.ValidationError
+	if errors.As(err, &invalid) {
+		h.fail(w, r, http.StatusBadRequest, "Bad request", fmt.Sprintf("%s %s", invalid.Field, invalid.Reason))
+		return
+	}
+	if err != nil {
+		h.dbError(w, r, err)
+		return
+	}
+	c := confirm{page: h.page(fmt.Sprintf("%s %d events?", titleCase(string(action)), len(res.Events)), "poisoned", r),
+		Action: h.opts.Prefix + "/bulk/" + string(action), Button: fmt.Sprintf("%s %d events", titleCase(string(action)), len(res.Events)),
+		Danger: action == ActionDiscard, More: res.Next != ""}
+	for _, e := range res.Events {
+		c.IDs = append(c.IDs, e.ID)
+	}
+	c.Shown = res.Events[:min(len(res.Events), 20)]
+	filter := url.Values{"state": {string(events.StatePoisoned)}}
+	var of string
+	if params.Type != "" {
+		filter.Set("type", params.Type)
+		of += " of type " + params.Type
+	}
+	if params.Subject != "" {
+		filter.Set("subject", params.Subject)
+		of += " with subject " + params.Subject
+	}
+	c.Cancel = h.opts.Prefix + "/events?" + filter.Encode()
+	c.Question = fmt.Sprintf("%s %d poisoned events%s?", titleCase(string(action)), len(res.Events), of)
+	switch action {
+	case ActionRequeue:
+		c.Detail = "They go back in the queue and are fanned out as usual; their attempts and last errors are cleared."
+	case ActionDiscard:
+		c.Detail = "They are deleted and never fanned out; this cannot be undone."
+	}
+	if len(res.Events) == 0 {
+		c.Question, c.Detail = fmt.Sprintf("No poisoned events%s.", of), ""
+	}
+	h.render(w, http.StatusOK, "confirm", c)
+}
+
+// bulk serves a confirmed bulk action: the IDs the confirmation page
+// listed, each changed as the single action would (one that is no longer
+// poisoned is skipped).
+func (h *handler) bulk(w http.ResponseWriter, r *http.Request) {
+	action, ok := bulkActions[r.PathValue("action")]
+	if !ok {
+		h.fail(w, r, http.StatusNotFound, "Not found", "No such action.")
+		return
+	}
+	if !h.refuse(w, r, action) {
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if err := r.ParseForm(); err != nil {
+		h.fail(w, r, http.StatusBadRequest, "Bad request", "The form could not be read.")
+		return
+	}
+	raw := r.PostForm["id"]
+	if len(raw) > bulkMax {
+		h.fail(w, r, http.StatusBadRequest, "Bad request", fmt.Sprintf("At most %d events at once.", bulkMax))
+		return
+	}
+	ids := make([]uuid.UUID, 0, len(raw))
+	for _, s := range raw {
+		id, err := uuid.Parse(s)
+		if err != nil {
+			h.fail(w, r, http.StatusBadRequest, "Bad request", "That is not an event ID.")
+			return
+		}
+		ids = append(ids, id)
+	}
+	f := map[Action]func(*http.Request, uuid.UUID) error{ActionRequeue: h.requeue, ActionDiscard: h.discard}[action]
+	var done, skipped int
+	for _, id := range ids {
+		err := f(r, id)
+		switch {
+		case err == nil:
+			done++
+		case errors.Is(err, events.ErrNotFound), errors.Is(err, events.ErrNotPoisoned):
+			skipped++ // changed by someone else since the confirmation
+		default:
+			h.dbError(w, r, fmt.Errorf("after %d of %d: %w", done, len(ids), err))
+			return
+		}
+	}
+	msg := fmt.Sprintf("%d events %s.", done, map[Action]string{ActionRequeue: "requeued", ActionDiscard: "discarded"}[action])
+	if skipped > 0 {
+		msg += fmt.Sprintf(" %d skipped: no longer poisoned.", skipped)
+	}
+	http.Redirect(w, r, h.opts.Prefix+"/events?state=poisoned&done="+url.QueryEscape(msg), http.StatusSeeOther)
+}
+
+func titleCase(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 // change serves a state-changing POST: cross-origin requests, read-only
 // mode and unauthorized requests are refused before anything changes.
 func (h *handler) change(action Action, done string, f func(*http.Request, uuid.UUID) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := h.csrf.Check(r); err != nil {
-			h.fail(w, r, http.StatusForbidden, "Forbidden", "Cross-origin request refused.")
-			return
-		}
-		if h.opts.ReadOnly {
-			h.fail(w, r, http.StatusForbidden, "Forbidden", "This view is read-only.")
-			return
-		}
-		if !h.opts.Authorize(r, action) {
-			h.fail(w, r, http.StatusForbidden, "Forbidden", fmt.Sprintf("You may not %s events.", action))
+		if !h.refuse(w, r, action) {
 			return
 		}
 		id, ok := h.id(w, r)
@@ -315,6 +564,16 @@ func (h *handler) change(action Action, done string, f func(*http.Request, uuid.
 		}
 		http.Redirect(w, r, target+sep(target)+"done="+url.QueryEscape(fmt.Sprintf("Event %s %s.", id, done)), http.StatusSeeOther)
 	}
+}
+
+// refuse answers 403 to a changing request that is cross-origin, in
+// read-only mode or not authorized, and reports whether it may go on.
+func (h *handler) refuse(w http.ResponseWriter, r *http.Request, action Action) bool {
+	if err := h.csrf.Check(r); err != nil {
+		h.fail(w, r, http.StatusForbidden, "Forbidden", "Cross-origin request refused.")
+		return false
+	}
+	return h.guard(w, r, action)
 }
 
 func (h *handler) id(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {

@@ -2,16 +2,21 @@ package eventsui_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events"
@@ -196,4 +201,341 @@ func TestAuthorizationAndReadOnly(t *testing.T) {
 	info, err := events.Inspect(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.True(t, info.Poisoned(), "nothing changed")
+}
+
+// job inserts a River job (through River) and leaves it in state after
+// attempt attempts, the last failing with lastError; it returns the job ID.
+func job(t *testing.T, pool *pgxpool.Pool, state string, attempt int, lastError string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	require.NoError(t, err)
+	res, err := client.Insert(ctx, searchArgs{Subject: "note:1"}, nil)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE river_job SET state = $2::text::river_job_state, attempt = $3::smallint, attempted_at = now(),
+		errors = CASE WHEN $4 = '' THEN NULL ELSE ARRAY[jsonb_build_object('at', now(), 'attempt', $3::int, 'error', $4::text)] END,
+		finalized_at = CASE WHEN $2::text IN ('completed', 'discarded', 'cancelled') THEN now() END
+		WHERE id = $1`, res.Job.ID, state, attempt, lastError)
+	require.NoError(t, err)
+	return res.Job.ID
+}
+
+// postForm is post with a form body.
+func postForm(t *testing.T, u, site string, form url.Values) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(form.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Sec-Fetch-Site", site)
+	resp, err := noRedirect.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("Location")
+}
+
+func TestEventShowsEachJobsRiverState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := eventstest.Pool(t)
+	done := job(t, pool, "completed", 1, "")
+	failing := job(t, pool, "retryable", 2, `index <script>alert(1)</script> read-only`)
+	gone := done + failing + 100
+	id := uuid.Must(uuid.NewV7())
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_events (id, type, subject, fanned_out_at, fanout) VALUES ($1, 'note.changed', 'note:1', now(), $2)`,
+		id, fmt.Sprintf(`{"audit": %d, "search": %d, "mail": %d}`, done, failing, gone))
+	require.NoError(t, err)
+	srv := serve(t, pool, eventsui.Options{RiverUIURL: "/riverui/", Authorize: allowAll})
+
+	code, body := get(t, srv.URL+"/events/"+id.String())
+	require.Equal(t, http.StatusOK, code)
+	row := func(sub string) string {
+		i := strings.Index(body, `<tr data-subscriber="`+sub+`">`)
+		require.NotEqual(t, -1, i, sub)
+		return body[i : i+strings.Index(body[i:], "</tr>")]
+	}
+	audit, search, mail := row("audit"), row("search"), row("mail")
+	require.Contains(t, audit, fmt.Sprintf(`<a href="/riverui/jobs/%d">%d</a>`, done, done))
+	require.Contains(t, audit, `<span class="job-state completed">completed</span>`)
+	require.Contains(t, audit, "1 / 25")
+	require.Contains(t, search, `<span class="job-state retryable">retryable</span>`)
+	require.Contains(t, search, "2 / 25")
+	require.Contains(t, search, "index &lt;script&gt;alert(1)&lt;/script&gt; read-only", "River's error, escaped")
+	require.Contains(t, mail, ">gone</span>", "a job River deleted")
+	require.NotContains(t, body, "<script>")
+}
+
+func TestDiscardAsksFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, pending, poisoned, _ := fixture(t)
+	srv := serve(t, pool, eventsui.Options{Prefix: "/outbox", Authorize: allowAll})
+	base := srv.URL + "/outbox"
+
+	// The detail page links to the confirmation; it has no form that discards.
+	_, body := get(t, base+"/events/"+poisoned.String())
+	require.Contains(t, body, `href="/outbox/events/`+poisoned.String()+`/discard"`)
+	require.NotContains(t, body, `action="/outbox/events/`+poisoned.String()+`/discard"`)
+
+	code, body := get(t, base+"/events/"+poisoned.String()+"/discard")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<form method="post" action="/outbox/events/`+poisoned.String()+`/discard">`)
+	require.Contains(t, body, "Discard this poisoned event for good?")
+	require.Contains(t, body, "no &lt;i&gt;template&lt;/i&gt;", "the event's last error, escaped")
+	require.Contains(t, body, `id="cancel" href="/outbox/events/`+poisoned.String()+`"`)
+	_, err := events.Inspect(ctx, pool, poisoned)
+	require.NoError(t, err, "showing the confirmation changes nothing")
+
+	code, _ = get(t, base+"/events/"+pending.String()+"/discard")
+	require.Equal(t, http.StatusConflict, code, "only poisoned events")
+	code, _ = get(t, base+"/events/"+uuid.Must(uuid.NewV7()).String()+"/discard")
+	require.Equal(t, http.StatusNotFound, code)
+	code, _ = post(t, base+"/events/"+poisoned.String()+"/discard", "cross-site")
+	require.Equal(t, http.StatusForbidden, code, "the confirmed POST is refused cross-origin")
+	_, err = events.Inspect(ctx, pool, poisoned)
+	require.NoError(t, err)
+
+	code, loc := post(t, base+"/events/"+poisoned.String()+"/discard", "same-origin")
+	require.Equal(t, http.StatusSeeOther, code)
+	require.True(t, strings.HasPrefix(loc, "/outbox/events?state=poisoned"), loc)
+	_, err = events.Inspect(ctx, pool, poisoned)
+	require.ErrorIs(t, err, events.ErrNotFound)
+}
+
+func TestButtonsShowOnlyWhenAuthorized(t *testing.T) {
+	t.Parallel()
+	pool, _, poisoned, _ := fixture(t)
+	only := func(allowed eventsui.Action) eventsui.Options {
+		return eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView || a == allowed }}
+	}
+	for _, tc := range []struct {
+		name                string
+		opts                eventsui.Options
+		requeue, discard    bool
+		requeueGET, discGET int
+	}{
+		{"requeue only", only(eventsui.ActionRequeue), true, false, http.StatusOK, http.StatusForbidden},
+		{"discard only", only(eventsui.ActionDiscard), false, true, http.StatusForbidden, http.StatusOK},
+		{"view only", only(eventsui.ActionView), false, false, http.StatusForbidden, http.StatusForbidden},
+		{"read-only", eventsui.Options{Authorize: allowAll, ReadOnly: true}, false, false, http.StatusForbidden, http.StatusForbidden},
+	} {
+		srv := serve(t, pool, tc.opts)
+		_, detail := get(t, srv.URL+"/events/"+poisoned.String())
+		_, list := get(t, srv.URL+"/events?state=poisoned")
+		require.Equal(t, tc.requeue, strings.Contains(detail, `id="requeue"`), tc.name)
+		require.Equal(t, tc.discard, strings.Contains(detail, `id="discard"`), tc.name)
+		require.Equal(t, tc.requeue, strings.Contains(list, `id="bulk-requeue"`), tc.name)
+		require.Equal(t, tc.discard, strings.Contains(list, `id="bulk-discard"`), tc.name)
+		code, _ := get(t, srv.URL+"/bulk/requeue")
+		require.Equal(t, tc.requeueGET, code, tc.name)
+		code, _ = get(t, srv.URL+"/bulk/discard")
+		require.Equal(t, tc.discGET, code, tc.name)
+		code, _ = get(t, srv.URL+"/events/"+poisoned.String()+"/discard")
+		require.Equal(t, tc.discGET, code, tc.name)
+	}
+}
+
+// bulkFixture poisons three ledger events (one with a hostile subject) and
+// a note event.
+func bulkFixture(t *testing.T) (pool *pgxpool.Pool, ledger []uuid.UUID, note uuid.UUID) {
+	t.Helper()
+	pool = eventstest.Pool(t)
+	for i, subject := range []string{"entry:1", "entry:<b>2</b>", "entry:3", "note:1"} {
+		id := uuid.Must(uuid.NewV7())
+		typ := "ledger.entry"
+		if i == 3 {
+			typ, note = "note.changed", id
+		} else {
+			ledger = append(ledger, id)
+		}
+		_, err := pool.Exec(context.Background(), `INSERT INTO outbox_events (id, type, subject, attempts, last_error, poisoned_at)
+			VALUES ($1, $2, $3, 5, 'boom', now() - $4::int * interval '1 minute')`, id, typ, subject, i)
+		require.NoError(t, err)
+	}
+	return pool, ledger, note
+}
+
+// hiddenIDs returns the IDs a confirmation form carries.
+var hiddenIDRE = regexp.MustCompile(`<input type="hidden" name="id" value="([0-9a-f-]{36})">`)
+
+func hiddenIDs(t *testing.T, body string) url.Values {
+	t.Helper()
+	form := url.Values{}
+	for _, m := range hiddenIDRE.FindAllStringSubmatch(body, -1) {
+		form.Add("id", m[1])
+	}
+	return form
+}
+
+func poisonedNow(t *testing.T, pool *pgxpool.Pool, ids ...uuid.UUID) (n int) {
+	t.Helper()
+	for _, id := range ids {
+		info, err := events.Inspect(context.Background(), pool, id)
+		if err == nil && info.Poisoned() {
+			n++
+		}
+	}
+	return n
+}
+
+func TestBulkRequeueByFilterConfirmsTheCount(t *testing.T) {
+	t.Parallel()
+	pool, ledger, note := bulkFixture(t)
+	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+
+	_, list := get(t, srv.URL+"/events?state=poisoned&type=ledger.**")
+	require.Contains(t, list, `id="bulk-requeue" href="/bulk/requeue?type=ledger.%2A%2A"`)
+
+	code, body := get(t, srv.URL+"/bulk/requeue?type=ledger.**")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "Requeue 3 poisoned events of type ledger.**?")
+	require.Contains(t, body, "entry:&lt;b&gt;2&lt;/b&gt;")
+	require.NotContains(t, body, "<b>2</b>")
+	form := hiddenIDs(t, body)
+	require.ElementsMatch(t, []string{ledger[0].String(), ledger[1].String(), ledger[2].String()}, form["id"])
+	require.Equal(t, 4, poisonedNow(t, pool, append(ledger, note)...), "the confirmation changes nothing")
+
+	code, _ = postForm(t, srv.URL+"/bulk/requeue", "cross-site", form)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Equal(t, 4, poisonedNow(t, pool, append(ledger, note)...))
+
+	// One of them is requeued by someone else meanwhile: skipped, not an error.
+	require.NoError(t, events.Requeue(context.Background(), pool, ledger[2]))
+	code, loc := postForm(t, srv.URL+"/bulk/requeue", "same-origin", form)
+	require.Equal(t, http.StatusSeeOther, code)
+	u, err := url.Parse(loc)
+	require.NoError(t, err)
+	require.Equal(t, "2 events requeued. 1 skipped: no longer poisoned.", u.Query().Get("done"))
+	require.Equal(t, 0, poisonedNow(t, pool, ledger...))
+	require.Equal(t, 1, poisonedNow(t, pool, note), "outside the filter")
+
+	code, body = get(t, srv.URL+"/bulk/requeue?type=ledger.**")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "No poisoned events of type ledger.**.")
+	require.NotContains(t, body, `id="confirm"`)
+
+	code, _ = get(t, srv.URL+"/bulk/requeue?type=a*")
+	require.Equal(t, http.StatusBadRequest, code)
+	code, _ = get(t, srv.URL+"/bulk/frobnicate")
+	require.Equal(t, http.StatusNotFound, code)
+	code, _ = postForm(t, srv.URL+"/bulk/requeue", "same-origin", url.Values{"id": {"nope"}})
+	require.Equal(t, http.StatusBadRequest, code)
+}
+
+func TestBulkDiscardByFilterIsGuarded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, ledger, note := bulkFixture(t)
+	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	_, body := get(t, srv.URL+"/bulk/discard?subject=entry:3")
+	require.Contains(t, body, "Discard 1 poisoned events with subject entry:3?")
+	form := hiddenIDs(t, body)
+	require.Equal(t, []string{ledger[2].String()}, form["id"])
+
+	readOnly := serve(t, pool, eventsui.Options{Authorize: allowAll, ReadOnly: true})
+	code, _ := postForm(t, readOnly.URL+"/bulk/discard", "same-origin", form)
+	require.Equal(t, http.StatusForbidden, code)
+	noDiscard := serve(t, pool, eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a != eventsui.ActionDiscard }})
+	code, _ = postForm(t, noDiscard.URL+"/bulk/discard", "same-origin", form)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Equal(t, 4, poisonedNow(t, pool, append(ledger, note)...))
+
+	code, loc := postForm(t, srv.URL+"/bulk/discard", "same-origin", form)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Contains(t, loc, "done=1+events+discarded.")
+	_, err := events.Inspect(ctx, pool, ledger[2])
+	require.ErrorIs(t, err, events.ErrNotFound)
+	require.Equal(t, 3, poisonedNow(t, pool, ledger[0], ledger[1], note))
+}
+
+func TestPoisonedListShowsWhenPoisoned(t *testing.T) {
+	t.Parallel()
+	pool, _, poisoned, _ := fixture(t)
+	_, err := pool.Exec(context.Background(), "UPDATE outbox_events SET poisoned_at = '2026-01-02 03:04:05Z', created_at = '2025-12-31 00:00:00Z' WHERE id = $1", poisoned)
+	require.NoError(t, err)
+	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	_, body := get(t, srv.URL+"/events?state=poisoned")
+	require.Contains(t, body, "<th>Poisoned</th>")
+	require.Contains(t, body, `<td class="mono nowrap poisoned-at">2026-01-02 03:04:05.000Z</td>`)
+	require.Contains(t, body, `<td class="mono id"><a href="/events/`+poisoned.String()+`">`)
+	code, css := get(t, srv.URL+"/static/style.css")
+	require.Equal(t, http.StatusOK, code)
+	require.Regexp(t, `td\.id[^{]*\{[^}]*white-space: nowrap`, css)
+}
+
+// svgPath returns the d attribute of the chart's path of class class.
+func svgPath(t *testing.T, body, chartID, class string) string {
+	t.Helper()
+	i := strings.Index(body, `<figure class="chart" id="`+chartID+`">`)
+	require.NotEqual(t, -1, i, chartID)
+	m := regexp.MustCompile(`<path class="` + class + `" d="([^"]*)">`).FindStringSubmatch(body[i:])
+	require.NotNil(t, m, chartID)
+	return m[1]
+}
+
+func TestOverviewChartsFanOutAndLag(t *testing.T) {
+	t.Parallel()
+	pool := eventstest.Pool(t)
+	// 2 events fanned out 10 minutes ago after waiting 30 s; 1 just now,
+	// after 2 s; one 3 hours ago (only in the 24-hour chart).
+	_, err := pool.Exec(context.Background(), `INSERT INTO outbox_events (id, type, created_at, fanned_out_at, fanout) VALUES
+		(gen_random_uuid(), 'a', now() - interval '10 minutes 30 seconds', now() - interval '10 minutes', '{}'),
+		(gen_random_uuid(), 'a', now() - interval '10 minutes 30 seconds', now() - interval '10 minutes', '{}'),
+		(gen_random_uuid(), 'a', now() - interval '2 seconds', now(), '{}'),
+		(gen_random_uuid(), 'a', now() - interval '3 hours 1 minute', now() - interval '3 hours', '{}')`)
+	require.NoError(t, err)
+	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+
+	resp, err := noRedirect.Get(srv.URL + "/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "script-src 'none'")
+
+	code, body := get(t, srv.URL+"/")
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, body, "<script")
+	line := svgPath(t, body, "fanned-chart", "line")
+	points := strings.Count(line, "L") + 1
+	require.GreaterOrEqual(t, points, 61, "a point per minute of the hour")
+	require.LessOrEqual(t, points, 62)
+	require.True(t, strings.HasPrefix(line, "M0.0,120.0L"), line)
+	require.Contains(t, line, ",0.0L", "the peak minute (2 events) touches the top")
+	require.Contains(t, svgPath(t, body, "fanned-chart", "area"), "Z")
+	require.Contains(t, body, "peak 2 · latest")
+	require.Contains(t, body, "3 events in all")
+	require.Contains(t, svgPath(t, body, "lag-chart", "line"), ",0.0L", "the 30 s wait is the peak")
+	require.Contains(t, body, "peak 30s")
+
+	_, body = get(t, srv.URL+"/?range=24h")
+	points = strings.Count(svgPath(t, body, "fanned-chart", "line"), "L") + 1
+	require.GreaterOrEqual(t, points, 24*60+1)
+	require.Contains(t, body, "4 events in all")
+	require.Contains(t, body, `class="active" id="range-24h"`)
+}
+
+func TestOverviewAutoRefresh(t *testing.T) {
+	t.Parallel()
+	pool := eventstest.Pool(t)
+	off := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	every30 := serve(t, pool, eventsui.Options{Authorize: allowAll, Refresh: 30 * time.Second})
+	for _, tc := range []struct {
+		srv  *httptest.Server
+		path string
+		want string // the meta's content; "" for none
+	}{
+		{off, "/", ""},
+		{off, "/?refresh=10", "10"},
+		{off, "/?refresh=1", "5"}, // at least every 5 s
+		{off, "/?refresh=junk", ""},
+		{off, "/events?state=pending&refresh=15", "15"},
+		{every30, "/", "30"},
+		{every30, "/?refresh=0", ""},
+		{every30, "/events/" + uuid.Must(uuid.NewV7()).String(), ""}, // not on an error page
+	} {
+		_, body := get(t, tc.srv.URL+tc.path)
+		if tc.want == "" {
+			require.NotContains(t, body, `http-equiv="refresh"`, tc.path)
+			continue
+		}
+		require.Contains(t, body, `<meta http-equiv="refresh" content="`+tc.want+`">`, tc.path)
+	}
 }

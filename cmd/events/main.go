@@ -9,7 +9,8 @@
 //
 //	migrate [--dry-run]            apply River's and the library's migrations (--dry-run prints the SQL)
 //	migrate list                   the migrations, applied or not
-//	stats                          pending, lag, retrying, poisoned, catching up, fanned out in the last minute
+//	stats [--watch N]              pending, lag, retrying, poisoned, catching up, fanned out in the last minute;
+//	                               with --watch, again every N seconds until interrupted
 //	list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
 //	                               STATE is pending, retrying, poisoned or recent
 //	inspect ID                     one event: fields, payload, attempts, fanout
@@ -20,7 +21,9 @@
 //	subscribers                    the subscriber registry
 //
 // The connection comes from --database-url or DATABASE_URL. Output is a
-// table for people, or JSON with --json. Exit codes: 0 success, 1 an error
+// table for people, or JSON with --json. Tables show control characters in
+// subjects, types and errors as Go escapes (\x1b, \a), so recorded bytes
+// cannot drive the terminal; JSON keeps them exactly. Exit codes: 0 success, 1 an error
 // (on standard error), 2 a usage error.
 package main
 

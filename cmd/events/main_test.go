@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -215,4 +217,130 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	code, _, stderr := runCLI(t, url, "", "inspect", uuid.Must(uuid.NewV7()).String())
 	require.Equal(t, exitError, code)
 	require.Contains(t, stderr, "event not found")
+}
+
+// hostile records an event whose subject, last error and payload hold bytes
+// that drive a terminal (an OSC retitle ended by BEL, a clear screen, a
+// colour, a C1 CSI, a bidi override) and a last error long enough in
+// multi-byte text to be cut.
+func hostile(t *testing.T) (url string, id uuid.UUID, subject, lastError string) {
+	t.Helper()
+	url = testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	id = uuid.Must(uuid.NewV7())
+	subject = "note:\x1b]0;owned\a\x1b[2J"
+	lastError = "subscriber \"search\": Map: \x1b[31m" + strings.Repeat("ошибка ", 12) + "\u009b"
+	_, err := pool.Exec(context.Background(), `INSERT INTO outbox_events (id, type, subject, payload, attempts, last_error)
+		VALUES ($1, 'note.changed', $2, $3, 1, $4)`, id, subject, `{"title":"\u202eevil\u0085", "bell":"\u0007"}`, lastError)
+	require.NoError(t, err)
+	return url, id, subject, lastError
+}
+
+func TestHostileBytesAreEscapedInTables(t *testing.T) {
+	t.Parallel()
+	url, id, subject, lastError := hostile(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"list_hostile", []string{"list", "retrying"}},
+		{"inspect_hostile", []string{"inspect", id.String()}},
+	} {
+		code, out, errOut := runCLI(t, url, "", tc.args...)
+		require.Equal(t, exitOK, code, "%v: %s", tc.args, errOut)
+		for _, b := range []string{"\x1b", "\a", "\u009b", "\u202e", "\u0085"} {
+			require.NotContains(t, out, b, "%v: a control character reached the terminal", tc.args)
+		}
+		require.True(t, utf8.ValidString(out), "%v: a rune was cut", tc.args)
+		golden(t, tc.name, out)
+	}
+
+	// JSON keeps the bytes exactly.
+	var page struct {
+		Events []struct {
+			Subject   string          `json:"subject"`
+			LastError string          `json:"last_error"`
+			Payload   json.RawMessage `json:"payload"`
+		} `json:"events"`
+	}
+	code, out, _ := runCLI(t, url, "", "--json", "list", "retrying")
+	require.Equal(t, exitOK, code)
+	require.NoError(t, json.Unmarshal([]byte(out), &page))
+	require.Len(t, page.Events, 1)
+	require.Equal(t, subject, page.Events[0].Subject)
+	require.Equal(t, lastError, page.Events[0].LastError)
+	var payload map[string]string
+	require.NoError(t, json.Unmarshal(page.Events[0].Payload, &payload))
+	require.Equal(t, map[string]string{"title": "\u202eevil\u0085", "bell": "\a"}, payload)
+}
+
+func TestErrorsArePrefixedOnce(t *testing.T) {
+	t.Parallel()
+	// A database without the library's tables: the library's own error.
+	code, _, errOut := runCLI(t, testdb.EmptyURL(t), "", "stats")
+	require.Equal(t, exitError, code)
+	require.True(t, strings.HasPrefix(errOut, "events: stats: "), errOut)
+	require.NotContains(t, errOut, "events: events:")
+
+	url := testdb.URL(t)
+	id := uuid.Must(uuid.NewV7())
+	code, _, errOut = runCLI(t, url, "", "inspect", id.String())
+	require.Equal(t, exitError, code)
+	require.Equal(t, "events: event not found: "+id.String()+"\n", errOut)
+	code, _, errOut = runCLI(t, url, "", "discard", id.String())
+	require.Equal(t, exitError, code)
+	require.Equal(t, "events: event not found: "+id.String()+"\nevents: 1 of 1 event(s) not discarded\n", errOut)
+	// A usage error: one prefix too.
+	code, _, errOut = runCLI(t, url, "", "list", "sideways")
+	require.Equal(t, exitUsage, code)
+	require.True(t, strings.HasPrefix(errOut, "events: list: state "), errOut)
+}
+
+// watchCLI runs "stats --watch" for frames frames: the third time the watch
+// would wait, the test interrupts it instead, as Ctrl-C would.
+func watchCLI(t *testing.T, url string, frames int, args ...string) (code int, out string, waits []time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	c := &cli{ctx: ctx, stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr,
+		after: func(d time.Duration) <-chan time.Time {
+			waits = append(waits, d)
+			if len(waits) == frames {
+				cancel()
+				return nil // never fires: only the interrupt ends the wait
+			}
+			tick := make(chan time.Time, 1)
+			tick <- time.Now()
+			return tick
+		}}
+	code = c.exit(append([]string{"--database-url", url}, args...))
+	require.Empty(t, stderr.String())
+	return code, stdout.String(), waits
+}
+
+func TestStatsWatchRepeatsUntilInterrupted(t *testing.T) {
+	t.Parallel()
+	url, _, _ := fixture(t)
+	code, out, waits := watchCLI(t, url, 3, "stats", "--watch", "2")
+	require.Equal(t, exitOK, code, "an interrupt ends a watch without an error")
+	require.Equal(t, []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second}, waits)
+	require.Equal(t, 3, strings.Count(out, "\npoisoned  "), out)
+	golden(t, "stats_watch", out)
+
+	code, out, _ = watchCLI(t, url, 2, "--json", "stats", "--watch", "0.5")
+	require.Equal(t, exitOK, code)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 2, "one JSON object per line")
+	for _, l := range lines {
+		var st map[string]float64
+		require.NoError(t, json.Unmarshal([]byte(l), &st))
+		require.Equal(t, float64(1), st["poisoned"])
+	}
+
+	for _, bad := range []string{"0.01", "-1", "x"} {
+		code, _, errOut := runCLI(t, url, "", "stats", "--watch", bad)
+		require.Equal(t, exitUsage, code, bad)
+		require.Contains(t, errOut, "usage: events", bad)
+	}
 }

@@ -40,7 +40,8 @@ const usage = `usage: events [--database-url URL] [--schema S] [--json] <command
 commands:
   migrate [--dry-run]        apply River's and the library's migrations
   migrate list               the migrations, applied or not
-  stats                      pending, lag, retrying, poisoned, fanned out in the last minute
+  stats [--watch N]          pending, lag, retrying, poisoned, fanned out in the last minute
+                             (--watch: again every N seconds until interrupted)
   list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
                              STATE: pending, retrying, poisoned or recent
   inspect ID                 one event in full
@@ -62,11 +63,26 @@ type cli struct {
 	json   bool
 	outbox events.Outbox
 	pool   *pgxpool.Pool
+	// after is time.After; tests replace it to run a watch without waiting.
+	after func(time.Duration) <-chan time.Time
 }
+
+// Widths, in runes, of the long columns of tables: longer values end in
+// "…". (inspect prints them whole.)
+const (
+	subjectWidth = 40
+	errorWidth   = 60
+)
 
 // run runs the command line args and returns the exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	c := &cli{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	return (&cli{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, after: time.After}).exit(args)
+}
+
+// exit runs args and reports the outcome: the exit code, and any error on
+// standard error.
+func (c *cli) exit(args []string) int {
+	stdout, stderr := c.stdout, c.stderr
 	err := c.run(args)
 	var ue usageError
 	switch {
@@ -76,12 +92,23 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "events: %v\n\n%s", err, usage)
+		fmt.Fprintf(stderr, "%s\n\n%s", errorLine(err), usage)
 		return exitUsage
 	default:
-		fmt.Fprintf(stderr, "events: %v\n", err)
+		fmt.Fprintln(stderr, errorLine(err))
 		return exitError
 	}
+}
+
+// errorLine is err as the CLI prints it: prefixed with the program's name
+// once (the library's errors already start with "events: "), and cleaned, as
+// an error may quote a subject or an event's last error.
+func errorLine(err error) string {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "events: ") {
+		msg = "events: " + msg
+	}
+	return clean(msg)
 }
 
 func (c *cli) run(args []string) error {
@@ -184,7 +211,7 @@ func (c *cli) migrate(args []string) error {
 		return c.output(rows, func(w *tabwriter.Writer) {
 			fmt.Fprintln(w, "LINE\tVERSION\tNAME\tAPPLIED")
 			for _, r := range rows {
-				fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", r.Line, r.Version, r.Name, yesNo(r.Applied))
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", r.Line, r.Version, clean(r.Name), yesNo(r.Applied))
 			}
 		})
 	case len(pos) > 0:
@@ -216,28 +243,73 @@ func (c *cli) migrate(args []string) error {
 	return nil
 }
 
+// statsJSON is Stats as --json prints it.
+type statsJSON struct {
+	Pending             int64   `json:"pending"`
+	LagSeconds          float64 `json:"lag_seconds"`
+	Retrying            int64   `json:"retrying"`
+	Poisoned            int64   `json:"poisoned"`
+	CatchingUp          int64   `json:"catching_up"`
+	FannedOutLastMinute int64   `json:"fanned_out_last_minute"`
+}
+
 func (c *cli) stats(args []string) error {
-	if len(args) > 0 {
-		return usagef("stats takes no arguments")
+	var every float64
+	pos, err := flags("stats", args, func(fs *flag.FlagSet) { fs.Float64Var(&every, "watch", 0, "") })
+	if err != nil {
+		return err
 	}
+	if len(pos) > 0 {
+		return usagef("stats: unexpected %q", pos[0])
+	}
+	if every == 0 {
+		return c.statsOnce(false)
+	}
+	if every < 0.1 {
+		return usagef("stats: --watch takes seconds, at least 0.1")
+	}
+	// Until interrupted (main cancels ctx on Ctrl-C): an interrupt is how a
+	// watch ends, so it is no error, even in the middle of a query.
+	interval := time.Duration(every * float64(time.Second))
+	for {
+		if err := c.statsOnce(true); err != nil {
+			if c.ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		select {
+		case <-c.ctx.Done():
+			return nil
+		case <-c.after(interval):
+		}
+	}
+}
+
+// statsOnce prints Stats once; in a watch, each table is headed by the time
+// it was read, and each JSON object is one line (JSON Lines).
+func (c *cli) statsOnce(watching bool) error {
 	st, err := c.outbox.Stats(c.ctx, c.pool)
 	if err != nil {
 		return err
 	}
-	return c.output(struct {
-		Pending             int64   `json:"pending"`
-		LagSeconds          float64 `json:"lag_seconds"`
-		Retrying            int64   `json:"retrying"`
-		Poisoned            int64   `json:"poisoned"`
-		CatchingUp          int64   `json:"catching_up"`
-		FannedOutLastMinute int64   `json:"fanned_out_last_minute"`
-	}{st.Pending, st.Lag.Seconds(), st.Retrying, st.Poisoned, st.CatchingUp, st.FannedOutLastMinute}, func(w *tabwriter.Writer) {
+	v := statsJSON{st.Pending, st.Lag.Seconds(), st.Retrying, st.Poisoned, st.CatchingUp, st.FannedOutLastMinute}
+	if watching && c.json {
+		return json.NewEncoder(c.stdout).Encode(v)
+	}
+	return c.output(v, func(w *tabwriter.Writer) {
+		if watching {
+			fmt.Fprintf(w, "-- %s\n", time.Now().UTC().Format(time.RFC3339))
+		}
 		fmt.Fprintf(w, "pending\t%d\n", st.Pending)
 		fmt.Fprintf(w, "lag\t%s\n", st.Lag.Round(time.Millisecond))
 		fmt.Fprintf(w, "retrying\t%d\n", st.Retrying)
 		fmt.Fprintf(w, "poisoned\t%d\n", st.Poisoned)
 		fmt.Fprintf(w, "catching up\t%d\n", st.CatchingUp)
 		fmt.Fprintf(w, "fanned out, last minute\t%d\n", st.FannedOutLastMinute)
+		if watching {
+			fmt.Fprintln(w)
+		}
 	})
 }
 
@@ -301,8 +373,8 @@ func (c *cli) list(args []string) error {
 	return c.output(out, func(w *tabwriter.Writer) {
 		fmt.Fprintln(w, "ID\tSEQ\tTYPE\tSUBJECT\tCREATED\tATTEMPTS\tLAST ERROR")
 		for _, e := range page.Events {
-			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\t%s\n", e.ID, e.Seq, e.Type, e.Subject,
-				e.CreatedAt.UTC().Format(time.RFC3339), e.Attempts, truncate(e.LastError, 60))
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\t%s\n", e.ID, e.Seq, clean(e.Type), cell(e.Subject, subjectWidth),
+				e.CreatedAt.UTC().Format(time.RFC3339), e.Attempts, cell(e.LastError, errorWidth))
 		}
 		if page.Next != "" {
 			fmt.Fprintf(w, "\nnext page: --after %s\n", page.Next)
@@ -332,24 +404,24 @@ func (c *cli) inspect(args []string) error {
 		case e.Attempts > 0:
 			state = "retrying"
 		}
-		fmt.Fprintf(w, "id\t%s\nseq\t%d\ntype\t%s\nsubject\t%s\nstate\t%s\ncreated\t%s\n", e.ID, e.Seq, e.Type, e.Subject,
+		fmt.Fprintf(w, "id\t%s\nseq\t%d\ntype\t%s\nsubject\t%s\nstate\t%s\ncreated\t%s\n", e.ID, e.Seq, clean(e.Type), clean(e.Subject),
 			state, e.CreatedAt.UTC().Format(time.RFC3339Nano))
 		if !e.FannedOutAt.IsZero() {
 			fmt.Fprintf(w, "fanned out\t%s\n", e.FannedOutAt.UTC().Format(time.RFC3339Nano))
 		}
 		fmt.Fprintf(w, "attempts\t%d\n", e.Attempts)
 		if e.LastError != "" {
-			fmt.Fprintf(w, "last error\t%s\n", e.LastError)
+			fmt.Fprintf(w, "last error\t%s\n", clean(e.LastError))
 		}
 		for _, name := range sortedKeys(e.Fanout) {
-			fmt.Fprintf(w, "job\t%s → %d\n", name, e.Fanout[name])
+			fmt.Fprintf(w, "job\t%s → %d\n", clean(name), e.Fanout[name])
 		}
 		var pretty bytes.Buffer
 		if err := json.Indent(&pretty, e.Payload, "", "  "); err != nil {
 			pretty.Reset()
 			pretty.Write(e.Payload)
 		}
-		fmt.Fprintf(w, "payload\t%s\n", strings.ReplaceAll(pretty.String(), "\n", "\n\t"))
+		fmt.Fprintf(w, "payload\t%s\n", strings.ReplaceAll(cleanJSON(pretty.String()), "\n", "\n\t"))
 	})
 }
 
@@ -439,7 +511,7 @@ func (c *cli) each(done string, ids []uuid.UUID, f func(uuid.UUID) error) error 
 	var failed int
 	for _, id := range ids {
 		if err := f(id); err != nil {
-			fmt.Fprintf(c.stderr, "events: %v\n", err)
+			fmt.Fprintln(c.stderr, errorLine(err))
 			failed++
 			continue
 		}
@@ -470,7 +542,7 @@ func (c *cli) report(done string, ids []uuid.UUID) error {
 
 // confirm asks a yes/no question on stdin; anything but y or yes is no.
 func (c *cli) confirm(question string) bool {
-	fmt.Fprintf(c.stderr, "%s [y/N] ", question)
+	fmt.Fprintf(c.stderr, "%s [y/N] ", clean(question))
 	line, _ := bufio.NewReader(c.stdin).ReadString('\n')
 	answer := strings.ToLower(strings.TrimSpace(line))
 	return answer == "y" || answer == "yes"
@@ -511,7 +583,7 @@ func (c *cli) watch(args []string) error {
 		for _, r := range rows {
 			for _, op := range []string{"insert", "update", "delete"} {
 				if typ, ok := r.Types[op]; ok {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Table, r.Name, op, typ, r.Subject, r.Payload)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", clean(r.Table), clean(r.Name), op, clean(typ), clean(r.Subject), clean(r.Payload))
 				}
 			}
 		}
@@ -546,7 +618,7 @@ func (c *cli) subscribers(args []string) error {
 			if r.RetiredAt != nil {
 				retired = r.RetiredAt.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\n", r.Name, r.RegisteredAt.UTC().Format(time.RFC3339), retired)
+			fmt.Fprintf(w, "%s\t%s\t%s\n", clean(r.Name), r.RegisteredAt.UTC().Format(time.RFC3339), retired)
 		}
 	})
 }
@@ -563,13 +635,6 @@ func ofType(typ string) string {
 		return ""
 	}
 	return " of type " + typ
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-1] + "…"
 }
 
 func sortedKeys(m map[string]int64) []string {

@@ -1,0 +1,152 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/standmeet/events/internal/statements"
+)
+
+// Read-only queries for an operator's view (package eventsui): what became of
+// an event's River jobs, and how fan-out went minute by minute.
+
+// FanoutJob is one River job of an event's fanout, as River has it now.
+type FanoutJob struct {
+	// Subscriber is the subscriber the job was inserted for.
+	Subscriber string
+	// JobID is the River job's ID.
+	JobID int64
+	// Found is false when River no longer has the job (its own retention
+	// deletes finalized jobs); the other fields are then zero.
+	Found bool
+	// State is River's state of the job: available, scheduled, pending,
+	// running, retryable, completed, cancelled or discarded.
+	State string
+	// Kind is the job's kind.
+	Kind string
+	// Attempt is how many times River has worked the job, of MaxAttempts.
+	Attempt, MaxAttempts int
+	// LastError is the error of the job's last failed attempt; empty when
+	// none failed.
+	LastError string
+	// AttemptedAt is when the job was last worked; FinalizedAt when it
+	// reached a final state (completed, cancelled, discarded). Zero when
+	// not (yet).
+	AttemptedAt, FinalizedAt time.Time
+}
+
+// FanoutJobs returns the River jobs of event id's fanout with River's state
+// of each, in one query joining River's job table (in the same schema) by
+// job ID, ordered by subscriber. It returns none for an event not fanned
+// out, or unknown.
+func FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJob, error) {
+	return Outbox{}.FanoutJobs(ctx, db, id)
+}
+
+// FanoutJobs is [FanoutJobs] in o's schema.
+func (o Outbox) FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJob, error) {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `SELECT f.subscriber, f.job_id, j.id IS NOT NULL, coalesce(j.state::text, ''), coalesce(j.kind, ''),
+			coalesce(j.attempt, 0), coalesce(j.max_attempts, 0),
+			coalesce(j.errors[array_upper(j.errors, 1)] ->> 'error', ''), j.attempted_at, j.finalized_at
+		  FROM `+opsTable(sql, statements.EventsTable)+` e
+		 CROSS JOIN LATERAL (SELECT key, value::bigint FROM jsonb_each_text(e.fanout)) AS f(subscriber, job_id)
+		  LEFT JOIN `+opsTable(sql, "river_job")+` j ON j.id = f.job_id
+		 WHERE e.id = $1
+		 ORDER BY f.subscriber`, id)
+	if err != nil {
+		return nil, fmt.Errorf("events: fanout jobs %s: %w", id, err)
+	}
+	jobs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FanoutJob, error) {
+		var j FanoutJob
+		var attempted, finalized *time.Time
+		err := row.Scan(&j.Subscriber, &j.JobID, &j.Found, &j.State, &j.Kind, &j.Attempt, &j.MaxAttempts, &j.LastError,
+			&attempted, &finalized)
+		j.AttemptedAt, j.FinalizedAt = deref(attempted), deref(finalized)
+		return j, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: fanout jobs %s: %w", id, err)
+	}
+	return jobs, nil
+}
+
+// MinuteStats is one minute of fan-out, as [FanoutByMinute] reports it.
+type MinuteStats struct {
+	// Minute is the minute's start.
+	Minute time.Time
+	// FannedOut counts the events fanned out in the minute (and not
+	// poisoned since).
+	FannedOut int64
+	// MaxLag is the longest an event fanned out in the minute waited, from
+	// its recording to its fan-out; zero when none was fanned out.
+	MaxLag time.Duration
+}
+
+// FanoutByMinute reports fan-out minute by minute, from the minute of since
+// to the current one, every minute present (zero when nothing was fanned
+// out). It reads the fanned-out index over that range only; the lag needs
+// each row's recording time, so a day of a busy outbox reads many rows:
+// keep the range to what a chart shows. Retention bounds how far back there
+// is anything to count.
+func FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]MinuteStats, error) {
+	return Outbox{}.FanoutByMinute(ctx, db, since)
+}
+
+// FanoutByMinute is [FanoutByMinute] in o's schema.
+func (o Outbox) FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]MinuteStats, error) {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, fanoutByMinuteSQL(sql), since)
+	if err != nil {
+		return nil, fmt.Errorf("events: fanout by minute: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (MinuteStats, error) {
+		var m MinuteStats
+		var lag float64
+		err := row.Scan(&m.Minute, &m.FannedOut, &lag)
+		m.MaxLag = time.Duration(lag * float64(time.Second))
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: fanout by minute: %w", err)
+	}
+	return out, nil
+}
+
+// opsTable is a table of the statements' schema: the library's or River's
+// (Migrate puts both in the same schema), quoted, or bare for the
+// search_path.
+func opsTable(sql *statements.Set, table string) string {
+	if sql.Schema == "" {
+		return table
+	}
+	return pgx.Identifier{sql.Schema, table}.Sanitize()
+}
+
+// fanoutByMinuteSQL is FanoutByMinute's query ($1 since). The range
+// condition on fanned_out_at and the index's own predicate (fanned_out_at IS
+// NOT NULL AND poisoned_at IS NULL) let the planner read
+// outbox_events_fanned_idx over the range only.
+func fanoutByMinuteSQL(sql *statements.Set) string {
+	return `WITH m AS (
+		SELECT date_trunc('minute', fanned_out_at) AS minute, count(*) AS n,
+		       extract(epoch FROM max(fanned_out_at - created_at)) AS max_lag
+		  FROM ` + opsTable(sql, statements.EventsTable) + `
+		 WHERE fanned_out_at >= date_trunc('minute', $1::timestamptz)
+		   AND fanned_out_at IS NOT NULL AND poisoned_at IS NULL
+		 GROUP BY 1)
+	SELECT g.minute, coalesce(m.n, 0), coalesce(m.max_lag, 0)
+	  FROM generate_series(date_trunc('minute', $1::timestamptz), date_trunc('minute', now()), interval '1 minute') AS g(minute)
+	  LEFT JOIN m USING (minute)
+	 ORDER BY g.minute`
+}

@@ -53,6 +53,11 @@ type Cluster struct {
 // then the newest /usr/lib/postgresql/*/bin.
 func FindBinDir() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {
+		// A symlink on PATH (/usr/local/bin/initdb) names the directory
+		// of the real binaries, where pg_basebackup lives too.
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
 		dir := filepath.Dir(p)
 		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
 			return dir, nil

@@ -228,8 +228,21 @@ type Cluster struct {
 // cannot be restarted from a test). It is removed when t ends.
 func NewCluster(t testing.TB) *Cluster {
 	t.Helper()
+	return newCluster(t, pgtest.Start)
+}
+
+// NewDurableCluster is NewCluster with production durability (fsync and
+// synchronous_commit on), for tests that rely on what a commit promises:
+// replication and failover.
+func NewDurableCluster(t testing.TB) *Cluster {
+	t.Helper()
+	return newCluster(t, pgtest.StartDurable)
+}
+
+func newCluster(t testing.TB, start func(context.Context) (*pgtest.Cluster, error)) *Cluster {
+	t.Helper()
 	ctx := context.Background()
-	c, err := pgtest.Start(ctx)
+	c, err := start(ctx)
 	if err != nil {
 		t.Fatalf("testdb: this test restarts PostgreSQL and needs its own throwaway server: %v", err)
 	}

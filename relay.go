@@ -155,8 +155,13 @@ type Relay struct {
 	subs    []*subscription
 	byName  map[string]*subscription
 	running bool
+	// inTx says running is borrowed by a FanOutTx call, not a run: Stop has
+	// nothing to stop.
+	inTx bool
 
-	// Set by Start, for one run.
+	// Set by Start, for one run, or by FanOutTx, for one call, while it holds
+	// mu and sets running. Read without mu only by the run's (or the call's)
+	// own goroutines, and by Stop once it saw a run under mu.
 	client    *river.Client[pgx.Tx]
 	sql       *statements.Set
 	active    []*subscription // subs less the retired ones
@@ -413,12 +418,13 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 // the relay is left when Stop returns. If ctx ends first, the round in flight
 // is cancelled (it rolls back), Stop still waits for the loop and the
 // listener, cancels the context given to OnPoison, and returns ctx's error.
-// Stop is safe before Start and safe to call twice.
+// Stop is safe before Start and safe to call twice. A [Relay.FanOutTx] call
+// in progress is not a run: Stop leaves it alone.
 func (r *Relay) Stop(ctx context.Context) error {
 	r.stopMu.Lock()
 	defer r.stopMu.Unlock()
 	r.mu.RLock()
-	running := r.running
+	running := r.running && !r.inTx
 	r.mu.RUnlock()
 	if !running {
 		return nil

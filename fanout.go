@@ -338,6 +338,10 @@ func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pg
 		r.mu.Unlock()
 		return 0, fmt.Errorf("%w: FanOutTx is for a relay that is not started", ErrStarted)
 	}
+	if err := r.lastRunLingers(); err != nil {
+		r.mu.Unlock()
+		return 0, err
+	}
 	callbacks := hostcall.Start(ctx, r.logger, callbackQueue)
 	r.running, r.inTx = true, true
 	r.sql, r.client, r.stopCh, r.callbacks = sql, client, nil, callbacks

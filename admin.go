@@ -26,7 +26,10 @@ type EventInfo struct {
 	Fanout map[string]int64
 	// Attempts counts failed attempts to fan the event out.
 	Attempts int
-	// LastError is the error of the last failed attempt.
+	// LastError is the error of the last failed attempt, in the form it is
+	// stored: valid UTF-8, with NUL and invalid bytes written as `\xNN`, at
+	// most 2,000 bytes, cut on a rune boundary and ended with "…" if longer.
+	// [Config.OnPoison] gets the error itself.
 	LastError string
 	// NextAttemptAt is when a failed event will be tried again; zero when not
 	// waiting.

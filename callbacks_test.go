@@ -121,3 +121,76 @@ func TestStoppingStopsCallingMap(t *testing.T) {
 		require.Zero(t, r.Attempts, "a stop is charged to no event")
 	}
 }
+
+// Stop does not wait past its context for an OnPoison that ignores it, but
+// says so: its error names the call still running, Stopped stays open until
+// the call returns, and a new run (which would call OnPoison alongside it)
+// is refused until then.
+func TestStopThatGivesUpNamesTheOnPoisonStillRunning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	started, release := make(chan struct{}), make(chan struct{})
+	b := setup(t, setupOpts{config: poisonAtOnce(func(context.Context, Event, error) {
+		close(started)
+		<-release // ignores its context
+	})}, failingSub())
+	require.NoError(t, b.relay.Start(ctx, b.client))
+	bad := b.record(t, Event{Type: "bad"})[0]
+	<-started
+
+	stopCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err := b.relay.Stop(stopCtx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "OnPoison still running")
+	require.ErrorContains(t, err, bad.ID.String())
+	select {
+	case <-b.relay.Stopped():
+		t.Fatal("Stopped was closed while OnPoison was still running")
+	default:
+	}
+	require.False(t, b.relay.Health().Running, "the relay serves no events")
+	require.ErrorIs(t, b.relay.Start(ctx, b.client), ErrStarted)
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = b.relay.FanOutTx(ctx, tx, b.client)
+	require.ErrorIs(t, err, ErrStarted)
+	require.NoError(t, tx.Rollback(ctx))
+
+	close(release)
+	requireClosed(t, b.relay.Stopped(), "Stopped once OnPoison returned")
+	require.NoError(t, b.relay.Stop(ctx))
+	require.NoError(t, b.relay.Start(ctx, b.client), "it starts again")
+	require.NoError(t, b.relay.Stop(ctx))
+}
+
+// A relay stopped by its Start context (no Stop) still lets the OnPoison
+// calls in line run, and Stopped waits for them.
+func TestStoppedWaitsForOnPoisonAfterStartContextEnds(t *testing.T) {
+	t.Parallel()
+	started, release, returned := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	b := setup(t, setupOpts{config: poisonAtOnce(func(context.Context, Event, error) {
+		close(started)
+		<-release
+		close(returned)
+	})}, failingSub())
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	require.NoError(t, b.relay.Start(runCtx, b.client))
+	b.record(t, Event{Type: "bad"})
+	<-started
+	cancelRun()
+	require.Eventually(t, func() bool { return !b.relay.Health().Running }, 10*time.Second, time.Millisecond)
+	select {
+	case <-b.relay.Stopped():
+		t.Fatal("Stopped was closed while OnPoison was still running")
+	default:
+	}
+	close(release)
+	requireClosed(t, b.relay.Stopped(), "Stopped once OnPoison returned")
+	select {
+	case <-returned:
+	default:
+		t.Fatal("Stopped was closed before OnPoison returned")
+	}
+	require.NoError(t, b.relay.Stop(context.Background()))
+}

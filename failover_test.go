@@ -174,4 +174,3 @@ func failover(t *testing.T, outage time.Duration) {
 	}
 	t.Logf("%d events committed, each fanned out once; %d writer attempts failed during the outage", len(committed), failures.Load())
 }
-

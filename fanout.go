@@ -319,33 +319,42 @@ func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
 // mapping fails is charged an attempt like in a round; a failure of a whole
 // batch returns the error, and the caller's transaction is still usable
 // (each round runs in a savepoint). The relay must not be started: it
-// returns an error wrapping [ErrStarted] otherwise.
+// returns an error wrapping [ErrStarted] otherwise, and [Relay.Start]
+// returns one while a FanOutTx call runs. [Relay.Stop] leaves a call in
+// progress alone: ctx bounds it.
 func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx]) (int, error) {
 	if client == nil {
 		return 0, invalidf(ErrInvalidConfig, "client", "is nil")
 	}
+	sql, err := statementsFor(client.Schema())
+	if err != nil {
+		return 0, err
+	}
+	// The relay is borrowed for this call: its run state is set under mu
+	// with running, so Start refuses meanwhile, and with inTx, so Stop knows
+	// there is no run to stop.
 	r.mu.Lock()
 	if r.running {
 		r.mu.Unlock()
 		return 0, fmt.Errorf("%w: FanOutTx is for a relay that is not started", ErrStarted)
 	}
-	r.running = true // borrowed for this call: Start waits
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		r.running = false
+	if err := r.lastRunLingers(); err != nil {
 		r.mu.Unlock()
-	}()
-	sql, err := statementsFor(client.Schema())
-	if err != nil {
 		return 0, err
 	}
-	r.sql, r.client, r.stopCh = sql, client, nil
+	callbacks := hostcall.Start(ctx, r.logger, callbackQueue)
+	r.running, r.inTx = true, true
+	r.sql, r.client, r.stopCh, r.callbacks = sql, client, nil, callbacks
+	r.mu.Unlock()
+	defer func() {
+		_ = callbacks.Stop(context.WithoutCancel(ctx)) // waits for OnPoison calls; no deadline
+		r.mu.Lock()
+		r.running, r.inTx = false, false
+		r.mu.Unlock()
+	}()
 	if err := r.register(ctx, tx); err != nil {
 		return 0, err
 	}
-	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
-	defer r.callbacks.Stop(context.WithoutCancel(ctx)) //nolint:errcheck // waits for OnPoison calls; no deadline
 	n := 0
 	for {
 		claimed, err := r.roundIn(ctx, tx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))

@@ -8,10 +8,19 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/standmeet/events/internal/backoff"
+	"github.com/standmeet/events/internal/safetext"
 )
 
-// maxErrorLength bounds last_error.
+// maxErrorLength bounds last_error, in bytes.
 const maxErrorLength = 2000
+
+// storableError is err's text as last_error keeps it: the host wrote it, so
+// it may hold invalid UTF-8 or NUL bytes, which PostgreSQL refuses (a refused
+// charge would fail the whole round), and be of any length. See
+// [safetext.Clip].
+func storableError(err error) string {
+	return safetext.Clip(err.Error(), maxErrorLength)
+}
 
 // queueCharges queues, in b, one failed attempt for each failure: attempts+1,
 // last_error, the next attempt's time, and poisoned_at once attempts reach
@@ -23,10 +32,7 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 	}
 	poisoned := make([]bool, len(failures))
 	for i, f := range failures {
-		msg := f.err.Error()
-		if len(msg) > maxErrorLength {
-			msg = msg[:maxErrorLength]
-		}
+		msg := storableError(f.err)
 		delay := backoff.Delay(f.row.attempts+1, r.config.RetryBackoff, r.config.MaxRetryBackoff)
 		charge := r.sql.Charge
 		if f.row.catchUp != nil {
@@ -59,10 +65,11 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 }
 
 // alert reports an event this relay just poisoned: an error log at once,
-// and OnPoison off the loop (see Config.OnPoison).
+// and OnPoison off the loop (see Config.OnPoison). The log gets the error's
+// stored form; OnPoison gets err itself.
 func (r *Relay) alert(ctx context.Context, e Event, err error) {
 	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.Int64("seq", e.Seq), slog.String("type", e.Type),
-		slog.String("subject", e.Subject), slog.String("err", err.Error())}
+		slog.String("subject", e.Subject), slog.String("err", storableError(err))}
 	r.logger.LogAttrs(ctx, slog.LevelError, "events: event poisoned: it will not be fanned out until requeued", attrs...)
 	r.metrics.poisoned.Add(ctx, 1)
 	if onPoison := r.config.OnPoison; onPoison != nil {

@@ -88,7 +88,9 @@ type Config struct {
 	// the event. Up to 1,000 calls wait in line; beyond that a call is
 	// dropped with an error log (the poisoning itself is logged and stored
 	// either way). [Relay.Stop] waits for the calls in line within its
-	// context, then cancels the context OnPoison was given.
+	// context, then cancels the context OnPoison was given and returns an
+	// error naming the call still running; [Relay.Stopped] is closed once
+	// the last call has returned.
 	OnPoison func(ctx context.Context, e Event, err error)
 
 	// Logger receives the relay's logs. Defaults to warnings and errors on
@@ -155,8 +157,13 @@ type Relay struct {
 	subs    []*subscription
 	byName  map[string]*subscription
 	running bool
+	// inTx says running is borrowed by a FanOutTx call, not a run: Stop has
+	// nothing to stop.
+	inTx bool
 
-	// Set by Start, for one run.
+	// Set by Start, for one run, or by FanOutTx, for one call, while it holds
+	// mu and sets running. Read without mu only by the run's (or the call's)
+	// own goroutines, and by Stop once it saw a run under mu.
 	client    *river.Client[pgx.Tx]
 	sql       *statements.Set
 	active    []*subscription // subs less the retired ones
@@ -175,7 +182,8 @@ type Relay struct {
 	helpWake    chan struct{} // the helper loops': plenty of work
 	stopCh      chan struct{}
 	cancel      context.CancelFunc
-	done        chan struct{}
+	loopDone    chan struct{} // closed once the loops and the listener returned
+	done        chan struct{} // closed once the OnPoison calls returned too
 
 	stopMu sync.Mutex
 
@@ -307,6 +315,9 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	if r.running {
 		return ErrStarted
 	}
+	if err := r.lastRunLingers(); err != nil {
+		return err
+	}
 	sql, err := statementsFor(client.Schema())
 	if err != nil {
 		return err
@@ -332,7 +343,8 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	r.wake = make(chan struct{}, 1)
 	r.helpWake = make(chan struct{}, 1)
 	r.stopCh = make(chan struct{})
-	r.done = make(chan struct{})
+	loopDone, done, callbacks := make(chan struct{}), make(chan struct{}), r.callbacks
+	r.loopDone, r.done = loopDone, done
 	runCtx, cancel := context.WithCancel(ctx)
 	r.cancel = cancel
 	r.running = true
@@ -382,12 +394,36 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 		rounds.Go(func() { r.helper(runCtx) })
 	}
 	go func() {
-		defer close(r.done)
+		defer close(done)
 		rounds.Wait()
 		cancel() // ends the listener
 		wg.Wait()
+		close(loopDone)
+		// Only rounds queue callbacks: the queue is complete. Those in line
+		// still run (Stop bounds how long it waits for them).
+		callbacks.Close()
+		<-callbacks.Done()
 	}()
 	return nil
+}
+
+// lastRunLingers returns an error while an OnPoison call of the last run,
+// left running by a Stop that gave up, has not returned: a new run (or a
+// FanOutTx call) would call OnPoison alongside it. The caller holds mu.
+func (r *Relay) lastRunLingers() error {
+	if r.done != nil && !isClosed(r.done) {
+		return fmt.Errorf("%w: an OnPoison call of the last run is still running: wait for Stopped", ErrStarted)
+	}
+	return nil
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // register registers the relay's subscribers and sets the run's active set.
@@ -425,16 +461,26 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 }
 
 // Stop stops the relay gracefully: the round in flight commits or rolls back,
-// the listener closes, the OnPoison calls in line run, and no goroutine of
-// the relay is left when Stop returns. If ctx ends first, the round in flight
-// is cancelled (it rolls back), Stop still waits for the loop and the
-// listener, cancels the context given to OnPoison, and returns ctx's error.
-// Stop is safe before Start and safe to call twice.
+// the listener closes, the OnPoison calls in line run, and when Stop returns
+// nil no goroutine of the relay is left.
+//
+// If ctx ends first, the round in flight is cancelled (it rolls back), Stop
+// still waits for the loop and the listener (they return promptly once
+// cancelled), cancels the context given to OnPoison, and returns an error
+// wrapping ctx's error. OnPoison is host code that may ignore its context, so
+// Stop does not wait for it past ctx: if a call is still running, the error
+// names it ("events: OnPoison still running (event_id=…): context deadline
+// exceeded"), and that call, then the rest of the line with the cancelled
+// context, is all of the relay that is left. [Relay.Stopped] is closed once
+// it has returned; until then Start returns an error wrapping [ErrStarted].
+//
+// Stop is safe before Start and safe to call twice. A [Relay.FanOutTx] call
+// in progress is not a run: Stop leaves it alone.
 func (r *Relay) Stop(ctx context.Context) error {
 	r.stopMu.Lock()
 	defer r.stopMu.Unlock()
 	r.mu.RLock()
-	running := r.running
+	running := r.running && !r.inTx
 	r.mu.RUnlock()
 	if !running {
 		return nil
@@ -442,15 +488,17 @@ func (r *Relay) Stop(ctx context.Context) error {
 	close(r.stopCh)
 	var err error
 	select {
-	case <-r.done:
+	case <-r.loopDone:
 	case <-ctx.Done():
 		err = ctx.Err()
 		r.cancel()
-		<-r.done
+		<-r.loopDone
 	}
 	r.cancel()
-	if cbErr := r.callbacks.Stop(ctx); err == nil {
-		err = cbErr
+	if cbErr := r.callbacks.Stop(ctx); cbErr != nil {
+		err = cbErr // names the callback still running
+	} else {
+		<-r.done // its last step: the callbacks have returned
 	}
 	if r.gauges != nil {
 		_ = r.gauges.Unregister()
@@ -477,9 +525,9 @@ func (r *Relay) Ready() <-chan struct{} {
 }
 
 // Stopped returns a channel that is closed once the current run of the relay
-// has stopped (by Stop, or because Start's context ended) and its loop and
-// listener have returned. Before the first Start it returns a closed
-// channel.
+// has stopped (by Stop, or because Start's context ended) and its loops, its
+// listener and its OnPoison calls have returned: then no goroutine of the run
+// is left. Before the first Start it returns a closed channel.
 func (r *Relay) Stopped() <-chan struct{} {
 	r.mu.RLock()
 	defer r.mu.RUnlock()

@@ -75,13 +75,10 @@ type Health struct {
 // [Stats] for the outbox's.
 func (r *Relay) Health() Health {
 	r.mu.RLock()
-	running := r.running && r.done != nil
+	// Not the OnPoison calls a stopped run may still be finishing: Running is
+	// about serving events.
+	running := r.running && r.loopDone != nil && !isClosed(r.loopDone)
 	r.mu.RUnlock()
-	select {
-	case <-r.Stopped():
-		running = false
-	default:
-	}
 	return Health{
 		Running:             running,
 		Listening:           running && !r.config.Listener.PollOnly && r.listening.Load(),

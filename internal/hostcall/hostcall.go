@@ -20,8 +20,9 @@ type Runner struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu     sync.Mutex
-	closed bool
+	mu      sync.Mutex
+	closed  bool
+	current *call // the callback running now, for Stop's error
 }
 
 type call struct {
@@ -41,8 +42,10 @@ func Start(ctx context.Context, logger *slog.Logger, capacity int) *Runner {
 }
 
 // Go queues f. It never blocks: when the queue is full (callbacks slower
-// than what feeds them), or after Stop, f is dropped, an error is logged with
-// attrs, and Go reports false.
+// than what feeds them), or after Close or Stop, f is dropped, an error is
+// logged with attrs, and Go reports false. attrs describe the call, the first
+// saying what it is about (an event's ID): Stop's error names a call still
+// running by name and that attribute.
 func (r *Runner) Go(name string, attrs []slog.Attr, f func(ctx context.Context)) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -65,6 +68,14 @@ func (r *Runner) run() {
 }
 
 func (r *Runner) safely(c call) {
+	r.mu.Lock()
+	r.current = &c
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.current = nil
+		r.mu.Unlock()
+	}()
 	defer func() {
 		if p := recover(); p != nil {
 			attrs := append(c.attrs[:len(c.attrs):len(c.attrs)], slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
@@ -74,23 +85,53 @@ func (r *Runner) safely(c call) {
 	c.f(r.ctx)
 }
 
-// Stop refuses new callbacks and waits for the queued ones to run. If ctx
-// ends first, the callbacks' context is cancelled and Stop returns ctx's
-// error without waiting further; a callback that ignores its context then
-// finishes on its own. Safe to call twice.
-func (r *Runner) Stop(ctx context.Context) error {
+// Close refuses new callbacks; the queued ones still run, and Done is
+// closed once they have. Safe to call twice.
+func (r *Runner) Close() {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if !r.closed {
 		r.closed = true
 		close(r.queue)
 	}
-	r.mu.Unlock()
+}
+
+// Done returns a channel that is closed once r is closed and the last
+// callback has returned: from then on no goroutine of r is left.
+func (r *Runner) Done() <-chan struct{} { return r.done }
+
+// Stop closes r and waits for the queued callbacks to run. If ctx ends
+// first, the callbacks' context is cancelled and Stop returns, without
+// waiting further, an error that wraps ctx's error and names the callback
+// still running (or how many are still queued); that callback then finishes
+// on its own, and the rest of the queue is called with the cancelled context.
+// Done tells when they have. Safe to call twice.
+func (r *Runner) Stop(ctx context.Context) error {
+	r.Close()
 	select {
-	case <-r.done:
-		r.cancel()
-		return nil
-	case <-ctx.Done():
-		r.cancel()
-		return ctx.Err()
+	case <-r.done: // even if ctx has ended: nothing runs
+	default:
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			r.cancel()
+			return r.stillRunning(ctx.Err())
+		}
 	}
+	r.cancel()
+	return nil
+}
+
+// stillRunning is Stop's error when it gives up waiting.
+func (r *Runner) stillRunning(err error) error {
+	r.mu.Lock()
+	c := r.current
+	r.mu.Unlock()
+	if c == nil {
+		return fmt.Errorf("events: %d callbacks still queued: %w", len(r.queue), err)
+	}
+	if len(c.attrs) == 0 {
+		return fmt.Errorf("events: %s still running: %w", c.name, err)
+	}
+	return fmt.Errorf("events: %s still running (%s): %w", c.name, c.attrs[0], err)
 }

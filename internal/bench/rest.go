@@ -340,11 +340,16 @@ func measureLatencySection(ctx context.Context, pool *pgxpool.Pool, o Options, r
 	p50, p95, p99 := percentiles(fl.lat)
 	name := fmt.Sprintf("commit→fanned at %d/s%s", rate, suffix)
 	rep.add(section, name+" (achieved rate)", float64(total)/elapsed.Seconds(), "events/s")
-	if rate <= 200 && suffix == "" {
-		rep.addTarget(section, name+" p50", ms(p50), "ms", "≤ 3", ms(p50) <= 3)
+	switch {
+	case rate <= 200 && suffix == "":
+		rep.addTarget(section, name+" p50", ms(p50), "ms", "≤ 1.5", ms(p50) <= 1.5)
 		rep.add(section, name+" p95", ms(p95), "ms")
-		rep.addTarget(section, name+" p99", ms(p99), "ms", "≤ 10", ms(p99) <= 10)
-	} else {
+		rep.addTarget(section, name+" p99", ms(p99), "ms", "≤ 5", ms(p99) <= 5)
+	case rate >= 2000 && suffix == "":
+		rep.add(section, name+" p50", ms(p50), "ms")
+		rep.add(section, name+" p95", ms(p95), "ms")
+		rep.addTarget(section, name+" p99", ms(p99), "ms", "≤ 50", ms(p99) <= 50)
+	default:
 		rep.add(section, name+" p50", ms(p50), "ms")
 		rep.add(section, name+" p95", ms(p95), "ms")
 		rep.add(section, name+" p99", ms(p99), "ms")
@@ -407,9 +412,9 @@ func runReceipts(ctx context.Context, h *harness, o Options, rep *Report) error 
 			p50, p95, p99 := percentiles(lat)
 			name := fmt.Sprintf("commit→receipt, %d writer(s)", writers)
 			if writers == 1 {
-				rep.addTarget("receipts", name+" p50", ms(p50), "ms", "< 5", ms(p50) < 5)
+				rep.addTarget("receipts", name+" p50", ms(p50), "ms", "≤ 2", ms(p50) <= 2)
 				rep.add("receipts", name+" p95", ms(p95), "ms")
-				rep.addTarget("receipts", name+" p99", ms(p99), "ms", "< 25", ms(p99) < 25)
+				rep.addTarget("receipts", name+" p99", ms(p99), "ms", "≤ 5", ms(p99) <= 5)
 			} else {
 				rep.add("receipts", name+" p50", ms(p50), "ms")
 				rep.add("receipts", name+" p95", ms(p95), "ms")

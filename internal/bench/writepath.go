@@ -2,14 +2,19 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/standmeet/events"
@@ -21,50 +26,83 @@ import (
 // pg_notify takes a cluster-wide lock at commit and holds it through its WAL
 // flush, which a server with fsync off never shows.
 
-// writeVariant is one kind of host transaction.
+// writeVariant is one kind of host transaction. row is a row of the
+// writer's own (writers never share rows, so no isolation level makes them
+// conflict among themselves); client inserts River jobs for the baseline a
+// River user writes by hand.
 type writeVariant struct {
 	name string
-	tx   func(ctx context.Context, tx pgx.Tx, i int) error
+	tx   func(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx], row int) error
 }
 
 func writeVariants() []writeVariant {
-	update := func(ctx context.Context, tx pgx.Tx, i int) error {
-		_, err := tx.Exec(ctx, "UPDATE bench_accounts SET balance = balance + 1 WHERE id = $1", 1+i%1000)
+	update := func(ctx context.Context, tx pgx.Tx, row int) error {
+		_, err := tx.Exec(ctx, "UPDATE bench_accounts SET balance = balance + 1 WHERE id = $1", row)
 		return err
 	}
+	subject := func(row int) string { return fmt.Sprintf("account:%d", row) }
 	return []writeVariant{
-		{"(a) UPDATE only", update},
-		{"(b) UPDATE + plain outbox INSERT", func(ctx context.Context, tx pgx.Tx, i int) error {
-			if err := update(ctx, tx, i); err != nil {
+		{"(a) UPDATE only", func(ctx context.Context, tx pgx.Tx, _ *river.Client[pgx.Tx], row int) error {
+			return update(ctx, tx, row)
+		}},
+		{"(b) UPDATE + plain outbox INSERT", func(ctx context.Context, tx pgx.Tx, _ *river.Client[pgx.Tx], row int) error {
+			if err := update(ctx, tx, row); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, "INSERT INTO outbox_events (id, type, subject, payload) VALUES ($1, 'account.changed', $2, '{}')",
-				uuid.Must(uuid.NewV7()), fmt.Sprintf("account:%d", 1+i%1000))
+				uuid.Must(uuid.NewV7()), subject(row))
 			return err
 		}},
-		{"(c) UPDATE + Record", func(ctx context.Context, tx pgx.Tx, i int) error {
-			if err := update(ctx, tx, i); err != nil {
+		{"(c) UPDATE + Record", func(ctx context.Context, tx pgx.Tx, _ *river.Client[pgx.Tx], row int) error {
+			if err := update(ctx, tx, row); err != nil {
 				return err
 			}
-			_, err := events.Record(ctx, tx, events.Event{Type: "account.changed", Subject: fmt.Sprintf("account:%d", 1+i%1000)})
+			_, err := events.Record(ctx, tx, events.Event{Type: "account.changed", Subject: subject(row)})
 			return err
 		}},
-		{"(d) UPDATE of a watched table (trigger)", func(ctx context.Context, tx pgx.Tx, i int) error {
-			_, err := tx.Exec(ctx, "UPDATE bench_watched SET balance = balance + 1 WHERE id = $1", 1+i%1000)
+		{"(d) UPDATE + RecordMany (1 event)", func(ctx context.Context, tx pgx.Tx, _ *river.Client[pgx.Tx], row int) error {
+			if err := update(ctx, tx, row); err != nil {
+				return err
+			}
+			_, err := events.RecordMany(ctx, tx, []events.Event{{Type: "account.changed", Subject: subject(row)}})
 			return err
 		}},
-		{"(e) UPDATE + Record, notify in every tx", func(ctx context.Context, tx pgx.Tx, i int) error {
-			if err := update(ctx, tx, i); err != nil {
+		{"(e) UPDATE + outbox_record()", func(ctx context.Context, tx pgx.Tx, _ *river.Client[pgx.Tx], row int) error {
+			if err := update(ctx, tx, row); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "SELECT outbox_record('account.changed', $1)", subject(row))
+			return err
+		}},
+		{"(f) UPDATE of a watched table (trigger)", func(ctx context.Context, tx pgx.Tx, _ *river.Client[pgx.Tx], row int) error {
+			_, err := tx.Exec(ctx, "UPDATE bench_watched SET balance = balance + 1 WHERE id = $1", row)
+			return err
+		}},
+		{"(g) UPDATE + Record, notify in every tx", func(ctx context.Context, tx pgx.Tx, _ *river.Client[pgx.Tx], row int) error {
+			if err := update(ctx, tx, row); err != nil {
 				return err
 			}
 			_, err := events.Outbox{NotifyInterval: events.NotifyEveryTransaction}.Record(ctx, tx,
-				events.Event{Type: "account.changed", Subject: fmt.Sprintf("account:%d", 1+i%1000)})
+				events.Event{Type: "account.changed", Subject: subject(row)})
+			return err
+		}},
+		{"(h) UPDATE + River InsertManyTx of the 3 jobs", func(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx], row int) error {
+			if err := update(ctx, tx, row); err != nil {
+				return err
+			}
+			_, err := client.InsertManyTx(ctx, tx, jobParams(nil, uuid.Must(uuid.NewV7()), subject(row)))
 			return err
 		}},
 	}
 }
 
 const writers = 32
+
+// rowsPerWriter is how many rows of bench_accounts (and bench_watched) each
+// writer has to itself: writers*rowsPerWriter ≤ 1000.
+const rowsPerWriter = 31
+
+var isoLevels = []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead}
 
 func runWritePath(ctx context.Context, _ *harness, o Options, rep *Report) error {
 	c, err := pgtest.StartDurable(ctx)
@@ -85,29 +123,41 @@ func runWritePath(ctx context.Context, _ *harness, o Options, rep *Report) error
 	rep.add("writepath", "server fsync="+fsync+", synchronous_commit="+syncCommit, writers, "writers")
 
 	variants := writeVariants()
-	rates := make([][]float64, len(variants))
-	p99s := make([][]float64, len(variants))
-	for round := range o.writeRounds() {
-		for k := range variants {
-			i := (k + round) % len(variants)
-			rate, p99, err := writeOnce(ctx, h, o, variants[i])
-			if err != nil {
-				return fmt.Errorf("%s: %w", variants[i].name, err)
+	for _, level := range isoLevels {
+		rates := make([][]float64, len(variants))
+		p99s := make([][]float64, len(variants))
+		failed := make([]int, len(variants))
+		for round := range o.writeRounds() {
+			for k := range variants {
+				i := (k + round) % len(variants)
+				res, err := writeOnce(ctx, h, o, variants[i], level)
+				if err != nil {
+					return fmt.Errorf("%s at %s: %w", variants[i].name, level, err)
+				}
+				fmt.Fprintf(o.Log, "%-16s %-48s %8.0f commits/s  p99 commit %6.2f ms  %d failed\n", level, variants[i].name, res.rate, res.p99, res.failed)
+				rates[i] = append(rates[i], res.rate)
+				p99s[i] = append(p99s[i], res.p99)
+				failed[i] += res.failed
 			}
-			fmt.Fprintf(o.Log, "%-42s %8.0f commits/s  p99 commit %6.2f ms\n", variants[i].name, rate, p99)
-			rates[i] = append(rates[i], rate)
-			p99s[i] = append(p99s[i], p99)
 		}
+		med := make([]float64, len(variants))
+		at := " (" + string(level) + ")"
+		for i, v := range variants {
+			med[i] = median(rates[i])
+			rep.add("writepath", v.name+" commits/s"+at, med[i], "commits/s")
+			rep.add("writepath", v.name+" p99 commit"+at, median(p99s[i]), "ms")
+			if i > 0 {
+				rep.addTarget("writepath", v.name+" failed transactions"+at, float64(failed[i]), "",
+					fmt.Sprintf("= (a)'s (%d)", failed[0]), failed[i] == failed[0])
+			}
+		}
+		rep.addTarget("writepath", "(c) Record ÷ (b) plain INSERT"+at, med[2]/med[1], "×", "≥ 0.9", med[2]/med[1] >= 0.9)
+		rep.add("writepath", "(d) RecordMany ÷ (b) plain INSERT"+at, med[3]/med[1], "×")
+		rep.add("writepath", "(e) outbox_record() ÷ (b) plain INSERT"+at, med[4]/med[1], "×")
+		rep.addTarget("writepath", "(f) trigger ÷ (b) plain INSERT"+at, med[5]/med[1], "×", "≥ 0.9", med[5]/med[1] >= 0.9)
+		rep.add("writepath", "(g) notify every tx ÷ (b) plain INSERT"+at, med[6]/med[1], "×")
+		rep.add("writepath", "(c) Record ÷ (h) River InsertManyTx"+at, med[2]/med[7], "×")
 	}
-	med := make([]float64, len(variants))
-	for i, v := range variants {
-		med[i] = median(rates[i])
-		rep.add("writepath", v.name+" commits/s", med[i], "commits/s")
-		rep.add("writepath", v.name+" p99 commit", median(p99s[i]), "ms")
-	}
-	rep.addTarget("writepath", "(c) Record ÷ (b) plain INSERT", med[2]/med[1], "×", "≥ 0.9", med[2]/med[1] >= 0.9)
-	rep.addTarget("writepath", "(d) trigger ÷ (b) plain INSERT", med[3]/med[1], "×", "≥ 0.85", med[3]/med[1] >= 0.85)
-	rep.add("writepath", "(e) notify every tx ÷ (b) plain INSERT", med[4]/med[1], "×")
 
 	// Commit-to-fanned latency at 200/s on this server too.
 	if len(o.Rates) > 0 {
@@ -122,18 +172,31 @@ func runWritePath(ctx context.Context, _ *harness, o Options, rep *Report) error
 	return nil
 }
 
-// writeOnce runs writers host transactions of v for o.WriteFor on a fresh
-// database, and returns commits/s and the p99 of COMMIT's duration in ms.
-func writeOnce(ctx context.Context, h *harness, o Options, v writeVariant) (float64, float64, error) {
+type writeResult struct {
+	rate   float64 // commits/s
+	p99    float64 // of COMMIT, ms
+	failed int     // transactions that failed with a serialization failure
+}
+
+// writeOnce runs writers host transactions of v at level for o.WriteFor on a
+// fresh database, and returns commits/s, the p99 of COMMIT's duration and
+// how many transactions failed with a serialization failure (any other
+// error ends the run).
+func writeOnce(ctx context.Context, h *harness, o Options, v writeVariant, level pgx.TxIsoLevel) (writeResult, error) {
 	pool, err := h.database(ctx, writers+2)
 	if err != nil {
-		return 0, 0, err
+		return writeResult{}, err
 	}
 	defer h.drop(ctx)
 	defer pool.Close()
+	client, err := riverClient(pool)
+	if err != nil {
+		return writeResult{}, err
+	}
 	var (
 		mu      sync.Mutex
 		commits []time.Duration
+		failed  atomic.Int64
 	)
 	deadline := time.Now().Add(o.WriteFor)
 	start := time.Now()
@@ -141,17 +204,25 @@ func writeOnce(ctx context.Context, h *harness, o Options, v writeVariant) (floa
 	for w := range writers {
 		g.Go(func() error {
 			var mine []time.Duration
-			for i := w; time.Now().Before(deadline); i += writers {
-				tx, err := pool.Begin(ctx)
+			for k := 0; time.Now().Before(deadline); k++ {
+				row := 1 + w*rowsPerWriter + k%rowsPerWriter
+				tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: level})
 				if err != nil {
 					return err
 				}
-				if err := v.tx(ctx, tx, i); err != nil {
-					_ = tx.Rollback(ctx)
-					return err
+				err = v.tx(ctx, tx, client, row)
+				var t0 time.Time
+				if err == nil {
+					t0 = time.Now()
+					err = tx.Commit(ctx)
 				}
-				t0 := time.Now()
-				if err := tx.Commit(ctx); err != nil {
+				if err != nil {
+					_ = tx.Rollback(ctx)
+					var pgErr *pgconn.PgError
+					if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.SerializationFailure {
+						failed.Add(1)
+						continue
+					}
 					return err
 				}
 				mine = append(mine, time.Since(t0))
@@ -163,10 +234,10 @@ func writeOnce(ctx context.Context, h *harness, o Options, v writeVariant) (floa
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return 0, 0, err
+		return writeResult{}, err
 	}
 	elapsed := time.Since(start)
 	sort.Slice(commits, func(i, j int) bool { return commits[i] < commits[j] })
 	_, _, p99 := percentiles(commits)
-	return float64(len(commits)) / elapsed.Seconds(), ms(p99), nil
+	return writeResult{rate: float64(len(commits)) / elapsed.Seconds(), p99: ms(p99), failed: int(failed.Load())}, nil
 }

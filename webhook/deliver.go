@@ -116,6 +116,20 @@ const (
 	maxSnooze = time.Hour
 )
 
+// metaTries is the job metadata key counting the requests a delivery made.
+// River's attempt counts only the failures that returned an error: a
+// snooze gives its attempt back, so a Retry-After answer would never count.
+const metaTries = "webhook_tries"
+
+// triesSoFar reads metaTries from a job's metadata.
+func triesSoFar(metadata []byte) int {
+	var m struct {
+		Tries int `json:"webhook_tries"`
+	}
+	_ = json.Unmarshal(metadata, &m)
+	return m.Tries
+}
+
 func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) error {
 	w, a := d.w, job.Args
 	ep, err := w.Get(ctx, a.EndpointID)
@@ -127,15 +141,24 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 	case !ep.Enabled:
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s is disabled: %s", ep.ID, ep.DisabledReason))
 	}
+	tries := triesSoFar(job.Metadata)
+	if age := time.Since(job.CreatedAt); age >= w.config.GiveUpAfter {
+		return river.JobCancel(fmt.Errorf("webhook: gave up the delivery of %s to %s after %d tries in %v (GiveUpAfter)",
+			a.EventID, ep.ID, tries, age.Round(time.Second)))
+	}
 	if !w.acquire(ep.ID, ep.MaxInFlight) {
-		return river.JobSnooze(time.Second) // the endpoint's concurrency is used up in this process
+		return river.JobSnooze(time.Second) // the endpoint's concurrency is used up in this process; not a try
 	}
 	defer w.release(ep.ID)
 
+	tries++
+	if err := river.MetadataSet(ctx, metaTries, tries); err != nil {
+		return err
+	}
 	out, retryAfter := w.send(ctx, &ep, a)
 	success := out.errorClass == ""
 	gone := out.status == http.StatusGone
-	if err := w.record(ctx, &ep, a, job.Attempt, out, success, gone); err != nil {
+	if err := w.record(ctx, &ep, a, tries, out, success, gone); err != nil {
 		return err
 	}
 	switch {
@@ -143,16 +166,22 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 		return nil
 	case gone:
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s answered 410 Gone: disabled", ep.ID))
-	case retryAfter > 0:
-		return river.JobSnooze(retryAfter)
 	}
+	// Every failure counts toward auto-disable, Retry-After answers too.
 	if disabled, err := w.autoDisable(ctx, &ep); err != nil || disabled {
 		if err == nil {
 			err = river.JobCancel(fmt.Errorf("webhook: endpoint %s failed for %v: disabled", ep.ID, w.config.AutoDisableAfter))
 		}
 		return err
 	}
-	return fmt.Errorf("webhook: delivery of %s to %s: %s %s", a.EventID, ep.URL, out.errorClass, out.err)
+	failure := fmt.Errorf("webhook: delivery of %s to %s: %s %s", a.EventID, ep.ID, out.errorClass, out.err)
+	if tries >= MaxAttempts {
+		return river.JobCancel(fmt.Errorf("webhook: gave up after %d tries: %w", tries, failure))
+	}
+	if retryAfter > 0 {
+		return river.JobSnooze(retryAfter)
+	}
+	return failure
 }
 
 // body is the delivery's body: {"type", "timestamp", "data"}.

@@ -62,8 +62,13 @@ const (
 	AutoDisableAfterDefault = 5 * 24 * time.Hour
 	SecretGraceDefault      = 24 * time.Hour
 	AttemptRetentionDefault = 30 * 24 * time.Hour
+	// GiveUpAfterDefault bounds a delivery's life: the retry schedule spans
+	// about 28 h (33 h at the top of its jitter); the rest is room for
+	// Retry-After pauses and deliveries held by the circuit breaker.
+	GiveUpAfterDefault = 3 * 24 * time.Hour
 	// MaxAttempts is how many times a delivery is tried before it is given
-	// up: the first try and seven retries.
+	// up: the first try and seven retries. Every request counts, whether it
+	// failed, timed out or was answered with Retry-After.
 	MaxAttempts = 8
 )
 
@@ -82,6 +87,11 @@ type Config struct {
 	// AutoDisableAfter disables an endpoint that has failed every attempt
 	// for this long. Defaults to AutoDisableAfterDefault (5 days).
 	AutoDisableAfter time.Duration
+	// GiveUpAfter is how long after its creation a delivery is given up,
+	// however few of its MaxAttempts tries it had (Retry-After pauses and
+	// an open circuit breaker hold a delivery without trying it). Defaults
+	// to GiveUpAfterDefault (3 days).
+	GiveUpAfter time.Duration
 	// AttemptRetention is how long the attempt log is kept (see
 	// PeriodicJobs). Defaults to AttemptRetentionDefault (30 days).
 	AttemptRetention time.Duration
@@ -128,12 +138,13 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 	cfg.MaxResponseBytes = cmp.Or(cfg.MaxResponseBytes, MaxResponseBytesDefault)
 	cfg.AutoDisableAfter = cmp.Or(cfg.AutoDisableAfter, AutoDisableAfterDefault)
 	cfg.AttemptRetention = cmp.Or(cfg.AttemptRetention, AttemptRetentionDefault)
+	cfg.GiveUpAfter = cmp.Or(cfg.GiveUpAfter, GiveUpAfterDefault)
 	cfg.Queue = cmp.Or(cfg.Queue, river.QueueDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.MaxResponseBytes < 0 || cfg.AutoDisableAfter < 0 || cfg.AttemptRetention < 0 {
-		return nil, errors.New("webhook: MaxResponseBytes, AutoDisableAfter and AttemptRetention must not be negative")
+	if cfg.MaxResponseBytes < 0 || cfg.AutoDisableAfter < 0 || cfg.AttemptRetention < 0 || cfg.GiveUpAfter < 0 {
+		return nil, errors.New("webhook: MaxResponseBytes, AutoDisableAfter, AttemptRetention and GiveUpAfter must not be negative")
 	}
 	q := func(table string) string {
 		if cfg.Schema == "" {

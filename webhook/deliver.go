@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -159,6 +160,12 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 	success := out.errorClass == ""
 	gone := out.status == http.StatusGone
 	if err := w.record(ctx, &ep, a, tries, out, success, gone); err != nil {
+		if success {
+			// Sent and answered 2xx: returning the error would send it again.
+			w.config.Logger.ErrorContext(ctx, "webhook: delivered, but its outcome could not be recorded",
+				slog.String("endpoint_id", ep.ID.String()), slog.String("event_id", a.EventID.String()), slog.String("error", err.Error()))
+			return nil
+		}
 		return err
 	}
 	switch {
@@ -255,7 +262,10 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	// At most MaxResponseBytes are read: a huge answer costs nothing more.
 	kept, _ := io.ReadAll(io.LimitReader(resp.Body, int64(w.config.MaxResponseBytes)))
 	out.duration = time.Since(start)
-	out.status, out.response = resp.StatusCode, string(bytes.ToValidUTF8(kept, []byte("?")))
+	if len(kept) == w.config.MaxResponseBytes {
+		kept = cutRune(kept)
+	}
+	out.status, out.response = resp.StatusCode, cleanText(kept)
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		return out, 0
@@ -287,16 +297,13 @@ func retryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// record writes the attempt log and the endpoint's state in one
-// transaction: success clears failing_since; a failure sets it if unset;
-// 410 Gone disables the endpoint and records the disabled event.
+// record writes the endpoint's state and the attempt log in one
+// transaction: success clears failing_since; a failure sets it if unset; 410
+// Gone disables the endpoint and records the disabled event. The log entry
+// is written under a savepoint: a log that refuses it (a constraint, a
+// trigger) costs the entry, logged as a warning, never the state.
 func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, attempt int, out outcome, success, gone bool) error {
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+w.t.attempts+` (endpoint_id, event_id, attempt, status, error_class, error,
-			duration_ms, dialed_ip, response) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-			ep.ID, a.EventID, attempt, out.status, out.errorClass, out.err, out.duration.Milliseconds(), out.dialedIP, out.response); err != nil {
-			return err
-		}
 		var err error
 		switch {
 		case success:
@@ -306,7 +313,21 @@ func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, atte
 		default:
 			_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET failing_since = coalesce(failing_since, now()) WHERE id = $1", ep.ID)
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			_, err := sp.Exec(ctx, `INSERT INTO `+w.t.attempts+` (endpoint_id, event_id, attempt, status, error_class, error,
+				duration_ms, dialed_ip, response) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+				ep.ID, a.EventID, attempt, out.status, out.errorClass, cleanText([]byte(out.err)), out.duration.Milliseconds(),
+				out.dialedIP, out.response)
+			return err
+		})
+		if err != nil {
+			w.config.Logger.WarnContext(ctx, "webhook: the attempt log refused an entry", slog.String("endpoint_id", ep.ID.String()),
+				slog.String("event_id", a.EventID.String()), slog.Int("attempt", attempt), slog.String("error", err.Error()))
+		}
+		return nil
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -355,14 +356,34 @@ func (w *Webhooks) autoDisable(ctx context.Context, ep *Endpoint) (bool, error) 
 
 // disable disables ep in tx and records EventEndpointDisabled through the
 // outbox, in the same transaction: the host alerts on it like on any event.
+// The event is recorded once in each of the endpoint's scopes (once without
+// a scope for an endpoint that takes them all), so that the tenant's own
+// endpoints hear it; it names the endpoint by ID and host, never by URL,
+// whose path or query may hold a token.
 func (w *Webhooks) disable(ctx context.Context, tx pgx.Tx, ep *Endpoint, reason string) error {
 	if _, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1",
 		ep.ID, reason); err != nil {
 		return err
 	}
-	payload, _ := json.Marshal(map[string]string{"endpoint_id": ep.ID.String(), "url": ep.URL, "reason": reason})
-	_, err := w.outbox.Record(ctx, tx, events.Event{Type: EventEndpointDisabled, Subject: "webhook_endpoint:" + ep.ID.String(), Payload: payload})
-	return err
+	host := ""
+	if u, err := url.Parse(ep.URL); err == nil {
+		host = u.Host
+	}
+	payload, err := json.Marshal(DisabledEvent{EndpointID: ep.ID, Host: host, Scopes: ep.Scopes, Reason: reason})
+	if err != nil {
+		return err
+	}
+	scopes := ep.Scopes
+	if len(scopes) == 0 {
+		scopes = []string{""}
+	}
+	for _, scope := range scopes {
+		if _, err := w.outbox.Record(ctx, tx, events.Event{Type: EventEndpointDisabled, Subject: "webhook_endpoint:" + ep.ID.String(),
+			Scope: scope, Payload: payload}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (w *Webhooks) acquire(id uuid.UUID, limit int) bool {

@@ -73,8 +73,21 @@ const (
 )
 
 // EventEndpointDisabled is the type of the event recorded when an endpoint
-// is disabled automatically (failing for AutoDisableAfter, or 410 Gone).
+// is disabled automatically (failing for AutoDisableAfter, or 410 Gone). It
+// is recorded once in each of the endpoint's scopes (once unscoped for an
+// endpoint without scopes), with a [DisabledEvent] as its payload.
 const EventEndpointDisabled = "webhook.endpoint.disabled"
+
+// DisabledEvent is the payload of an EventEndpointDisabled event. It names
+// the endpoint by ID and host: the URL's path and query, where tokens live,
+// never leave the endpoint's row.
+type DisabledEvent struct {
+	EndpointID uuid.UUID `json:"endpoint_id"`
+	// Host is the URL's host and port.
+	Host   string   `json:"host"`
+	Scopes []string `json:"scopes"`
+	Reason string   `json:"reason"`
+}
 
 // Config configures the webhooks. The zero value works.
 type Config struct {

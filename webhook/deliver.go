@@ -142,6 +142,10 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 		return err
 	case !ep.Enabled:
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s is disabled: %s", ep.ID, ep.DisabledReason))
+	case job.CreatedAt.Before(ep.EnabledAt):
+		// Pending when the endpoint was disabled (running then, so Disable
+		// could not cancel it): it ends as cancelled, as Disable promises.
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was disabled after this delivery was made", ep.ID))
 	}
 	tries := triesSoFar(job.Metadata)
 	if age := time.Since(job.CreatedAt); age >= w.config.GiveUpAfter {
@@ -173,11 +177,13 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 	case success:
 		return nil
 	case gone:
+		w.cancelPendingQuietly(ctx, ep.ID)
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s answered 410 Gone: disabled", ep.ID))
 	}
 	// Every failure counts toward auto-disable, Retry-After answers too.
 	if disabled, err := w.autoDisable(ctx, &ep); err != nil || disabled {
 		if err == nil {
+			w.cancelPendingQuietly(ctx, ep.ID)
 			err = river.JobCancel(fmt.Errorf("webhook: endpoint %s failed for %v: disabled", ep.ID, w.config.AutoDisableAfter))
 		}
 		return err
@@ -384,6 +390,15 @@ func (w *Webhooks) disable(ctx context.Context, tx pgx.Tx, ep *Endpoint, reason 
 		}
 	}
 	return nil
+}
+
+// cancelPendingQuietly cancels an endpoint's pending deliveries after it was
+// disabled automatically. A failure is only logged: each of them is
+// cancelled anyway when it runs and finds the endpoint disabled.
+func (w *Webhooks) cancelPendingQuietly(ctx context.Context, endpoint uuid.UUID) {
+	if _, err := w.cancelPending(ctx, endpoint); err != nil {
+		w.config.Logger.WarnContext(ctx, err.Error(), slog.String("endpoint_id", endpoint.String()))
+	}
 }
 
 func (w *Webhooks) acquire(id uuid.UUID, limit int) bool {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -79,3 +80,63 @@ func TestDisabledEventCarriesScopesNotURL(t *testing.T) {
 }
 
 var _ = time.Second
+
+// Disable cancels the deliveries pending for the endpoint: a retry waiting
+// at disable time is not sent after a quick re-enable, and neither is one
+// that was running during the disable.
+func TestDisableCancelsPendingDeliveries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	hold := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(HeaderID)
+		mu.Lock()
+		calls[id]++
+		n := calls[id]
+		mu.Unlock()
+		if r.URL.Path == "/held" && n == 1 {
+			<-hold
+		}
+		if n == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	count := func(id uuid.UUID) int { mu.Lock(); defer mu.Unlock(); return calls[id.String()] }
+
+	// A retry pending at disable time.
+	ep, err := b.wh.Create(ctx, EndpointParams{URL: srv.URL, Types: []string{"a"}})
+	require.NoError(t, err)
+	e := b.record(t, events.Event{Type: "a"})[0]
+	b.attempts(t, ep.ID, 1)
+	require.Eventually(t, func() bool { s := b.state(t, e.ID, ep.ID); return s == "retryable" || s == "available" }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, b.wh.Disable(ctx, ep.ID, "maintenance"))
+	require.Equal(t, "cancelled", b.state(t, e.ID, ep.ID), "Disable cancels what is pending")
+	require.NoError(t, b.wh.Enable(ctx, ep.ID))
+	later := b.record(t, events.Event{Type: "a"})[0]
+	require.Eventually(t, func() bool { return count(later.ID) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, "cancelled", b.state(t, e.ID, ep.ID))
+	require.Equal(t, 1, count(e.ID))
+
+	// A delivery running during the disable: its retry is not sent either.
+	held, err := b.wh.Create(ctx, EndpointParams{URL: srv.URL + "/held", Types: []string{"b"}})
+	require.NoError(t, err)
+	e = b.record(t, events.Event{Type: "b"})[0]
+	require.Eventually(t, func() bool { return count(e.ID) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, b.wh.Disable(ctx, held.ID, "maintenance"))
+	require.NoError(t, b.wh.Enable(ctx, held.ID))
+	close(hold)
+	b.attempts(t, held.ID, 1)
+	require.Eventually(t, func() bool {
+		id, s, _, _ := b.job(t, e.ID, held.ID)
+		if s == "retryable" || s == "available" { // the clock moves on: due now
+			_, err := b.pool.Exec(ctx, "UPDATE river_job SET scheduled_at = now() WHERE id = $1 AND state IN ('retryable', 'available')", id)
+			require.NoError(t, err)
+		}
+		return s == "cancelled"
+	}, 15*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, count(e.ID))
+}

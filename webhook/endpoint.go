@@ -44,6 +44,9 @@ type Endpoint struct {
 	// DisabledReason and DisabledAt say why and when it was disabled.
 	DisabledReason string
 	DisabledAt     time.Time
+	// EnabledAt is when the endpoint was last enabled after a disable (zero
+	// if never): deliveries created before it are cancelled, not sent.
+	EnabledAt time.Time
 	// FailingSince is the first failure since the last success; zero when
 	// the last attempt succeeded.
 	FailingSince  time.Time
@@ -131,17 +134,17 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 }
 
 const endpointColumns = "id, url, description, types, scopes, headers, secrets, timeout_ms, max_in_flight, enabled," +
-	" coalesce(disabled_reason, ''), disabled_at, failing_since, last_success_at, created_at, updated_at"
+	" coalesce(disabled_reason, ''), disabled_at, enabled_at, failing_since, last_success_at, created_at, updated_at"
 
 func scanEndpoint(row pgx.Row) (Endpoint, error) {
 	var (
-		e                                     Endpoint
-		timeoutMS                             int
-		disabledAt, failingSince, lastSuccess *time.Time
-		secrets                               []Secret
+		e                                                Endpoint
+		timeoutMS                                        int
+		disabledAt, enabledAt, failingSince, lastSuccess *time.Time
+		secrets                                          []Secret
 	)
 	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.Types, &e.Scopes, &e.Headers, &secrets, &timeoutMS, &e.MaxInFlight,
-		&e.Enabled, &e.DisabledReason, &disabledAt, &failingSince, &lastSuccess, &e.CreatedAt, &e.UpdatedAt)
+		&e.Enabled, &e.DisabledReason, &disabledAt, &enabledAt, &failingSince, &lastSuccess, &e.CreatedAt, &e.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, ErrNotFound
 	}
@@ -149,7 +152,7 @@ func scanEndpoint(row pgx.Row) (Endpoint, error) {
 		return Endpoint{}, err
 	}
 	e.Secrets, e.Timeout = secrets, time.Duration(timeoutMS)*time.Millisecond
-	for dst, src := range map[*time.Time]*time.Time{&e.DisabledAt: disabledAt, &e.FailingSince: failingSince, &e.LastSuccessAt: lastSuccess} {
+	for dst, src := range map[*time.Time]*time.Time{&e.DisabledAt: disabledAt, &e.EnabledAt: enabledAt, &e.FailingSince: failingSince, &e.LastSuccessAt: lastSuccess} {
 		if src != nil {
 			*dst = *src
 		}
@@ -222,17 +225,55 @@ func (w *Webhooks) List(ctx context.Context, after uuid.UUID, limit int) (ListEn
 	return res, nil
 }
 
-// Disable stops deliveries to an endpoint (pending ones end as cancelled),
-// with a reason kept for operators.
+// Disable stops deliveries to an endpoint, with a reason kept for
+// operators. Its pending deliveries end as cancelled: Disable cancels them
+// before it returns (in batches of cancelBatch), and one that was running
+// meanwhile is cancelled when its retry comes, even after an Enable.
 func (w *Webhooks) Disable(ctx context.Context, id uuid.UUID, reason string) error {
-	return w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1", id, reason)
+	if err := w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1", id, reason); err != nil {
+		return err
+	}
+	_, err := w.cancelPending(ctx, id)
+	return err
 }
 
 // Enable resumes deliveries to an endpoint and forgets its failures. Events
-// missed meanwhile are not sent: see Recover.
+// missed meanwhile, and deliveries pending at disable time, are not sent:
+// see Recover.
 func (w *Webhooks) Enable(ctx context.Context, id uuid.UUID) error {
+	// enabled_at only moves for an endpoint that was disabled: enabling an
+	// enabled endpoint must not cancel what it has pending.
 	return w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = true, disabled_reason = NULL, disabled_at = NULL,"+
-		" failing_since = NULL, updated_at = now() WHERE id = $1", id)
+		" enabled_at = CASE WHEN enabled THEN enabled_at ELSE now() END, failing_since = NULL, updated_at = now() WHERE id = $1", id)
+}
+
+// cancelBatch is how many deliveries one statement of cancelPending cancels.
+const cancelBatch = 1000
+
+// cancelPending cancels the deliveries to an endpoint that wait in River
+// (available, scheduled, retryable, pending), cancelBatch per statement so
+// that no statement holds many rows, and returns how many. Running ones are
+// left to River: the worker cancels them when they come back. Disable has
+// no River client to hand, so this is the update River's own JobCancel makes
+// to a job that is not running.
+func (w *Webhooks) cancelPending(ctx context.Context, endpoint uuid.UUID) (int64, error) {
+	var total int64
+	for {
+		tag, err := w.pool.Exec(ctx, `WITH batch AS (
+			SELECT id FROM `+w.t.riverJob+` WHERE kind = 'webhook.deliver' AND args @> jsonb_build_object('endpoint_id', $1::text)
+			   AND state IN ('available', 'scheduled', 'retryable', 'pending')
+			 LIMIT $2 FOR UPDATE SKIP LOCKED)
+			UPDATE `+w.t.riverJob+` j SET state = 'cancelled', finalized_at = now(),
+			       metadata = j.metadata || jsonb_build_object('cancel_attempted_at', now(), 'webhook_cancelled', 'endpoint disabled')
+			  FROM batch WHERE j.id = batch.id`, endpoint.String(), cancelBatch)
+		if err != nil {
+			return total, fmt.Errorf("webhook: cancelling the deliveries to %s: %w", endpoint, err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < cancelBatch {
+			return total, nil
+		}
+	}
 }
 
 // RotateSecret adds a new secret and returns it; the current ones keep
@@ -268,7 +309,11 @@ func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Du
 // Delete removes an endpoint; its pending deliveries end as cancelled. The
 // attempt log keeps its entries until retention.
 func (w *Webhooks) Delete(ctx context.Context, id uuid.UUID) error {
-	return w.exec(ctx, "DELETE FROM "+w.t.endpoints+" WHERE id = $1", id)
+	if err := w.exec(ctx, "DELETE FROM "+w.t.endpoints+" WHERE id = $1", id); err != nil {
+		return err
+	}
+	_, err := w.cancelPending(ctx, id)
+	return err
 }
 
 func (w *Webhooks) exec(ctx context.Context, sql string, args ...any) error {

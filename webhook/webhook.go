@@ -136,7 +136,7 @@ type Webhooks struct {
 }
 
 // tables are the package's table names in the schema.
-type tables struct{ endpoints, attempts string }
+type tables struct{ endpoints, attempts, riverJob string }
 
 // New returns the webhooks of pool's database. events.Migrate creates their
 // tables.
@@ -166,7 +166,7 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 		return pgx.Identifier{cfg.Schema, table}.Sanitize()
 	}
 	return &Webhooks{pool: pool, config: cfg, guard: guard{allowed: cfg.AllowedNetworks}, lookup: defaultLookup,
-		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts")},
+		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts"), riverJob: q("river_job")},
 		inFlight: map[uuid.UUID]int{}}, nil
 }
 

@@ -20,7 +20,9 @@ import (
 var ErrNotFound = errors.New("webhook: endpoint not found")
 
 // ErrInvalidEndpoint is returned for endpoint parameters that cannot work;
-// the error names the field.
+// the error names the field. A URL refused for its address (a private
+// literal, or a number such as 127.1 that means one) also matches
+// ErrForbiddenAddress.
 var ErrInvalidEndpoint = errors.New("webhook: invalid endpoint")
 
 // Endpoint is a registered receiver.
@@ -71,8 +73,10 @@ type EndpointParams struct {
 	Types []string
 	// Scopes lists the scopes received; empty: all.
 	Scopes []string
-	// Headers are sent with every delivery. Hop-by-hop headers, Host,
-	// Content-Type, Content-Length and the webhook-* headers are refused.
+	// Headers are sent with every delivery. Names are RFC 9110 tokens, each
+	// given once; values hold no control character but tab (no CR, LF or
+	// NUL). Hop-by-hop headers, Host, Content-Type, Content-Length and the
+	// webhook-* headers are refused.
 	Headers map[string]string
 	// Timeout defaults to TimeoutDefault (15 s); at most 1 min.
 	Timeout time.Duration
@@ -92,7 +96,8 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 		return fmt.Errorf("%w: %s %s", ErrInvalidEndpoint, field, fmt.Sprintf(format, args...))
 	}
 	if _, err := w.guard.validateURL(p.URL); err != nil {
-		return bad("URL", "%v", err)
+		// %w: a refused address also matches ErrForbiddenAddress.
+		return fmt.Errorf("%w: URL: %w", ErrInvalidEndpoint, err)
 	}
 	if len(p.Types) == 0 {
 		return bad("Types", "is empty; give at least one glob, such as \"**\"")
@@ -102,10 +107,20 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 			return bad("Types", "%v", err)
 		}
 	}
-	for name := range p.Headers {
-		if slices.Contains(deniedHeaders, http.CanonicalHeaderKey(name)) || strings.HasPrefix(strings.ToLower(name), "webhook-") {
+	seen := map[string]bool{}
+	for name, value := range p.Headers {
+		canonical := http.CanonicalHeaderKey(name)
+		switch {
+		case !validHeaderName(name):
+			return bad("Headers", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
+		case !validHeaderValue(value):
+			return bad("Headers", "%s: the value holds a control character (CR, LF, NUL …)", canonical)
+		case seen[canonical]:
+			return bad("Headers", "%s is given twice", canonical)
+		case slices.Contains(deniedHeaders, canonical) || strings.HasPrefix(strings.ToLower(name), "webhook-"):
 			return bad("Headers", "%q may not be set", name)
 		}
+		seen[canonical] = true
 	}
 	if p.Timeout == 0 {
 		p.Timeout = TimeoutDefault
@@ -131,6 +146,30 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 		p.Headers = map[string]string{}
 	}
 	return nil
+}
+
+// validHeaderName reports whether name is an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether value holds no control character but
+// tab: CR and LF would split the request, NUL ends it for some servers.
+func validHeaderValue(value string) bool {
+	for _, c := range []byte(value) {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 const endpointColumns = "id, url, description, types, scopes, headers, secrets, timeout_ms, max_in_flight, enabled," +

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -85,8 +87,9 @@ func (g guard) check(ip netip.Addr) error {
 }
 
 // validateURL checks an endpoint URL at registration: http or https, a
-// host, no user info, and not an IP literal the guard refuses. A host name
-// is checked when a delivery resolves it.
+// host, no user info, a port from 1 to 65535, no IPv4 address spelled other
+// than as four decimal numbers, and no IP literal the guard refuses. A host
+// name is checked when a delivery resolves it.
 func (g guard) validateURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	switch {
@@ -99,12 +102,92 @@ func (g guard) validateURL(raw string) (*url.URL, error) {
 	case u.Hostname() == "":
 		return nil, fmt.Errorf("webhook: URL %q: no host", raw)
 	}
-	if ip, err := netip.ParseAddr(u.Hostname()); err == nil {
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("webhook: URL %q: port %s is not between 1 and 65535", raw, p)
+		}
+	}
+	host := u.Hostname()
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if ip.Zone() != "" {
+			return nil, fmt.Errorf("webhook: URL %q: an IPv6 zone names an interface of this machine", raw)
+		}
 		if err := g.check(ip); err != nil {
 			return nil, fmt.Errorf("webhook: URL %q: %w", raw, err)
 		}
+		return u, nil
+	}
+	if ip, numeric := numericHost(host); numeric {
+		err := fmt.Errorf("webhook: URL %q: host %q is a number, not a name; write an IPv4 address as four decimal numbers", raw, host)
+		if ip.IsValid() {
+			err = fmt.Errorf("webhook: URL %q: host %q is a non-canonical spelling of %s; write that instead", raw, host, ip)
+			if ferr := g.check(ip); ferr != nil {
+				return nil, fmt.Errorf("%w: %w", err, ferr)
+			}
+		}
+		return nil, err
 	}
 	return u, nil
+}
+
+// numericHost reports whether host, which netip does not parse, would be
+// read as a number by a resolver or a browser: its last label (a trailing
+// dot aside) is a decimal, octal or hexadecimal number, as in 127.1,
+// 2130706433, 0x7f000001, 0177.0.0.1 or 127.0.0.1. (WHATWG URL calls this
+// "ends in a number"). When the host is a valid inet_aton spelling, ip is
+// the address it means.
+func numericHost(host string) (ip netip.Addr, numeric bool) {
+	trimmed := strings.TrimSuffix(host, ".")
+	labels := strings.Split(trimmed, ".")
+	if _, ok := parseInetNumber(labels[len(labels)-1]); !ok {
+		return netip.Addr{}, false
+	}
+	if len(labels) > 4 {
+		return netip.Addr{}, true
+	}
+	var parts []uint64
+	for _, l := range labels {
+		n, ok := parseInetNumber(l)
+		if !ok {
+			return netip.Addr{}, true
+		}
+		parts = append(parts, n)
+	}
+	// inet_aton: a.b.c.d, a.b.c (c fills 16 bits), a.b (b fills 24), a (32).
+	var v uint64
+	for i, n := range parts[:len(parts)-1] {
+		if n > 255 {
+			return netip.Addr{}, true
+		}
+		v |= n << (8 * (3 - i))
+	}
+	last := parts[len(parts)-1]
+	if last >= 1<<(8*(5-len(parts))) {
+		return netip.Addr{}, true
+	}
+	v |= last
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), true
+}
+
+// parseInetNumber reads one label the way inet_aton does: 0x… hexadecimal,
+// 0… octal, otherwise decimal.
+func parseInetNumber(s string) (uint64, bool) {
+	base := 10
+	switch {
+	case len(s) >= 2 && (s[:2] == "0x" || s[:2] == "0X"):
+		s, base = s[2:], 16
+		if s == "" {
+			return 0, true // "0x" alone is 0 to inet_aton
+		}
+	case len(s) > 1 && s[0] == '0':
+		s, base = s[1:], 8
+	}
+	if s == "" {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s, base, 32)
+	return n, err == nil
 }
 
 // lookupFunc resolves a host name; tests give their own.
@@ -137,6 +220,10 @@ func (g guard) newClient(lookup lookupFunc, dialed func(ctx context.Context, ip 
 			var ips []netip.Addr
 			if ip, err := netip.ParseAddr(host); err == nil {
 				ips = []netip.Addr{ip}
+			} else if _, numeric := numericHost(host); numeric {
+				// A resolver would read it as an address, whatever the guard
+				// thinks of that address: never hand it one.
+				return nil, fmt.Errorf("%w: host %q is a number, not a name", ErrForbiddenAddress, host)
 			} else if ips, err = lookup(ctx, host); err != nil {
 				return nil, err
 			}

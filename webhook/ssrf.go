@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,8 +18,13 @@ import (
 // ErrForbiddenAddress is returned for a URL, or an address it resolves to,
 // that deliveries may not reach: loopback, private, link-local (cloud
 // metadata services live there), CGNAT, multicast, unspecified and similar
-// ranges, in IPv4 and IPv6, and IPv4 addresses embedded in IPv6
-// (IPv4-mapped, NAT64). Config.AllowedNetworks lifts it for chosen ranges.
+// ranges, in IPv4 and IPv6; IPv4 addresses embedded in IPv6 (IPv4-mapped,
+// NAT64 well-known); the IPv6 transition and legacy ranges whose traffic a
+// relay or translator forwards somewhere the guard cannot see (6to4
+// 2002::/16, Teredo 2001::/32, NAT64 local use 64:ff9b:1::/48,
+// IPv4-compatible ::/96, site-local fec0::/10); port 0, and ports outside
+// Config.AllowedPorts when it is set. Config.AllowedNetworks lifts it for
+// chosen ranges.
 var ErrForbiddenAddress = errors.New("webhook: address not allowed")
 
 // forbidden are the ranges a delivery may never reach by default.
@@ -46,6 +52,12 @@ var forbidden = func() []netip.Prefix {
 		"ff00::/8",        // multicast
 		"2001:db8::/32",   // documentation
 		"100::/64",        // discard
+		"::/96",           // IPv4-compatible (deprecated): ::a.b.c.d
+		"64:ff9b:1::/48",  // NAT64 for local use (RFC 8215): translators of the operator's choosing
+		"2002::/16",       // 6to4: a relay dials the IPv4 address inside
+		"2001::/32",       // Teredo: likewise
+		"2001:2::/48",     // benchmarking
+		"fec0::/10",       // site-local (deprecated, still routed inside some sites)
 	} {
 		out = append(out, netip.MustParsePrefix(p))
 	}
@@ -59,6 +71,20 @@ var nat64 = netip.MustParsePrefix("64:ff9b::/96")
 // guard decides which addresses deliveries may reach.
 type guard struct {
 	allowed []netip.Prefix
+	// ports, when set, are the only ports deliveries may reach.
+	ports []int
+}
+
+// checkPort refuses port 0 (the kernel would pick one) and, with an
+// allowlist, any port not on it.
+func (g guard) checkPort(port int) error {
+	if port < 1 || port > 65535 {
+		return fmt.Errorf("%w: port %d", ErrForbiddenAddress, port)
+	}
+	if len(g.ports) > 0 && !slices.Contains(g.ports, port) {
+		return fmt.Errorf("%w: port %d is not in Config.AllowedPorts", ErrForbiddenAddress, port)
+	}
+	return nil
 }
 
 // check returns ErrForbiddenAddress for an address in a forbidden range
@@ -102,11 +128,16 @@ func (g guard) validateURL(raw string) (*url.URL, error) {
 	case u.Hostname() == "":
 		return nil, fmt.Errorf("webhook: URL %q: no host", raw)
 	}
+	port := map[string]int{"http": 80, "https": 443}[u.Scheme]
 	if p := u.Port(); p != "" {
 		n, err := strconv.Atoi(p)
-		if err != nil || n < 1 || n > 65535 {
+		if err != nil || n > 65535 {
 			return nil, fmt.Errorf("webhook: URL %q: port %s is not between 1 and 65535", raw, p)
 		}
+		port = n
+	}
+	if err := g.checkPort(port); err != nil {
+		return nil, fmt.Errorf("webhook: URL %q: %w", raw, err)
 	}
 	host := u.Hostname()
 	if ip, err := netip.ParseAddr(host); err == nil {
@@ -207,6 +238,9 @@ func (g guard) newClient(lookup lookupFunc, dialed func(ctx context.Context, ip 
 			if err != nil {
 				return fmt.Errorf("%w: %s", ErrForbiddenAddress, address)
 			}
+			if err := g.checkPort(int(ap.Port())); err != nil {
+				return err
+			}
 			return g.check(ap.Addr())
 		},
 	}
@@ -215,6 +249,11 @@ func (g guard) newClient(lookup lookupFunc, dialed func(ctx context.Context, ip 
 		DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
 			host, port, err := net.SplitHostPort(address)
 			if err != nil {
+				return nil, err
+			}
+			if n, err := strconv.Atoi(port); err != nil {
+				return nil, fmt.Errorf("%w: port %q", ErrForbiddenAddress, port)
+			} else if err := g.checkPort(n); err != nil {
 				return nil, err
 			}
 			var ips []netip.Addr

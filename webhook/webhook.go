@@ -111,6 +111,11 @@ type Config struct {
 	// AllowedNetworks are ranges deliveries may reach although the guard
 	// forbids them (loopback for tests, a deliberate internal receiver).
 	AllowedNetworks []netip.Prefix
+	// AllowedPorts, when set, are the only ports endpoint URLs may name and
+	// deliveries may dial (say 443 only). Empty allows every port from 1 to
+	// 65535: receivers listen where they like, and what the guard protects
+	// is the address, not the port. Port 0 is always refused.
+	AllowedPorts []int
 	// Queue is the River queue of the fanout and delivery jobs. Defaults to
 	// river.QueueDefault.
 	Queue string
@@ -159,13 +164,18 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 	if cfg.MaxResponseBytes < 0 || cfg.AutoDisableAfter < 0 || cfg.AttemptRetention < 0 || cfg.GiveUpAfter < 0 {
 		return nil, errors.New("webhook: MaxResponseBytes, AutoDisableAfter, AttemptRetention and GiveUpAfter must not be negative")
 	}
+	for _, p := range cfg.AllowedPorts {
+		if p < 1 || p > 65535 {
+			return nil, fmt.Errorf("webhook: AllowedPorts: %d is not between 1 and 65535", p)
+		}
+	}
 	q := func(table string) string {
 		if cfg.Schema == "" {
 			return table
 		}
 		return pgx.Identifier{cfg.Schema, table}.Sanitize()
 	}
-	return &Webhooks{pool: pool, config: cfg, guard: guard{allowed: cfg.AllowedNetworks}, lookup: defaultLookup,
+	return &Webhooks{pool: pool, config: cfg, guard: guard{allowed: cfg.AllowedNetworks, ports: cfg.AllowedPorts}, lookup: defaultLookup,
 		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts"), riverJob: q("river_job")},
 		inFlight: map[uuid.UUID]int{}}, nil
 }

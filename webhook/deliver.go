@@ -43,19 +43,23 @@ func (f *fanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) err
 		return err
 	}
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		// Scopes filter in SQL; type globs in Go.
-		rows, err := tx.Query(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+
+		// Scopes filter in SQL; type globs in Go. Only what matching needs:
+		// not the secrets, which only the delivery opens.
+		rows, err := tx.Query(ctx, "SELECT id, types FROM "+w.t.endpoints+
 			" WHERE enabled AND (cardinality(scopes) = 0 OR $1 = ANY(scopes))", e.Scope)
 		if err != nil {
 			return err
 		}
-		endpoints, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) { return scanEndpoint(row) })
+		endpoints, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) {
+			var ep Endpoint
+			return ep, row.Scan(&ep.ID, &ep.Types)
+		})
 		if err != nil {
 			return err
 		}
 		var params []river.InsertManyParams
 		for _, ep := range endpoints {
-			if ep.matches(e.Type, e.Scope) {
+			if ep.matchesType(e.Type) {
 				params = append(params, river.InsertManyParams{Args: deliverArgs(ep.ID, e, ""), InsertOpts: w.deliverOpts()})
 			}
 		}
@@ -222,7 +226,16 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 		return out, 0
 	}
 	now := time.Now()
-	sig, err := Sign(ep.activeSecrets(now), a.EventID.String(), now, b)
+	secrets, err := w.openSecrets(ep, now)
+	var secretHeaders map[string]string
+	if err == nil {
+		secretHeaders, err = w.openHeaders(ep)
+	}
+	if err != nil {
+		out.errorClass, out.err = "secret", err.Error()
+		return out, 0
+	}
+	sig, err := Sign(secrets, a.EventID.String(), now, b)
 	if err != nil {
 		out.errorClass, out.err = "secret", err.Error()
 		return out, 0
@@ -241,6 +254,9 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 		return out, 0
 	}
 	for k, v := range ep.Headers {
+		req.Header.Set(k, v)
+	}
+	for k, v := range secretHeaders {
 		req.Header.Set(k, v)
 	}
 	req.Header.Set("Content-Type", "application/json")

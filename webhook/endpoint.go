@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -36,7 +35,11 @@ type Endpoint struct {
 	Scopes []string
 	// Headers are sent with every delivery.
 	Headers map[string]string
-	// Secrets sign the deliveries: every one not yet expired.
+	// SecretHeaders are sent with every delivery too, and sealed at rest:
+	// their values read Redacted.
+	SecretHeaders map[string]string
+	// Secrets sign the deliveries: every one not yet expired. Their Secret
+	// is in clear in what Create returns, Redacted everywhere else.
 	Secrets []Secret
 	// Timeout bounds one delivery; MaxInFlight how many run at once (in one
 	// process).
@@ -55,14 +58,22 @@ type Endpoint struct {
 	LastSuccessAt time.Time
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+
+	// What the row stores, sealed: only deliveries (and Reseal) open it.
+	sealed        []stored
+	sealedHeaders map[string]stored
 }
 
 // Secret is a signing secret ("whsec_…"). ExpiresAt is zero for the current
 // one, and set on a secret replaced by RotateSecret, which signs alongside
 // the new one until then.
 type Secret struct {
-	Secret    string    `json:"secret"`
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Secret is Redacted except in what Create returns.
+	Secret    string
+	ExpiresAt time.Time
+	// KeyID names the key of Config.Keys that seals it; empty when it is
+	// stored in clear (Config.PlainSecrets).
+	KeyID string
 }
 
 // EndpointParams are what Create and Update set.
@@ -82,6 +93,12 @@ type EndpointParams struct {
 	Timeout time.Duration
 	// MaxInFlight defaults to MaxInFlightDefault (10).
 	MaxInFlight int
+	// SecretHeaders are headers whose values are credentials (Authorization,
+	// an API key): sent like Headers, under the same rules, but sealed at
+	// rest and Redacted in Get and List. At Update, nil keeps the
+	// endpoint's secret headers as they are; otherwise the map replaces
+	// them, and a value of Redacted keeps that header's stored value.
+	SecretHeaders map[string]string
 	// Secret, at Create only: the signing secret; empty makes a new one.
 	Secret string
 }
@@ -108,7 +125,7 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 		}
 	}
 	seen := map[string]bool{}
-	for name, value := range p.Headers {
+	for name, value := range mergedHeaders(p.Headers, p.SecretHeaders) {
 		canonical := http.CanonicalHeaderKey(name)
 		switch {
 		case !validHeaderName(name):
@@ -145,7 +162,23 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 	if p.Headers == nil {
 		p.Headers = map[string]string{}
 	}
+	if p.SecretHeaders == nil {
+		p.SecretHeaders = map[string]string{}
+	}
 	return nil
+}
+
+// mergedHeaders iterates both maps, for validation.
+func mergedHeaders(a, b map[string]string) func(func(string, string) bool) {
+	return func(yield func(string, string) bool) {
+		for _, m := range []map[string]string{a, b} {
+			for k, v := range m {
+				if !yield(k, v) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // validHeaderName reports whether name is an RFC 9110 token.
@@ -172,7 +205,7 @@ func validHeaderValue(value string) bool {
 	return true
 }
 
-const endpointColumns = "id, url, description, types, scopes, headers, secrets, timeout_ms, max_in_flight, enabled," +
+const endpointColumns = "id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, enabled," +
 	" coalesce(disabled_reason, ''), disabled_at, enabled_at, failing_since, last_success_at, created_at, updated_at"
 
 func scanEndpoint(row pgx.Row) (Endpoint, error) {
@@ -180,9 +213,8 @@ func scanEndpoint(row pgx.Row) (Endpoint, error) {
 		e                                                Endpoint
 		timeoutMS                                        int
 		disabledAt, enabledAt, failingSince, lastSuccess *time.Time
-		secrets                                          []Secret
 	)
-	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.Types, &e.Scopes, &e.Headers, &secrets, &timeoutMS, &e.MaxInFlight,
+	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.Types, &e.Scopes, &e.Headers, &e.sealedHeaders, &e.sealed, &timeoutMS, &e.MaxInFlight,
 		&e.Enabled, &e.DisabledReason, &disabledAt, &enabledAt, &failingSince, &lastSuccess, &e.CreatedAt, &e.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, ErrNotFound
@@ -190,7 +222,15 @@ func scanEndpoint(row pgx.Row) (Endpoint, error) {
 	if err != nil {
 		return Endpoint{}, err
 	}
-	e.Secrets, e.Timeout = secrets, time.Duration(timeoutMS)*time.Millisecond
+	e.Timeout = time.Duration(timeoutMS) * time.Millisecond
+	e.Secrets = make([]Secret, len(e.sealed))
+	for i, s := range e.sealed {
+		e.Secrets[i] = Secret{Secret: Redacted, ExpiresAt: s.ExpiresAt, KeyID: s.KeyID}
+	}
+	e.SecretHeaders = make(map[string]string, len(e.sealedHeaders))
+	for name := range e.sealedHeaders {
+		e.SecretHeaders[name] = Redacted
+	}
 	for dst, src := range map[*time.Time]*time.Time{&e.DisabledAt: disabledAt, &e.EnabledAt: enabledAt, &e.FailingSince: failingSince, &e.LastSuccessAt: lastSuccess} {
 		if src != nil {
 			*dst = *src
@@ -199,7 +239,12 @@ func scanEndpoint(row pgx.Row) (Endpoint, error) {
 	return e, nil
 }
 
-// Create registers an endpoint, enabled, with p.Secret or a new secret.
+// Create registers an endpoint, enabled, with p.Secret or a new secret. The
+// Endpoint it returns holds the signing secret in clear, to hand to the
+// receiver: the only time it leaves the library (Get and List redact it).
+// The secret and the secret headers are sealed under the first of
+// Config.Keys; without keys, Create returns ErrNoKeys unless
+// Config.PlainSecrets is set.
 func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, error) {
 	if err := w.validate(&p); err != nil {
 		return Endpoint{}, err
@@ -208,25 +253,84 @@ func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, erro
 	if secret == "" {
 		secret = NewSecret()
 	}
-	secrets, _ := json.Marshal([]Secret{{Secret: secret}})
-	return scanEndpoint(w.pool.QueryRow(ctx, `INSERT INTO `+w.t.endpoints+`
-		(id, url, description, types, scopes, headers, secrets, timeout_ms, max_in_flight)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING `+endpointColumns,
-		uuid.Must(uuid.NewV7()), p.URL, p.Description, p.Types, p.Scopes, p.Headers, string(secrets), p.Timeout.Milliseconds(), p.MaxInFlight))
+	id := uuid.Must(uuid.NewV7())
+	sealed, err := w.keys.seal(id, fieldSecret, secret)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	headers, err := w.sealHeaders(id, p.SecretHeaders, nil)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, `INSERT INTO `+w.t.endpoints+`
+		(id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING `+endpointColumns,
+		id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, []stored{sealed}, p.Timeout.Milliseconds(), p.MaxInFlight))
+	if err != nil {
+		return Endpoint{}, err
+	}
+	ep.Secrets[0].Secret = secret
+	return ep, nil
+}
+
+// sealHeaders seals secret header values for the row; a value of Redacted
+// keeps the one in old.
+func (w *Webhooks) sealHeaders(id uuid.UUID, values map[string]string, old map[string]stored) (map[string]stored, error) {
+	out := make(map[string]stored, len(values))
+	for name, v := range values {
+		name = http.CanonicalHeaderKey(name)
+		if v == Redacted {
+			s, ok := old[name]
+			if !ok {
+				return nil, fmt.Errorf("%w: SecretHeaders %s: %s keeps a stored value, and there is none", ErrInvalidEndpoint, name, Redacted)
+			}
+			out[name] = s
+			continue
+		}
+		s, err := w.keys.seal(id, fieldHeader(name), v)
+		if err != nil {
+			return nil, err
+		}
+		out[name] = s
+	}
+	return out, nil
 }
 
 // Update changes an endpoint's URL, description, types, scopes, headers,
-// timeout and concurrency (not its secrets: see RotateSecret).
+// secret headers (see EndpointParams.SecretHeaders), timeout and
+// concurrency (not its secrets: see RotateSecret).
 func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (Endpoint, error) {
 	if p.Secret != "" {
 		return Endpoint{}, fmt.Errorf("%w: Secret is set at Create; use RotateSecret", ErrInvalidEndpoint)
 	}
+	keep := p.SecretHeaders == nil
 	if err := w.validate(&p); err != nil {
 		return Endpoint{}, err
 	}
-	return scanEndpoint(w.pool.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
-		scopes = $5, headers = $6, timeout_ms = $7, max_in_flight = $8, updated_at = now() WHERE id = $1 RETURNING `+endpointColumns,
-		id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, p.Timeout.Milliseconds(), p.MaxInFlight))
+	var ep Endpoint
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		var old map[string]stored
+		if err := tx.QueryRow(ctx, "SELECT secret_headers FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id).Scan(&old); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrNotFound
+			}
+			return err
+		}
+		headers := old
+		if !keep {
+			var err error
+			if headers, err = w.sealHeaders(id, p.SecretHeaders, old); err != nil {
+				return err
+			}
+		}
+		var err error
+		ep, err = scanEndpoint(tx.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
+			scopes = $5, headers = $6, secret_headers = $7, timeout_ms = $8, max_in_flight = $9, updated_at = now()
+			WHERE id = $1 RETURNING `+endpointColumns,
+			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight))
+		return err
+	})
+	return ep, err
 }
 
 // Get returns an endpoint, or ErrNotFound.
@@ -315,34 +419,46 @@ func (w *Webhooks) cancelPending(ctx context.Context, endpoint uuid.UUID) (int64
 	}
 }
 
-// RotateSecret adds a new secret and returns it; the current ones keep
-// signing alongside it until grace has passed (SecretGraceDefault, 24 h,
-// when grace is zero), so receivers can switch without missing a delivery.
+// RotateSecret adds a new secret and returns it, in clear (the only time it
+// leaves the library); the current ones keep signing alongside it until
+// grace has passed (SecretGraceDefault, 24 h, when grace is zero), so
+// receivers can switch without missing a delivery. The new secret is
+// sealed as at Create.
 func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Duration) (string, error) {
 	if grace <= 0 {
 		grace = SecretGraceDefault
 	}
 	secret := NewSecret()
-	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		e, err := scanEndpoint(tx.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id))
-		if err != nil {
+	sealed, err := w.keys.seal(id, fieldSecret, secret)
+	if err != nil {
+		return "", err
+	}
+	err = pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		var current []stored
+		if err := tx.QueryRow(ctx, "SELECT secrets FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id).Scan(&current); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrNotFound
+			}
 			return err
 		}
 		now := time.Now()
-		kept := []Secret{{Secret: secret}}
-		for _, s := range e.Secrets {
+		kept := []stored{sealed}
+		for _, s := range current {
 			switch {
 			case s.ExpiresAt.IsZero():
-				kept = append(kept, Secret{Secret: s.Secret, ExpiresAt: now.Add(grace)})
+				s.ExpiresAt = now.Add(grace)
+				kept = append(kept, s)
 			case s.ExpiresAt.After(now):
 				kept = append(kept, s)
 			}
 		}
-		b, _ := json.Marshal(kept)
-		_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET secrets = $2, updated_at = now() WHERE id = $1", id, string(b))
+		_, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET secrets = $2, updated_at = now() WHERE id = $1", id, kept)
 		return err
 	})
-	return secret, err
+	if err != nil {
+		return "", err
+	}
+	return secret, nil
 }
 
 // Delete removes an endpoint; its pending deliveries end as cancelled. The
@@ -366,22 +482,9 @@ func (w *Webhooks) exec(ctx context.Context, sql string, args ...any) error {
 	return nil
 }
 
-// activeSecrets are the secrets that sign now.
-func (e *Endpoint) activeSecrets(now time.Time) []string {
-	var out []string
-	for _, s := range e.Secrets {
-		if s.ExpiresAt.IsZero() || s.ExpiresAt.After(now) {
-			out = append(out, s.Secret)
-		}
-	}
-	return out
-}
-
-// matches reports whether the endpoint takes an event of type t and scope.
-func (e *Endpoint) matches(t, scope string) bool {
-	if len(e.Scopes) > 0 && !slices.Contains(e.Scopes, scope) {
-		return false
-	}
+// matchesType reports whether the endpoint takes an event of type t (its
+// scopes are matched in SQL).
+func (e *Endpoint) matchesType(t string) bool {
 	for _, pattern := range e.Types {
 		if p, err := glob.Compile(pattern); err == nil && p.Match(t) {
 			return true

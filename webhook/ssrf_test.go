@@ -45,7 +45,7 @@ func TestGuardRefusesTransitionAndLegacyRanges(t *testing.T) {
 func TestPortPolicy(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	wh, err := New(testdb.New(t), &Config{AllowedPorts: []int{443, 8443}})
+	wh, err := New(testdb.New(t), &Config{AllowedPorts: []int{443, 8443}, PlainSecrets: true})
 	require.NoError(t, err)
 	for _, u := range []string{"https://example.com/", "https://example.com:8443/", "http://example.com:443/"} {
 		_, err := wh.Create(ctx, EndpointParams{URL: u, Types: []string{"**"}})

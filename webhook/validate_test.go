@@ -22,7 +22,7 @@ import (
 func TestRegistrationRefuses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	wh, err := New(testdb.New(t), &Config{AllowedNetworks: []netip.Prefix{}})
+	wh, err := New(testdb.New(t), &Config{AllowedNetworks: []netip.Prefix{}, PlainSecrets: true})
 	require.NoError(t, err)
 	for _, c := range []struct {
 		url       string

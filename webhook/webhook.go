@@ -1,7 +1,7 @@
 // Package webhook sends events out of the service as signed HTTP
 // deliveries, the part every user of an outbox ends up writing by hand.
 //
-//	wh, err := webhook.New(pool, &webhook.Config{})
+//	wh, err := webhook.New(pool, &webhook.Config{Keys: []webhook.Key{{ID: "2026-12", Key: key32}}})
 //	relay.Subscribe(wh.Subscriber("webhooks"))
 //	wh.AddWorkers(workers)
 //	ep, err := wh.Create(ctx, webhook.EndpointParams{URL: "https://example.com/hooks", Types: []string{"order.**"}})
@@ -30,6 +30,13 @@
 // IPv4 forms are refused) and the checked address is the one dialled, so DNS
 // rebinding cannot slip through; no proxy. Config.AllowedNetworks opens
 // chosen ranges (tests, deliberate internal receivers).
+//
+// Signing secrets, and header values given as EndpointParams.SecretHeaders,
+// are sealed at rest with AES-256-GCM under the host's Config.Keys (each
+// value names the key that sealed it, so keys rotate: see [Webhooks.Reseal]);
+// Get and List return them [Redacted], and the fanout never reads them.
+// Without keys the library refuses to store a secret unless
+// Config.PlainSecrets says to keep it in clear.
 //
 // Receivers in Go check deliveries with [Verify].
 package webhook
@@ -116,6 +123,17 @@ type Config struct {
 	// 65535: receivers listen where they like, and what the guard protects
 	// is the address, not the port. Port 0 is always refused.
 	AllowedPorts []int
+	// Keys seal endpoint secrets and secret header values at rest, with
+	// AES-256-GCM: the first seals, every one opens what it sealed (each
+	// value names its key's ID). To rotate, add the new key (deploy it to
+	// every process), put it first, run Reseal (the periodic job does it
+	// hourly), then drop the old key. Without keys, secrets are not stored
+	// (ErrNoKeys) unless PlainSecrets is set.
+	Keys []Key
+	// PlainSecrets lets the library store secrets in clear when Keys is
+	// empty: whoever reads the table (a backup, a replica, a support
+	// dump) can then sign deliveries. With Keys set it changes nothing.
+	PlainSecrets bool
 	// Queue is the River queue of the fanout and delivery jobs. Defaults to
 	// river.QueueDefault.
 	Queue string
@@ -132,6 +150,7 @@ type Webhooks struct {
 	lookup lookupFunc
 	outbox events.Outbox
 	t      tables
+	keys   keyring
 
 	clientOnce sync.Once
 	client     *http.Client // deliveries', made on first use
@@ -169,13 +188,18 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 			return nil, fmt.Errorf("webhook: AllowedPorts: %d is not between 1 and 65535", p)
 		}
 	}
+	keys, err := newKeyring(cfg.Keys, cfg.PlainSecrets)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Keys = nil // the keyring holds them; a copy of Config should not
 	q := func(table string) string {
 		if cfg.Schema == "" {
 			return table
 		}
 		return pgx.Identifier{cfg.Schema, table}.Sanitize()
 	}
-	return &Webhooks{pool: pool, config: cfg, guard: guard{allowed: cfg.AllowedNetworks, ports: cfg.AllowedPorts}, lookup: defaultLookup,
+	return &Webhooks{pool: pool, config: cfg, keys: keys, guard: guard{allowed: cfg.AllowedNetworks, ports: cfg.AllowedPorts}, lookup: defaultLookup,
 		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts"), riverJob: q("river_job")},
 		inFlight: map[uuid.UUID]int{}}, nil
 }
@@ -219,6 +243,7 @@ func (w *Webhooks) AddWorkers(workers *river.Workers) error {
 		func() error { return river.AddWorkerSafely(workers, &fanoutWorker{w: w}) },
 		func() error { return river.AddWorkerSafely(workers, &deliverWorker{w: w}) },
 		func() error { return river.AddWorkerSafely(workers, &pruneWorker{w: w}) },
+		func() error { return river.AddWorkerSafely(workers, &resealWorker{w: w}) },
 	} {
 		if err := add(); err != nil {
 			return fmt.Errorf("webhook: add workers: %w", err)
@@ -227,11 +252,16 @@ func (w *Webhooks) AddWorkers(workers *river.Workers) error {
 	return nil
 }
 
-// PeriodicJobs returns the job that deletes attempt-log entries older than
-// Config.AttemptRetention, every hour. Add it to river.Config.PeriodicJobs.
+// PeriodicJobs returns the jobs that delete attempt-log entries older than
+// Config.AttemptRetention, every hour, and that run Reseal, at start and
+// every hour. Add them to river.Config.PeriodicJobs.
 func (w *Webhooks) PeriodicJobs() []*river.PeriodicJob {
-	return []*river.PeriodicJob{river.NewPeriodicJob(river.PeriodicInterval(time.Hour),
-		func() (river.JobArgs, *river.InsertOpts) {
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
 			return PruneArgs{}, &river.InsertOpts{Queue: w.config.Queue, MaxAttempts: 1}
-		}, &river.PeriodicJobOpts{ID: "webhook.prune_attempts"})}
+		}, &river.PeriodicJobOpts{ID: "webhook.prune_attempts"}),
+		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
+			return ResealArgs{}, &river.InsertOpts{Queue: w.config.Queue, MaxAttempts: 3}
+		}, &river.PeriodicJobOpts{ID: "webhook.reseal", RunOnStart: true}),
+	}
 }

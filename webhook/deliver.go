@@ -116,6 +116,12 @@ type outcome struct {
 	duration   time.Duration
 }
 
+// sent reports whether the attempt made a request: failures before one (no
+// secret, a bad payload) say nothing of the endpoint's health.
+func (o outcome) sent() bool {
+	return o.errorClass != "secret" && o.errorClass != "payload" && o.errorClass != "request"
+}
+
 // Snooze bounds for Retry-After.
 const (
 	minSnooze = time.Second
@@ -138,7 +144,7 @@ func triesSoFar(metadata []byte) int {
 
 func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) error {
 	w, a := d.w, job.Args
-	ep, err := w.Get(ctx, a.EndpointID)
+	ep, err := w.getForDelivery(ctx, a.EndpointID)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was deleted", a.EndpointID))
@@ -160,6 +166,13 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 		return river.JobSnooze(time.Second) // the endpoint's concurrency is used up in this process; not a try
 	}
 	defer w.release(ep.ID)
+	adm, err := w.admit(ctx, &ep, job)
+	if err != nil {
+		return err
+	}
+	if adm.wait > 0 {
+		return river.JobSnooze(adm.wait) // the breaker is open, or the rate limit's slot is later; not a try
+	}
 
 	tries++
 	if err := river.MetadataSet(ctx, metaTries, tries); err != nil {
@@ -168,7 +181,7 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 	out, retryAfter := w.send(ctx, &ep, a)
 	success := out.errorClass == ""
 	gone := out.status == http.StatusGone
-	if err := w.record(ctx, &ep, a, tries, out, success, gone); err != nil {
+	if err := w.record(ctx, &ep, a, tries, out, success, gone, adm.probe); err != nil {
 		if success {
 			// Sent and answered 2xx: returning the error would send it again.
 			w.config.Logger.ErrorContext(ctx, "webhook: delivered, but its outcome could not be recorded",
@@ -325,8 +338,13 @@ func retryAfter(v string, now time.Time) time.Duration {
 // Gone disables the endpoint and records the disabled event. The log entry
 // is written under a savepoint: a log that refuses it (a constraint, a
 // trigger) costs the entry, logged as a warning, never the state.
-func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, attempt int, out outcome, success, gone bool) error {
+func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, attempt int, out outcome, success, gone, probe bool) error {
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		if out.sent() {
+			if err := w.recordHealth(ctx, tx, ep, success, probe); err != nil {
+				return err
+			}
+		}
 		var err error
 		switch {
 		case success:

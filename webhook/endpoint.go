@@ -45,7 +45,10 @@ type Endpoint struct {
 	// process).
 	Timeout     time.Duration
 	MaxInFlight int
-	Enabled     bool
+	// RateLimit is at most how many requests per second the endpoint gets,
+	// from all processes together; 0: no limit.
+	RateLimit float64
+	Enabled   bool
 	// DisabledReason and DisabledAt say why and when it was disabled.
 	DisabledReason string
 	DisabledAt     time.Time
@@ -62,6 +65,7 @@ type Endpoint struct {
 	// What the row stores, sealed: only deliveries (and Reseal) open it.
 	sealed        []stored
 	sealedHeaders map[string]stored
+	health        health // read for deliveries only
 }
 
 // Secret is a signing secret ("whsec_…"). ExpiresAt is zero for the current
@@ -93,6 +97,13 @@ type EndpointParams struct {
 	Timeout time.Duration
 	// MaxInFlight defaults to MaxInFlightDefault (10).
 	MaxInFlight int
+	// RateLimit caps the requests per second to the endpoint, counted for
+	// all processes together in PostgreSQL (one UPDATE per delivery);
+	// deliveries over it wait their turn without counting as tries. Sent
+	// at their slot, they average RateLimit per second; when River wakes
+	// a waiting one late (its FetchPollInterval), it may go up to half a
+	// second after its slot. 0, the default, is no limit.
+	RateLimit float64
 	// SecretHeaders are headers whose values are credentials (Authorization,
 	// an API key): sent like Headers, under the same rules, but sealed at
 	// rest and Redacted in Get and List. At Update, nil keeps the
@@ -151,6 +162,9 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 	if p.MaxInFlight < 1 {
 		return bad("MaxInFlight", "%d: must be at least 1", p.MaxInFlight)
 	}
+	if p.RateLimit < 0 || p.RateLimit > 1e6 || p.RateLimit != p.RateLimit {
+		return bad("RateLimit", "%v: must be between 0 (none) and 1e6 per second", p.RateLimit)
+	}
 	if p.Secret != "" {
 		if _, err := secretKey(p.Secret); err != nil {
 			return bad("Secret", "%v", err)
@@ -205,17 +219,18 @@ func validHeaderValue(value string) bool {
 	return true
 }
 
-const endpointColumns = "id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, enabled," +
+const endpointColumns = "id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, rate_limit, enabled," +
 	" coalesce(disabled_reason, ''), disabled_at, enabled_at, failing_since, last_success_at, created_at, updated_at"
 
-func scanEndpoint(row pgx.Row) (Endpoint, error) {
+func scanEndpoint(row pgx.Row, more ...any) (Endpoint, error) {
 	var (
 		e                                                Endpoint
 		timeoutMS                                        int
 		disabledAt, enabledAt, failingSince, lastSuccess *time.Time
 	)
-	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.Types, &e.Scopes, &e.Headers, &e.sealedHeaders, &e.sealed, &timeoutMS, &e.MaxInFlight,
-		&e.Enabled, &e.DisabledReason, &disabledAt, &enabledAt, &failingSince, &lastSuccess, &e.CreatedAt, &e.UpdatedAt)
+	err := row.Scan(append([]any{&e.ID, &e.URL, &e.Description, &e.Types, &e.Scopes, &e.Headers, &e.sealedHeaders, &e.sealed, &timeoutMS,
+		&e.MaxInFlight, &e.RateLimit, &e.Enabled, &e.DisabledReason, &disabledAt, &enabledAt, &failingSince, &lastSuccess,
+		&e.CreatedAt, &e.UpdatedAt}, more...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, ErrNotFound
 	}
@@ -262,10 +277,12 @@ func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, erro
 	if err != nil {
 		return Endpoint{}, err
 	}
-	ep, err := scanEndpoint(w.pool.QueryRow(ctx, `INSERT INTO `+w.t.endpoints+`
-		(id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING `+endpointColumns,
-		id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, []stored{sealed}, p.Timeout.Milliseconds(), p.MaxInFlight))
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, `WITH ep AS (INSERT INTO `+w.t.endpoints+`
+		(id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, rate_limit)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING *),
+		h AS (INSERT INTO `+w.t.health+` (endpoint_id) SELECT id FROM ep)
+		SELECT `+endpointColumns+` FROM ep`,
+		id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, []stored{sealed}, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
 	if err != nil {
 		return Endpoint{}, err
 	}
@@ -325,9 +342,9 @@ func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (
 		}
 		var err error
 		ep, err = scanEndpoint(tx.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
-			scopes = $5, headers = $6, secret_headers = $7, timeout_ms = $8, max_in_flight = $9, updated_at = now()
+			scopes = $5, headers = $6, secret_headers = $7, timeout_ms = $8, max_in_flight = $9, rate_limit = $10, updated_at = now()
 			WHERE id = $1 RETURNING `+endpointColumns,
-			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight))
+			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
 		return err
 	})
 	return ep, err
@@ -336,6 +353,15 @@ func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (
 // Get returns an endpoint, or ErrNotFound.
 func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
 	return scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id))
+}
+
+// getForDelivery is Get with the endpoint's breaker.
+func (w *Webhooks) getForDelivery(ctx context.Context, id uuid.UUID) (Endpoint, error) {
+	var h health
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+", coalesce(h.failures, 0), h.open_until, h.probe_until FROM "+
+		w.t.endpoints+" LEFT JOIN "+w.t.health+" h ON h.endpoint_id = id WHERE id = $1", id), &h.failures, &h.openUntil, &h.probeUntil)
+	ep.health = h
+	return ep, err
 }
 
 // ListEndpointsResult is a page of endpoints, oldest first.

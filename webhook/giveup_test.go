@@ -52,7 +52,7 @@ func TestRetryAfterCountsTowardAutoDisable(t *testing.T) {
 func TestRetryAfterCountsTowardGivingUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, nil)
+	b := setup(t, &Config{BreakerThreshold: 1000}) // the breaker would hold it after 5
 	var calls atomic.Int32
 	srv := busyForever(&calls)
 	defer srv.Close()

@@ -123,6 +123,14 @@ type Config struct {
 	// 65535: receivers listen where they like, and what the guard protects
 	// is the address, not the port. Port 0 is always refused.
 	AllowedPorts []int
+	// BreakerThreshold is how many consecutive failed requests open an
+	// endpoint's circuit breaker: its deliveries then wait, and one probe
+	// per BreakerInterval tries it, until one succeeds. Defaults to
+	// BreakerThresholdDefault (5).
+	BreakerThreshold int
+	// BreakerInterval is how long an open breaker waits before a probe.
+	// Defaults to BreakerIntervalDefault (30 s).
+	BreakerInterval time.Duration
 	// Keys seal endpoint secrets and secret header values at rest, with
 	// AES-256-GCM: the first seals, every one opens what it sealed (each
 	// value names its key's ID). To rotate, add the new key (deploy it to
@@ -160,7 +168,7 @@ type Webhooks struct {
 }
 
 // tables are the package's table names in the schema.
-type tables struct{ endpoints, attempts, riverJob string }
+type tables struct{ endpoints, attempts, health, riverJob string }
 
 // New returns the webhooks of pool's database. events.Migrate creates their
 // tables.
@@ -176,12 +184,15 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 	cfg.AutoDisableAfter = cmp.Or(cfg.AutoDisableAfter, AutoDisableAfterDefault)
 	cfg.AttemptRetention = cmp.Or(cfg.AttemptRetention, AttemptRetentionDefault)
 	cfg.GiveUpAfter = cmp.Or(cfg.GiveUpAfter, GiveUpAfterDefault)
+	cfg.BreakerThreshold = cmp.Or(cfg.BreakerThreshold, BreakerThresholdDefault)
+	cfg.BreakerInterval = cmp.Or(cfg.BreakerInterval, BreakerIntervalDefault)
 	cfg.Queue = cmp.Or(cfg.Queue, river.QueueDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.MaxResponseBytes < 0 || cfg.AutoDisableAfter < 0 || cfg.AttemptRetention < 0 || cfg.GiveUpAfter < 0 {
-		return nil, errors.New("webhook: MaxResponseBytes, AutoDisableAfter, AttemptRetention and GiveUpAfter must not be negative")
+	if cfg.MaxResponseBytes < 0 || cfg.AutoDisableAfter < 0 || cfg.AttemptRetention < 0 || cfg.GiveUpAfter < 0 ||
+		cfg.BreakerThreshold < 0 || cfg.BreakerInterval < 0 {
+		return nil, errors.New("webhook: MaxResponseBytes, AutoDisableAfter, AttemptRetention, GiveUpAfter, BreakerThreshold and BreakerInterval must not be negative")
 	}
 	for _, p := range cfg.AllowedPorts {
 		if p < 1 || p > 65535 {
@@ -200,7 +211,7 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 		return pgx.Identifier{cfg.Schema, table}.Sanitize()
 	}
 	return &Webhooks{pool: pool, config: cfg, keys: keys, guard: guard{allowed: cfg.AllowedNetworks, ports: cfg.AllowedPorts}, lookup: defaultLookup,
-		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts"), riverJob: q("river_job")},
+		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts"), health: q("webhook_endpoint_health"), riverJob: q("river_job")},
 		inFlight: map[uuid.UUID]int{}}, nil
 }
 

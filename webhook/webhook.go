@@ -38,7 +38,16 @@
 // Without keys the library refuses to store a secret unless
 // Config.PlainSecrets says to keep it in clear.
 //
-// Receivers in Go check deliveries with [Verify].
+// Each endpoint has a circuit breaker and an optional rate limit, both kept
+// in PostgreSQL so that every process obeys them: after
+// Config.BreakerThreshold consecutive failures its deliveries wait, and one
+// probe per Config.BreakerInterval tries it until one succeeds;
+// EndpointParams.RateLimit caps its requests per second. Waiting is never
+// counted as a try. [Webhooks.Health] reports success rate, latency and the
+// breaker's state over the last hour.
+//
+// Receivers in Go check deliveries with [Handler] (verification, replay
+// refusal, the delivery's ID for idempotency) or [Verify].
 package webhook
 
 import (

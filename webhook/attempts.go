@@ -2,7 +2,10 @@ package webhook
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -25,7 +28,8 @@ type Attempt struct {
 	Duration   time.Duration
 	// DialedIP is the address the request went to.
 	DialedIP string
-	// Response is the start of the response body (Config.MaxResponseBytes).
+	// Response is the start of the response body (Config.MaxResponseBytes),
+	// as text: a NUL byte and every byte of invalid UTF-8 appear as \xNN.
 	Response  string
 	CreatedAt time.Time
 }
@@ -107,4 +111,37 @@ type pruneWorker struct {
 func (p *pruneWorker) Work(ctx context.Context, _ *river.Job[PruneArgs]) error {
 	_, err := p.w.PruneAttempts(ctx, time.Now().Add(-p.w.config.AttemptRetention))
 	return err
+}
+
+// cleanText makes bytes from outside (a receiver's answer, an error) storable
+// as PostgreSQL text and safe to print: NUL, which text cannot hold, and every
+// byte of invalid UTF-8 become \xNN; everything else is kept.
+func cleanText(b []byte) string {
+	var sb strings.Builder
+	sb.Grow(len(b))
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		switch {
+		case r == utf8.RuneError && size == 1, r == 0:
+			fmt.Fprintf(&sb, `\x%02x`, b[0])
+		default:
+			sb.Write(b[:size])
+		}
+		b = b[size:]
+	}
+	return sb.String()
+}
+
+// cutRune drops an incomplete UTF-8 sequence at the end of b, left by cutting
+// a body at the size limit, so that the cut is not mistaken for bad bytes.
+func cutRune(b []byte) []byte {
+	for i := 1; i < utf8.UTFMax && i <= len(b); i++ {
+		if utf8.RuneStart(b[len(b)-i]) {
+			if !utf8.FullRune(b[len(b)-i:]) {
+				return b[:len(b)-i]
+			}
+			break
+		}
+	}
+	return b
 }

@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -41,19 +43,23 @@ func (f *fanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) err
 		return err
 	}
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		// Scopes filter in SQL; type globs in Go.
-		rows, err := tx.Query(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+
+		// Scopes filter in SQL; type globs in Go. Only what matching needs:
+		// not the secrets, which only the delivery opens.
+		rows, err := tx.Query(ctx, "SELECT id, types FROM "+w.t.endpoints+
 			" WHERE enabled AND (cardinality(scopes) = 0 OR $1 = ANY(scopes))", e.Scope)
 		if err != nil {
 			return err
 		}
-		endpoints, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) { return scanEndpoint(row) })
+		endpoints, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) {
+			var ep Endpoint
+			return ep, row.Scan(&ep.ID, &ep.Types)
+		})
 		if err != nil {
 			return err
 		}
 		var params []river.InsertManyParams
 		for _, ep := range endpoints {
-			if ep.matches(e.Type, e.Scope) {
+			if ep.matchesType(e.Type) {
 				params = append(params, river.InsertManyParams{Args: deliverArgs(ep.ID, e, ""), InsertOpts: w.deliverOpts()})
 			}
 		}
@@ -110,15 +116,35 @@ type outcome struct {
 	duration   time.Duration
 }
 
+// sent reports whether the attempt made a request: failures before one (no
+// secret, a bad payload) say nothing of the endpoint's health.
+func (o outcome) sent() bool {
+	return o.errorClass != "secret" && o.errorClass != "payload" && o.errorClass != "request"
+}
+
 // Snooze bounds for Retry-After.
 const (
 	minSnooze = time.Second
 	maxSnooze = time.Hour
 )
 
+// metaTries is the job metadata key counting the requests a delivery made.
+// River's attempt counts only the failures that returned an error: a
+// snooze gives its attempt back, so a Retry-After answer would never count.
+const metaTries = "webhook_tries"
+
+// triesSoFar reads metaTries from a job's metadata.
+func triesSoFar(metadata []byte) int {
+	var m struct {
+		Tries int `json:"webhook_tries"`
+	}
+	_ = json.Unmarshal(metadata, &m)
+	return m.Tries
+}
+
 func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) error {
 	w, a := d.w, job.Args
-	ep, err := w.Get(ctx, a.EndpointID)
+	ep, err := w.getForDelivery(ctx, a.EndpointID)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was deleted", a.EndpointID))
@@ -126,33 +152,67 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 		return err
 	case !ep.Enabled:
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s is disabled: %s", ep.ID, ep.DisabledReason))
+	case job.CreatedAt.Before(ep.EnabledAt):
+		// Pending when the endpoint was disabled (running then, so Disable
+		// could not cancel it): it ends as cancelled, as Disable promises.
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was disabled after this delivery was made", ep.ID))
+	}
+	tries := triesSoFar(job.Metadata)
+	if age := time.Since(job.CreatedAt); age >= w.config.GiveUpAfter {
+		return river.JobCancel(fmt.Errorf("webhook: gave up the delivery of %s to %s after %d tries in %v (GiveUpAfter)",
+			a.EventID, ep.ID, tries, age.Round(time.Second)))
 	}
 	if !w.acquire(ep.ID, ep.MaxInFlight) {
-		return river.JobSnooze(time.Second) // the endpoint's concurrency is used up in this process
+		return river.JobSnooze(time.Second) // the endpoint's concurrency is used up in this process; not a try
 	}
 	defer w.release(ep.ID)
+	adm, err := w.admit(ctx, &ep, job)
+	if err != nil {
+		return err
+	}
+	if adm.wait > 0 {
+		return river.JobSnooze(adm.wait) // the breaker is open, or the rate limit's slot is later; not a try
+	}
 
+	tries++
+	if err := river.MetadataSet(ctx, metaTries, tries); err != nil {
+		return err
+	}
 	out, retryAfter := w.send(ctx, &ep, a)
 	success := out.errorClass == ""
 	gone := out.status == http.StatusGone
-	if err := w.record(ctx, &ep, a, job.Attempt, out, success, gone); err != nil {
+	if err := w.record(ctx, &ep, a, tries, out, success, gone, adm.probe); err != nil {
+		if success {
+			// Sent and answered 2xx: returning the error would send it again.
+			w.config.Logger.ErrorContext(ctx, "webhook: delivered, but its outcome could not be recorded",
+				slog.String("endpoint_id", ep.ID.String()), slog.String("event_id", a.EventID.String()), slog.String("error", err.Error()))
+			return nil
+		}
 		return err
 	}
 	switch {
 	case success:
 		return nil
 	case gone:
+		w.cancelPendingQuietly(ctx, ep.ID)
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s answered 410 Gone: disabled", ep.ID))
-	case retryAfter > 0:
-		return river.JobSnooze(retryAfter)
 	}
+	// Every failure counts toward auto-disable, Retry-After answers too.
 	if disabled, err := w.autoDisable(ctx, &ep); err != nil || disabled {
 		if err == nil {
+			w.cancelPendingQuietly(ctx, ep.ID)
 			err = river.JobCancel(fmt.Errorf("webhook: endpoint %s failed for %v: disabled", ep.ID, w.config.AutoDisableAfter))
 		}
 		return err
 	}
-	return fmt.Errorf("webhook: delivery of %s to %s: %s %s", a.EventID, ep.URL, out.errorClass, out.err)
+	failure := fmt.Errorf("webhook: delivery of %s to %s: %s %s", a.EventID, ep.ID, out.errorClass, out.err)
+	if tries >= MaxAttempts {
+		return river.JobCancel(fmt.Errorf("webhook: gave up after %d tries: %w", tries, failure))
+	}
+	if retryAfter > 0 {
+		return river.JobSnooze(retryAfter)
+	}
+	return failure
 }
 
 // body is the delivery's body: {"type", "timestamp", "data"}.
@@ -179,7 +239,16 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 		return out, 0
 	}
 	now := time.Now()
-	sig, err := Sign(ep.activeSecrets(now), a.EventID.String(), now, b)
+	secrets, err := w.openSecrets(ep, now)
+	var secretHeaders map[string]string
+	if err == nil {
+		secretHeaders, err = w.openHeaders(ep)
+	}
+	if err != nil {
+		out.errorClass, out.err = "secret", err.Error()
+		return out, 0
+	}
+	sig, err := Sign(secrets, a.EventID.String(), now, b)
 	if err != nil {
 		out.errorClass, out.err = "secret", err.Error()
 		return out, 0
@@ -198,6 +267,9 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 		return out, 0
 	}
 	for k, v := range ep.Headers {
+		req.Header.Set(k, v)
+	}
+	for k, v := range secretHeaders {
 		req.Header.Set(k, v)
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -226,7 +298,10 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	// At most MaxResponseBytes are read: a huge answer costs nothing more.
 	kept, _ := io.ReadAll(io.LimitReader(resp.Body, int64(w.config.MaxResponseBytes)))
 	out.duration = time.Since(start)
-	out.status, out.response = resp.StatusCode, string(bytes.ToValidUTF8(kept, []byte("?")))
+	if len(kept) == w.config.MaxResponseBytes {
+		kept = cutRune(kept)
+	}
+	out.status, out.response = resp.StatusCode, cleanText(kept)
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		return out, 0
@@ -258,15 +333,17 @@ func retryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// record writes the attempt log and the endpoint's state in one
-// transaction: success clears failing_since; a failure sets it if unset;
-// 410 Gone disables the endpoint and records the disabled event.
-func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, attempt int, out outcome, success, gone bool) error {
+// record writes the endpoint's state and the attempt log in one
+// transaction: success clears failing_since; a failure sets it if unset; 410
+// Gone disables the endpoint and records the disabled event. The log entry
+// is written under a savepoint: a log that refuses it (a constraint, a
+// trigger) costs the entry, logged as a warning, never the state.
+func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, attempt int, out outcome, success, gone, probe bool) error {
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+w.t.attempts+` (endpoint_id, event_id, attempt, status, error_class, error,
-			duration_ms, dialed_ip, response) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-			ep.ID, a.EventID, attempt, out.status, out.errorClass, out.err, out.duration.Milliseconds(), out.dialedIP, out.response); err != nil {
-			return err
+		if out.sent() {
+			if err := w.recordHealth(ctx, tx, ep, success, probe); err != nil {
+				return err
+			}
 		}
 		var err error
 		switch {
@@ -277,7 +354,21 @@ func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, atte
 		default:
 			_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET failing_since = coalesce(failing_since, now()) WHERE id = $1", ep.ID)
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			_, err := sp.Exec(ctx, `INSERT INTO `+w.t.attempts+` (endpoint_id, event_id, attempt, status, error_class, error,
+				duration_ms, dialed_ip, response) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+				ep.ID, a.EventID, attempt, out.status, out.errorClass, cleanText([]byte(out.err)), out.duration.Milliseconds(),
+				out.dialedIP, out.response)
+			return err
+		})
+		if err != nil {
+			w.config.Logger.WarnContext(ctx, "webhook: the attempt log refused an entry", slog.String("endpoint_id", ep.ID.String()),
+				slog.String("event_id", a.EventID.String()), slog.Int("attempt", attempt), slog.String("error", err.Error()))
+		}
+		return nil
 	})
 }
 
@@ -305,14 +396,43 @@ func (w *Webhooks) autoDisable(ctx context.Context, ep *Endpoint) (bool, error) 
 
 // disable disables ep in tx and records EventEndpointDisabled through the
 // outbox, in the same transaction: the host alerts on it like on any event.
+// The event is recorded once in each of the endpoint's scopes (once without
+// a scope for an endpoint that takes them all), so that the tenant's own
+// endpoints hear it; it names the endpoint by ID and host, never by URL,
+// whose path or query may hold a token.
 func (w *Webhooks) disable(ctx context.Context, tx pgx.Tx, ep *Endpoint, reason string) error {
 	if _, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1",
 		ep.ID, reason); err != nil {
 		return err
 	}
-	payload, _ := json.Marshal(map[string]string{"endpoint_id": ep.ID.String(), "url": ep.URL, "reason": reason})
-	_, err := w.outbox.Record(ctx, tx, events.Event{Type: EventEndpointDisabled, Subject: "webhook_endpoint:" + ep.ID.String(), Payload: payload})
-	return err
+	host := ""
+	if u, err := url.Parse(ep.URL); err == nil {
+		host = u.Host
+	}
+	payload, err := json.Marshal(DisabledEvent{EndpointID: ep.ID, Host: host, Scopes: ep.Scopes, Reason: reason})
+	if err != nil {
+		return err
+	}
+	scopes := ep.Scopes
+	if len(scopes) == 0 {
+		scopes = []string{""}
+	}
+	for _, scope := range scopes {
+		if _, err := w.outbox.Record(ctx, tx, events.Event{Type: EventEndpointDisabled, Subject: "webhook_endpoint:" + ep.ID.String(),
+			Scope: scope, Payload: payload}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cancelPendingQuietly cancels an endpoint's pending deliveries after it was
+// disabled automatically. A failure is only logged: each of them is
+// cancelled anyway when it runs and finds the endpoint disabled.
+func (w *Webhooks) cancelPendingQuietly(ctx context.Context, endpoint uuid.UUID) {
+	if _, err := w.cancelPending(ctx, endpoint); err != nil {
+		w.config.Logger.WarnContext(ctx, err.Error(), slog.String("endpoint_id", endpoint.String()))
+	}
 }
 
 func (w *Webhooks) acquire(id uuid.UUID, limit int) bool {

@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -20,7 +19,9 @@ import (
 var ErrNotFound = errors.New("webhook: endpoint not found")
 
 // ErrInvalidEndpoint is returned for endpoint parameters that cannot work;
-// the error names the field.
+// the error names the field. A URL refused for its address (a private
+// literal, or a number such as 127.1 that means one) also matches
+// ErrForbiddenAddress.
 var ErrInvalidEndpoint = errors.New("webhook: invalid endpoint")
 
 // Endpoint is a registered receiver.
@@ -34,30 +35,49 @@ type Endpoint struct {
 	Scopes []string
 	// Headers are sent with every delivery.
 	Headers map[string]string
-	// Secrets sign the deliveries: every one not yet expired.
+	// SecretHeaders are sent with every delivery too, and sealed at rest:
+	// their values read Redacted.
+	SecretHeaders map[string]string
+	// Secrets sign the deliveries: every one not yet expired. Their Secret
+	// is in clear in what Create returns, Redacted everywhere else.
 	Secrets []Secret
 	// Timeout bounds one delivery; MaxInFlight how many run at once (in one
 	// process).
 	Timeout     time.Duration
 	MaxInFlight int
-	Enabled     bool
+	// RateLimit is at most how many requests per second the endpoint gets,
+	// from all processes together; 0: no limit.
+	RateLimit float64
+	Enabled   bool
 	// DisabledReason and DisabledAt say why and when it was disabled.
 	DisabledReason string
 	DisabledAt     time.Time
+	// EnabledAt is when the endpoint was last enabled after a disable (zero
+	// if never): deliveries created before it are cancelled, not sent.
+	EnabledAt time.Time
 	// FailingSince is the first failure since the last success; zero when
 	// the last attempt succeeded.
 	FailingSince  time.Time
 	LastSuccessAt time.Time
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+
+	// What the row stores, sealed: only deliveries (and Reseal) open it.
+	sealed        []stored
+	sealedHeaders map[string]stored
+	health        health // read for deliveries only
 }
 
 // Secret is a signing secret ("whsec_…"). ExpiresAt is zero for the current
 // one, and set on a secret replaced by RotateSecret, which signs alongside
 // the new one until then.
 type Secret struct {
-	Secret    string    `json:"secret"`
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Secret is Redacted except in what Create returns.
+	Secret    string
+	ExpiresAt time.Time
+	// KeyID names the key of Config.Keys that seals it; empty when it is
+	// stored in clear (Config.PlainSecrets).
+	KeyID string
 }
 
 // EndpointParams are what Create and Update set.
@@ -68,13 +88,28 @@ type EndpointParams struct {
 	Types []string
 	// Scopes lists the scopes received; empty: all.
 	Scopes []string
-	// Headers are sent with every delivery. Hop-by-hop headers, Host,
-	// Content-Type, Content-Length and the webhook-* headers are refused.
+	// Headers are sent with every delivery. Names are RFC 9110 tokens, each
+	// given once; values hold no control character but tab (no CR, LF or
+	// NUL). Hop-by-hop headers, Host, Content-Type, Content-Length and the
+	// webhook-* headers are refused.
 	Headers map[string]string
 	// Timeout defaults to TimeoutDefault (15 s); at most 1 min.
 	Timeout time.Duration
 	// MaxInFlight defaults to MaxInFlightDefault (10).
 	MaxInFlight int
+	// RateLimit caps the requests per second to the endpoint, counted for
+	// all processes together in PostgreSQL (one UPDATE per delivery);
+	// deliveries over it wait their turn without counting as tries. Sent
+	// at their slot, they average RateLimit per second; when River wakes
+	// a waiting one late (its FetchPollInterval), it may go up to half a
+	// second after its slot. 0, the default, is no limit.
+	RateLimit float64
+	// SecretHeaders are headers whose values are credentials (Authorization,
+	// an API key): sent like Headers, under the same rules, but sealed at
+	// rest and Redacted in Get and List. At Update, nil keeps the
+	// endpoint's secret headers as they are; otherwise the map replaces
+	// them, and a value of Redacted keeps that header's stored value.
+	SecretHeaders map[string]string
 	// Secret, at Create only: the signing secret; empty makes a new one.
 	Secret string
 }
@@ -89,7 +124,8 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 		return fmt.Errorf("%w: %s %s", ErrInvalidEndpoint, field, fmt.Sprintf(format, args...))
 	}
 	if _, err := w.guard.validateURL(p.URL); err != nil {
-		return bad("URL", "%v", err)
+		// %w: a refused address also matches ErrForbiddenAddress.
+		return fmt.Errorf("%w: URL: %w", ErrInvalidEndpoint, err)
 	}
 	if len(p.Types) == 0 {
 		return bad("Types", "is empty; give at least one glob, such as \"**\"")
@@ -99,10 +135,20 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 			return bad("Types", "%v", err)
 		}
 	}
-	for name := range p.Headers {
-		if slices.Contains(deniedHeaders, http.CanonicalHeaderKey(name)) || strings.HasPrefix(strings.ToLower(name), "webhook-") {
+	seen := map[string]bool{}
+	for name, value := range mergedHeaders(p.Headers, p.SecretHeaders) {
+		canonical := http.CanonicalHeaderKey(name)
+		switch {
+		case !validHeaderName(name):
+			return bad("Headers", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
+		case !validHeaderValue(value):
+			return bad("Headers", "%s: the value holds a control character (CR, LF, NUL …)", canonical)
+		case seen[canonical]:
+			return bad("Headers", "%s is given twice", canonical)
+		case slices.Contains(deniedHeaders, canonical) || strings.HasPrefix(strings.ToLower(name), "webhook-"):
 			return bad("Headers", "%q may not be set", name)
 		}
+		seen[canonical] = true
 	}
 	if p.Timeout == 0 {
 		p.Timeout = TimeoutDefault
@@ -116,6 +162,9 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 	if p.MaxInFlight < 1 {
 		return bad("MaxInFlight", "%d: must be at least 1", p.MaxInFlight)
 	}
+	if p.RateLimit < 0 || p.RateLimit > 1e6 || p.RateLimit != p.RateLimit {
+		return bad("RateLimit", "%v: must be between 0 (none) and 1e6 per second", p.RateLimit)
+	}
 	if p.Secret != "" {
 		if _, err := secretKey(p.Secret); err != nil {
 			return bad("Secret", "%v", err)
@@ -127,29 +176,77 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 	if p.Headers == nil {
 		p.Headers = map[string]string{}
 	}
+	if p.SecretHeaders == nil {
+		p.SecretHeaders = map[string]string{}
+	}
 	return nil
 }
 
-const endpointColumns = "id, url, description, types, scopes, headers, secrets, timeout_ms, max_in_flight, enabled," +
-	" coalesce(disabled_reason, ''), disabled_at, failing_since, last_success_at, created_at, updated_at"
+// mergedHeaders iterates both maps, for validation.
+func mergedHeaders(a, b map[string]string) func(func(string, string) bool) {
+	return func(yield func(string, string) bool) {
+		for _, m := range []map[string]string{a, b} {
+			for k, v := range m {
+				if !yield(k, v) {
+					return
+				}
+			}
+		}
+	}
+}
 
-func scanEndpoint(row pgx.Row) (Endpoint, error) {
+// validHeaderName reports whether name is an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether value holds no control character but
+// tab: CR and LF would split the request, NUL ends it for some servers.
+func validHeaderValue(value string) bool {
+	for _, c := range []byte(value) {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+const endpointColumns = "id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, rate_limit, enabled," +
+	" coalesce(disabled_reason, ''), disabled_at, enabled_at, failing_since, last_success_at, created_at, updated_at"
+
+func scanEndpoint(row pgx.Row, more ...any) (Endpoint, error) {
 	var (
-		e                                     Endpoint
-		timeoutMS                             int
-		disabledAt, failingSince, lastSuccess *time.Time
-		secrets                               []Secret
+		e                                                Endpoint
+		timeoutMS                                        int
+		disabledAt, enabledAt, failingSince, lastSuccess *time.Time
 	)
-	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.Types, &e.Scopes, &e.Headers, &secrets, &timeoutMS, &e.MaxInFlight,
-		&e.Enabled, &e.DisabledReason, &disabledAt, &failingSince, &lastSuccess, &e.CreatedAt, &e.UpdatedAt)
+	err := row.Scan(append([]any{&e.ID, &e.URL, &e.Description, &e.Types, &e.Scopes, &e.Headers, &e.sealedHeaders, &e.sealed, &timeoutMS,
+		&e.MaxInFlight, &e.RateLimit, &e.Enabled, &e.DisabledReason, &disabledAt, &enabledAt, &failingSince, &lastSuccess,
+		&e.CreatedAt, &e.UpdatedAt}, more...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, ErrNotFound
 	}
 	if err != nil {
 		return Endpoint{}, err
 	}
-	e.Secrets, e.Timeout = secrets, time.Duration(timeoutMS)*time.Millisecond
-	for dst, src := range map[*time.Time]*time.Time{&e.DisabledAt: disabledAt, &e.FailingSince: failingSince, &e.LastSuccessAt: lastSuccess} {
+	e.Timeout = time.Duration(timeoutMS) * time.Millisecond
+	e.Secrets = make([]Secret, len(e.sealed))
+	for i, s := range e.sealed {
+		e.Secrets[i] = Secret{Secret: Redacted, ExpiresAt: s.ExpiresAt, KeyID: s.KeyID}
+	}
+	e.SecretHeaders = make(map[string]string, len(e.sealedHeaders))
+	for name := range e.sealedHeaders {
+		e.SecretHeaders[name] = Redacted
+	}
+	for dst, src := range map[*time.Time]*time.Time{&e.DisabledAt: disabledAt, &e.EnabledAt: enabledAt, &e.FailingSince: failingSince, &e.LastSuccessAt: lastSuccess} {
 		if src != nil {
 			*dst = *src
 		}
@@ -157,7 +254,12 @@ func scanEndpoint(row pgx.Row) (Endpoint, error) {
 	return e, nil
 }
 
-// Create registers an endpoint, enabled, with p.Secret or a new secret.
+// Create registers an endpoint, enabled, with p.Secret or a new secret. The
+// Endpoint it returns holds the signing secret in clear, to hand to the
+// receiver: the only time it leaves the library (Get and List redact it).
+// The secret and the secret headers are sealed under the first of
+// Config.Keys; without keys, Create returns ErrNoKeys unless
+// Config.PlainSecrets is set.
 func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, error) {
 	if err := w.validate(&p); err != nil {
 		return Endpoint{}, err
@@ -166,30 +268,100 @@ func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, erro
 	if secret == "" {
 		secret = NewSecret()
 	}
-	secrets, _ := json.Marshal([]Secret{{Secret: secret}})
-	return scanEndpoint(w.pool.QueryRow(ctx, `INSERT INTO `+w.t.endpoints+`
-		(id, url, description, types, scopes, headers, secrets, timeout_ms, max_in_flight)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING `+endpointColumns,
-		uuid.Must(uuid.NewV7()), p.URL, p.Description, p.Types, p.Scopes, p.Headers, string(secrets), p.Timeout.Milliseconds(), p.MaxInFlight))
+	id := uuid.Must(uuid.NewV7())
+	sealed, err := w.keys.seal(id, fieldSecret, secret)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	headers, err := w.sealHeaders(id, p.SecretHeaders, nil)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, `WITH ep AS (INSERT INTO `+w.t.endpoints+`
+		(id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, rate_limit)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING *),
+		h AS (INSERT INTO `+w.t.health+` (endpoint_id) SELECT id FROM ep)
+		SELECT `+endpointColumns+` FROM ep`,
+		id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, []stored{sealed}, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
+	if err != nil {
+		return Endpoint{}, err
+	}
+	ep.Secrets[0].Secret = secret
+	return ep, nil
+}
+
+// sealHeaders seals secret header values for the row; a value of Redacted
+// keeps the one in old.
+func (w *Webhooks) sealHeaders(id uuid.UUID, values map[string]string, old map[string]stored) (map[string]stored, error) {
+	out := make(map[string]stored, len(values))
+	for name, v := range values {
+		name = http.CanonicalHeaderKey(name)
+		if v == Redacted {
+			s, ok := old[name]
+			if !ok {
+				return nil, fmt.Errorf("%w: SecretHeaders %s: %s keeps a stored value, and there is none", ErrInvalidEndpoint, name, Redacted)
+			}
+			out[name] = s
+			continue
+		}
+		s, err := w.keys.seal(id, fieldHeader(name), v)
+		if err != nil {
+			return nil, err
+		}
+		out[name] = s
+	}
+	return out, nil
 }
 
 // Update changes an endpoint's URL, description, types, scopes, headers,
-// timeout and concurrency (not its secrets: see RotateSecret).
+// secret headers (see EndpointParams.SecretHeaders), timeout and
+// concurrency (not its secrets: see RotateSecret).
 func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (Endpoint, error) {
 	if p.Secret != "" {
 		return Endpoint{}, fmt.Errorf("%w: Secret is set at Create; use RotateSecret", ErrInvalidEndpoint)
 	}
+	keep := p.SecretHeaders == nil
 	if err := w.validate(&p); err != nil {
 		return Endpoint{}, err
 	}
-	return scanEndpoint(w.pool.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
-		scopes = $5, headers = $6, timeout_ms = $7, max_in_flight = $8, updated_at = now() WHERE id = $1 RETURNING `+endpointColumns,
-		id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, p.Timeout.Milliseconds(), p.MaxInFlight))
+	var ep Endpoint
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		var old map[string]stored
+		if err := tx.QueryRow(ctx, "SELECT secret_headers FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id).Scan(&old); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrNotFound
+			}
+			return err
+		}
+		headers := old
+		if !keep {
+			var err error
+			if headers, err = w.sealHeaders(id, p.SecretHeaders, old); err != nil {
+				return err
+			}
+		}
+		var err error
+		ep, err = scanEndpoint(tx.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
+			scopes = $5, headers = $6, secret_headers = $7, timeout_ms = $8, max_in_flight = $9, rate_limit = $10, updated_at = now()
+			WHERE id = $1 RETURNING `+endpointColumns,
+			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
+		return err
+	})
+	return ep, err
 }
 
 // Get returns an endpoint, or ErrNotFound.
 func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
 	return scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id))
+}
+
+// getForDelivery is Get with the endpoint's breaker.
+func (w *Webhooks) getForDelivery(ctx context.Context, id uuid.UUID) (Endpoint, error) {
+	var h health
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+", coalesce(h.failures, 0), h.open_until, h.probe_until FROM "+
+		w.t.endpoints+" LEFT JOIN "+w.t.health+" h ON h.endpoint_id = id WHERE id = $1", id), &h.failures, &h.openUntil, &h.probeUntil)
+	ep.health = h
+	return ep, err
 }
 
 // ListEndpointsResult is a page of endpoints, oldest first.
@@ -222,53 +394,107 @@ func (w *Webhooks) List(ctx context.Context, after uuid.UUID, limit int) (ListEn
 	return res, nil
 }
 
-// Disable stops deliveries to an endpoint (pending ones end as cancelled),
-// with a reason kept for operators.
+// Disable stops deliveries to an endpoint, with a reason kept for
+// operators. Its pending deliveries end as cancelled: Disable cancels them
+// before it returns (in batches of cancelBatch), and one that was running
+// meanwhile is cancelled when its retry comes, even after an Enable.
 func (w *Webhooks) Disable(ctx context.Context, id uuid.UUID, reason string) error {
-	return w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1", id, reason)
+	if err := w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1", id, reason); err != nil {
+		return err
+	}
+	_, err := w.cancelPending(ctx, id)
+	return err
 }
 
 // Enable resumes deliveries to an endpoint and forgets its failures. Events
-// missed meanwhile are not sent: see Recover.
+// missed meanwhile, and deliveries pending at disable time, are not sent:
+// see Recover.
 func (w *Webhooks) Enable(ctx context.Context, id uuid.UUID) error {
+	// enabled_at only moves for an endpoint that was disabled: enabling an
+	// enabled endpoint must not cancel what it has pending.
 	return w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = true, disabled_reason = NULL, disabled_at = NULL,"+
-		" failing_since = NULL, updated_at = now() WHERE id = $1", id)
+		" enabled_at = CASE WHEN enabled THEN enabled_at ELSE now() END, failing_since = NULL, updated_at = now() WHERE id = $1", id)
 }
 
-// RotateSecret adds a new secret and returns it; the current ones keep
-// signing alongside it until grace has passed (SecretGraceDefault, 24 h,
-// when grace is zero), so receivers can switch without missing a delivery.
+// cancelBatch is how many deliveries one statement of cancelPending cancels.
+const cancelBatch = 1000
+
+// cancelPending cancels the deliveries to an endpoint that wait in River
+// (available, scheduled, retryable, pending), cancelBatch per statement so
+// that no statement holds many rows, and returns how many. Running ones are
+// left to River: the worker cancels them when they come back. Disable has
+// no River client to hand, so this is the update River's own JobCancel makes
+// to a job that is not running.
+func (w *Webhooks) cancelPending(ctx context.Context, endpoint uuid.UUID) (int64, error) {
+	var total int64
+	for {
+		tag, err := w.pool.Exec(ctx, `WITH batch AS (
+			SELECT id FROM `+w.t.riverJob+` WHERE kind = 'webhook.deliver' AND args @> jsonb_build_object('endpoint_id', $1::text)
+			   AND state IN ('available', 'scheduled', 'retryable', 'pending')
+			 LIMIT $2 FOR UPDATE SKIP LOCKED)
+			UPDATE `+w.t.riverJob+` j SET state = 'cancelled', finalized_at = now(),
+			       metadata = j.metadata || jsonb_build_object('cancel_attempted_at', now(), 'webhook_cancelled', 'endpoint disabled')
+			  FROM batch WHERE j.id = batch.id`, endpoint.String(), cancelBatch)
+		if err != nil {
+			return total, fmt.Errorf("webhook: cancelling the deliveries to %s: %w", endpoint, err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < cancelBatch {
+			return total, nil
+		}
+	}
+}
+
+// RotateSecret adds a new secret and returns it, in clear (the only time it
+// leaves the library); the current ones keep signing alongside it until
+// grace has passed (SecretGraceDefault, 24 h, when grace is zero), so
+// receivers can switch without missing a delivery. The new secret is
+// sealed as at Create.
 func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Duration) (string, error) {
 	if grace <= 0 {
 		grace = SecretGraceDefault
 	}
 	secret := NewSecret()
-	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		e, err := scanEndpoint(tx.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id))
-		if err != nil {
+	sealed, err := w.keys.seal(id, fieldSecret, secret)
+	if err != nil {
+		return "", err
+	}
+	err = pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		var current []stored
+		if err := tx.QueryRow(ctx, "SELECT secrets FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id).Scan(&current); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrNotFound
+			}
 			return err
 		}
 		now := time.Now()
-		kept := []Secret{{Secret: secret}}
-		for _, s := range e.Secrets {
+		kept := []stored{sealed}
+		for _, s := range current {
 			switch {
 			case s.ExpiresAt.IsZero():
-				kept = append(kept, Secret{Secret: s.Secret, ExpiresAt: now.Add(grace)})
+				s.ExpiresAt = now.Add(grace)
+				kept = append(kept, s)
 			case s.ExpiresAt.After(now):
 				kept = append(kept, s)
 			}
 		}
-		b, _ := json.Marshal(kept)
-		_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET secrets = $2, updated_at = now() WHERE id = $1", id, string(b))
+		_, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET secrets = $2, updated_at = now() WHERE id = $1", id, kept)
 		return err
 	})
-	return secret, err
+	if err != nil {
+		return "", err
+	}
+	return secret, nil
 }
 
 // Delete removes an endpoint; its pending deliveries end as cancelled. The
 // attempt log keeps its entries until retention.
 func (w *Webhooks) Delete(ctx context.Context, id uuid.UUID) error {
-	return w.exec(ctx, "DELETE FROM "+w.t.endpoints+" WHERE id = $1", id)
+	if err := w.exec(ctx, "DELETE FROM "+w.t.endpoints+" WHERE id = $1", id); err != nil {
+		return err
+	}
+	_, err := w.cancelPending(ctx, id)
+	return err
 }
 
 func (w *Webhooks) exec(ctx context.Context, sql string, args ...any) error {
@@ -282,22 +508,9 @@ func (w *Webhooks) exec(ctx context.Context, sql string, args ...any) error {
 	return nil
 }
 
-// activeSecrets are the secrets that sign now.
-func (e *Endpoint) activeSecrets(now time.Time) []string {
-	var out []string
-	for _, s := range e.Secrets {
-		if s.ExpiresAt.IsZero() || s.ExpiresAt.After(now) {
-			out = append(out, s.Secret)
-		}
-	}
-	return out
-}
-
-// matches reports whether the endpoint takes an event of type t and scope.
-func (e *Endpoint) matches(t, scope string) bool {
-	if len(e.Scopes) > 0 && !slices.Contains(e.Scopes, scope) {
-		return false
-	}
+// matchesType reports whether the endpoint takes an event of type t (its
+// scopes are matched in SQL).
+func (e *Endpoint) matchesType(t string) bool {
 	for _, pattern := range e.Types {
 		if p, err := glob.Compile(pattern); err == nil && p.Match(t) {
 			return true

@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -15,8 +18,13 @@ import (
 // ErrForbiddenAddress is returned for a URL, or an address it resolves to,
 // that deliveries may not reach: loopback, private, link-local (cloud
 // metadata services live there), CGNAT, multicast, unspecified and similar
-// ranges, in IPv4 and IPv6, and IPv4 addresses embedded in IPv6
-// (IPv4-mapped, NAT64). Config.AllowedNetworks lifts it for chosen ranges.
+// ranges, in IPv4 and IPv6; IPv4 addresses embedded in IPv6 (IPv4-mapped,
+// NAT64 well-known); the IPv6 transition and legacy ranges whose traffic a
+// relay or translator forwards somewhere the guard cannot see (6to4
+// 2002::/16, Teredo 2001::/32, NAT64 local use 64:ff9b:1::/48,
+// IPv4-compatible ::/96, site-local fec0::/10); port 0, and ports outside
+// Config.AllowedPorts when it is set. Config.AllowedNetworks lifts it for
+// chosen ranges.
 var ErrForbiddenAddress = errors.New("webhook: address not allowed")
 
 // forbidden are the ranges a delivery may never reach by default.
@@ -44,6 +52,12 @@ var forbidden = func() []netip.Prefix {
 		"ff00::/8",        // multicast
 		"2001:db8::/32",   // documentation
 		"100::/64",        // discard
+		"::/96",           // IPv4-compatible (deprecated): ::a.b.c.d
+		"64:ff9b:1::/48",  // NAT64 for local use (RFC 8215): translators of the operator's choosing
+		"2002::/16",       // 6to4: a relay dials the IPv4 address inside
+		"2001::/32",       // Teredo: likewise
+		"2001:2::/48",     // benchmarking
+		"fec0::/10",       // site-local (deprecated, still routed inside some sites)
 	} {
 		out = append(out, netip.MustParsePrefix(p))
 	}
@@ -57,6 +71,20 @@ var nat64 = netip.MustParsePrefix("64:ff9b::/96")
 // guard decides which addresses deliveries may reach.
 type guard struct {
 	allowed []netip.Prefix
+	// ports, when set, are the only ports deliveries may reach.
+	ports []int
+}
+
+// checkPort refuses port 0 (the kernel would pick one) and, with an
+// allowlist, any port not on it.
+func (g guard) checkPort(port int) error {
+	if port < 1 || port > 65535 {
+		return fmt.Errorf("%w: port %d", ErrForbiddenAddress, port)
+	}
+	if len(g.ports) > 0 && !slices.Contains(g.ports, port) {
+		return fmt.Errorf("%w: port %d is not in Config.AllowedPorts", ErrForbiddenAddress, port)
+	}
+	return nil
 }
 
 // check returns ErrForbiddenAddress for an address in a forbidden range
@@ -85,8 +113,9 @@ func (g guard) check(ip netip.Addr) error {
 }
 
 // validateURL checks an endpoint URL at registration: http or https, a
-// host, no user info, and not an IP literal the guard refuses. A host name
-// is checked when a delivery resolves it.
+// host, no user info, a port from 1 to 65535, no IPv4 address spelled other
+// than as four decimal numbers, and no IP literal the guard refuses. A host
+// name is checked when a delivery resolves it.
 func (g guard) validateURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	switch {
@@ -99,12 +128,97 @@ func (g guard) validateURL(raw string) (*url.URL, error) {
 	case u.Hostname() == "":
 		return nil, fmt.Errorf("webhook: URL %q: no host", raw)
 	}
-	if ip, err := netip.ParseAddr(u.Hostname()); err == nil {
+	port := map[string]int{"http": 80, "https": 443}[u.Scheme]
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n > 65535 {
+			return nil, fmt.Errorf("webhook: URL %q: port %s is not between 1 and 65535", raw, p)
+		}
+		port = n
+	}
+	if err := g.checkPort(port); err != nil {
+		return nil, fmt.Errorf("webhook: URL %q: %w", raw, err)
+	}
+	host := u.Hostname()
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if ip.Zone() != "" {
+			return nil, fmt.Errorf("webhook: URL %q: an IPv6 zone names an interface of this machine", raw)
+		}
 		if err := g.check(ip); err != nil {
 			return nil, fmt.Errorf("webhook: URL %q: %w", raw, err)
 		}
+		return u, nil
+	}
+	if ip, numeric := numericHost(host); numeric {
+		err := fmt.Errorf("webhook: URL %q: host %q is a number, not a name; write an IPv4 address as four decimal numbers", raw, host)
+		if ip.IsValid() {
+			err = fmt.Errorf("webhook: URL %q: host %q is a non-canonical spelling of %s; write that instead", raw, host, ip)
+			if ferr := g.check(ip); ferr != nil {
+				return nil, fmt.Errorf("%w: %w", err, ferr)
+			}
+		}
+		return nil, err
 	}
 	return u, nil
+}
+
+// numericHost reports whether host, which netip does not parse, would be
+// read as a number by a resolver or a browser: its last label (a trailing
+// dot aside) is a decimal, octal or hexadecimal number, as in 127.1,
+// 2130706433, 0x7f000001, 0177.0.0.1 or 127.0.0.1. (WHATWG URL calls this
+// "ends in a number"). When the host is a valid inet_aton spelling, ip is
+// the address it means.
+func numericHost(host string) (ip netip.Addr, numeric bool) {
+	trimmed := strings.TrimSuffix(host, ".")
+	labels := strings.Split(trimmed, ".")
+	if _, ok := parseInetNumber(labels[len(labels)-1]); !ok {
+		return netip.Addr{}, false
+	}
+	if len(labels) > 4 {
+		return netip.Addr{}, true
+	}
+	var parts []uint64
+	for _, l := range labels {
+		n, ok := parseInetNumber(l)
+		if !ok {
+			return netip.Addr{}, true
+		}
+		parts = append(parts, n)
+	}
+	// inet_aton: a.b.c.d, a.b.c (c fills 16 bits), a.b (b fills 24), a (32).
+	var v uint64
+	for i, n := range parts[:len(parts)-1] {
+		if n > 255 {
+			return netip.Addr{}, true
+		}
+		v |= n << (8 * (3 - i))
+	}
+	last := parts[len(parts)-1]
+	if last >= 1<<(8*(5-len(parts))) {
+		return netip.Addr{}, true
+	}
+	v |= last
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), true
+}
+
+// parseInetNumber reads one label the way inet_aton does: 0x… hexadecimal,
+// 0… octal, otherwise decimal.
+func parseInetNumber(s string) (uint64, bool) {
+	base := 10
+	switch {
+	case len(s) >= 2 && (s[:2] == "0x" || s[:2] == "0X"):
+		s, base = s[2:], 16
+		if s == "" {
+			return 0, true // "0x" alone is 0 to inet_aton
+		}
+	case len(s) > 1 && s[0] == '0':
+		s, base = s[1:], 8
+	}
+	if s == "" {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s, base, 32)
+	return n, err == nil
 }
 
 // lookupFunc resolves a host name; tests give their own.
@@ -124,6 +238,9 @@ func (g guard) newClient(lookup lookupFunc, dialed func(ctx context.Context, ip 
 			if err != nil {
 				return fmt.Errorf("%w: %s", ErrForbiddenAddress, address)
 			}
+			if err := g.checkPort(int(ap.Port())); err != nil {
+				return err
+			}
 			return g.check(ap.Addr())
 		},
 	}
@@ -134,9 +251,18 @@ func (g guard) newClient(lookup lookupFunc, dialed func(ctx context.Context, ip 
 			if err != nil {
 				return nil, err
 			}
+			if n, err := strconv.Atoi(port); err != nil {
+				return nil, fmt.Errorf("%w: port %q", ErrForbiddenAddress, port)
+			} else if err := g.checkPort(n); err != nil {
+				return nil, err
+			}
 			var ips []netip.Addr
 			if ip, err := netip.ParseAddr(host); err == nil {
 				ips = []netip.Addr{ip}
+			} else if _, numeric := numericHost(host); numeric {
+				// A resolver would read it as an address, whatever the guard
+				// thinks of that address: never hand it one.
+				return nil, fmt.Errorf("%w: host %q is a number, not a name", ErrForbiddenAddress, host)
 			} else if ips, err = lookup(ctx, host); err != nil {
 				return nil, err
 			}

@@ -1,7 +1,7 @@
 // Package webhook sends events out of the service as signed HTTP
 // deliveries, the part every user of an outbox ends up writing by hand.
 //
-//	wh, err := webhook.New(pool, &webhook.Config{})
+//	wh, err := webhook.New(pool, &webhook.Config{Keys: []webhook.Key{{ID: "2026-12", Key: key32}}})
 //	relay.Subscribe(wh.Subscriber("webhooks"))
 //	wh.AddWorkers(workers)
 //	ep, err := wh.Create(ctx, webhook.EndpointParams{URL: "https://example.com/hooks", Types: []string{"order.**"}})
@@ -31,7 +31,23 @@
 // rebinding cannot slip through; no proxy. Config.AllowedNetworks opens
 // chosen ranges (tests, deliberate internal receivers).
 //
-// Receivers in Go check deliveries with [Verify].
+// Signing secrets, and header values given as EndpointParams.SecretHeaders,
+// are sealed at rest with AES-256-GCM under the host's Config.Keys (each
+// value names the key that sealed it, so keys rotate: see [Webhooks.Reseal]);
+// Get and List return them [Redacted], and the fanout never reads them.
+// Without keys the library refuses to store a secret unless
+// Config.PlainSecrets says to keep it in clear.
+//
+// Each endpoint has a circuit breaker and an optional rate limit, both kept
+// in PostgreSQL so that every process obeys them: after
+// Config.BreakerThreshold consecutive failures its deliveries wait, and one
+// probe per Config.BreakerInterval tries it until one succeeds;
+// EndpointParams.RateLimit caps its requests per second. Waiting is never
+// counted as a try. [Webhooks.Health] reports success rate, latency and the
+// breaker's state over the last hour.
+//
+// Receivers in Go check deliveries with [Handler] (verification, replay
+// refusal, the delivery's ID for idempotency) or [Verify].
 package webhook
 
 import (
@@ -62,14 +78,32 @@ const (
 	AutoDisableAfterDefault = 5 * 24 * time.Hour
 	SecretGraceDefault      = 24 * time.Hour
 	AttemptRetentionDefault = 30 * 24 * time.Hour
+	// GiveUpAfterDefault bounds a delivery's life: the retry schedule spans
+	// about 28 h (33 h at the top of its jitter); the rest is room for
+	// Retry-After pauses and deliveries held by the circuit breaker.
+	GiveUpAfterDefault = 3 * 24 * time.Hour
 	// MaxAttempts is how many times a delivery is tried before it is given
-	// up: the first try and seven retries.
+	// up: the first try and seven retries. Every request counts, whether it
+	// failed, timed out or was answered with Retry-After.
 	MaxAttempts = 8
 )
 
 // EventEndpointDisabled is the type of the event recorded when an endpoint
-// is disabled automatically (failing for AutoDisableAfter, or 410 Gone).
+// is disabled automatically (failing for AutoDisableAfter, or 410 Gone). It
+// is recorded once in each of the endpoint's scopes (once unscoped for an
+// endpoint without scopes), with a [DisabledEvent] as its payload.
 const EventEndpointDisabled = "webhook.endpoint.disabled"
+
+// DisabledEvent is the payload of an EventEndpointDisabled event. It names
+// the endpoint by ID and host: the URL's path and query, where tokens live,
+// never leave the endpoint's row.
+type DisabledEvent struct {
+	EndpointID uuid.UUID `json:"endpoint_id"`
+	// Host is the URL's host and port.
+	Host   string   `json:"host"`
+	Scopes []string `json:"scopes"`
+	Reason string   `json:"reason"`
+}
 
 // Config configures the webhooks. The zero value works.
 type Config struct {
@@ -82,12 +116,41 @@ type Config struct {
 	// AutoDisableAfter disables an endpoint that has failed every attempt
 	// for this long. Defaults to AutoDisableAfterDefault (5 days).
 	AutoDisableAfter time.Duration
+	// GiveUpAfter is how long after its creation a delivery is given up,
+	// however few of its MaxAttempts tries it had (Retry-After pauses and
+	// an open circuit breaker hold a delivery without trying it). Defaults
+	// to GiveUpAfterDefault (3 days).
+	GiveUpAfter time.Duration
 	// AttemptRetention is how long the attempt log is kept (see
 	// PeriodicJobs). Defaults to AttemptRetentionDefault (30 days).
 	AttemptRetention time.Duration
 	// AllowedNetworks are ranges deliveries may reach although the guard
 	// forbids them (loopback for tests, a deliberate internal receiver).
 	AllowedNetworks []netip.Prefix
+	// AllowedPorts, when set, are the only ports endpoint URLs may name and
+	// deliveries may dial (say 443 only). Empty allows every port from 1 to
+	// 65535: receivers listen where they like, and what the guard protects
+	// is the address, not the port. Port 0 is always refused.
+	AllowedPorts []int
+	// BreakerThreshold is how many consecutive failed requests open an
+	// endpoint's circuit breaker: its deliveries then wait, and one probe
+	// per BreakerInterval tries it, until one succeeds. Defaults to
+	// BreakerThresholdDefault (5).
+	BreakerThreshold int
+	// BreakerInterval is how long an open breaker waits before a probe.
+	// Defaults to BreakerIntervalDefault (30 s).
+	BreakerInterval time.Duration
+	// Keys seal endpoint secrets and secret header values at rest, with
+	// AES-256-GCM: the first seals, every one opens what it sealed (each
+	// value names its key's ID). To rotate, add the new key (deploy it to
+	// every process), put it first, run Reseal (the periodic job does it
+	// hourly), then drop the old key. Without keys, secrets are not stored
+	// (ErrNoKeys) unless PlainSecrets is set.
+	Keys []Key
+	// PlainSecrets lets the library store secrets in clear when Keys is
+	// empty: whoever reads the table (a backup, a replica, a support
+	// dump) can then sign deliveries. With Keys set it changes nothing.
+	PlainSecrets bool
 	// Queue is the River queue of the fanout and delivery jobs. Defaults to
 	// river.QueueDefault.
 	Queue string
@@ -104,6 +167,7 @@ type Webhooks struct {
 	lookup lookupFunc
 	outbox events.Outbox
 	t      tables
+	keys   keyring
 
 	clientOnce sync.Once
 	client     *http.Client // deliveries', made on first use
@@ -113,7 +177,7 @@ type Webhooks struct {
 }
 
 // tables are the package's table names in the schema.
-type tables struct{ endpoints, attempts string }
+type tables struct{ endpoints, attempts, health, riverJob string }
 
 // New returns the webhooks of pool's database. events.Migrate creates their
 // tables.
@@ -128,21 +192,35 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 	cfg.MaxResponseBytes = cmp.Or(cfg.MaxResponseBytes, MaxResponseBytesDefault)
 	cfg.AutoDisableAfter = cmp.Or(cfg.AutoDisableAfter, AutoDisableAfterDefault)
 	cfg.AttemptRetention = cmp.Or(cfg.AttemptRetention, AttemptRetentionDefault)
+	cfg.GiveUpAfter = cmp.Or(cfg.GiveUpAfter, GiveUpAfterDefault)
+	cfg.BreakerThreshold = cmp.Or(cfg.BreakerThreshold, BreakerThresholdDefault)
+	cfg.BreakerInterval = cmp.Or(cfg.BreakerInterval, BreakerIntervalDefault)
 	cfg.Queue = cmp.Or(cfg.Queue, river.QueueDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.MaxResponseBytes < 0 || cfg.AutoDisableAfter < 0 || cfg.AttemptRetention < 0 {
-		return nil, errors.New("webhook: MaxResponseBytes, AutoDisableAfter and AttemptRetention must not be negative")
+	if cfg.MaxResponseBytes < 0 || cfg.AutoDisableAfter < 0 || cfg.AttemptRetention < 0 || cfg.GiveUpAfter < 0 ||
+		cfg.BreakerThreshold < 0 || cfg.BreakerInterval < 0 {
+		return nil, errors.New("webhook: MaxResponseBytes, AutoDisableAfter, AttemptRetention, GiveUpAfter, BreakerThreshold and BreakerInterval must not be negative")
 	}
+	for _, p := range cfg.AllowedPorts {
+		if p < 1 || p > 65535 {
+			return nil, fmt.Errorf("webhook: AllowedPorts: %d is not between 1 and 65535", p)
+		}
+	}
+	keys, err := newKeyring(cfg.Keys, cfg.PlainSecrets)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Keys = nil // the keyring holds them; a copy of Config should not
 	q := func(table string) string {
 		if cfg.Schema == "" {
 			return table
 		}
 		return pgx.Identifier{cfg.Schema, table}.Sanitize()
 	}
-	return &Webhooks{pool: pool, config: cfg, guard: guard{allowed: cfg.AllowedNetworks}, lookup: defaultLookup,
-		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts")},
+	return &Webhooks{pool: pool, config: cfg, keys: keys, guard: guard{allowed: cfg.AllowedNetworks, ports: cfg.AllowedPorts}, lookup: defaultLookup,
+		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts"), health: q("webhook_endpoint_health"), riverJob: q("river_job")},
 		inFlight: map[uuid.UUID]int{}}, nil
 }
 
@@ -185,6 +263,7 @@ func (w *Webhooks) AddWorkers(workers *river.Workers) error {
 		func() error { return river.AddWorkerSafely(workers, &fanoutWorker{w: w}) },
 		func() error { return river.AddWorkerSafely(workers, &deliverWorker{w: w}) },
 		func() error { return river.AddWorkerSafely(workers, &pruneWorker{w: w}) },
+		func() error { return river.AddWorkerSafely(workers, &resealWorker{w: w}) },
 	} {
 		if err := add(); err != nil {
 			return fmt.Errorf("webhook: add workers: %w", err)
@@ -193,11 +272,16 @@ func (w *Webhooks) AddWorkers(workers *river.Workers) error {
 	return nil
 }
 
-// PeriodicJobs returns the job that deletes attempt-log entries older than
-// Config.AttemptRetention, every hour. Add it to river.Config.PeriodicJobs.
+// PeriodicJobs returns the jobs that delete attempt-log entries older than
+// Config.AttemptRetention, every hour, and that run Reseal, at start and
+// every hour. Add them to river.Config.PeriodicJobs.
 func (w *Webhooks) PeriodicJobs() []*river.PeriodicJob {
-	return []*river.PeriodicJob{river.NewPeriodicJob(river.PeriodicInterval(time.Hour),
-		func() (river.JobArgs, *river.InsertOpts) {
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
 			return PruneArgs{}, &river.InsertOpts{Queue: w.config.Queue, MaxAttempts: 1}
-		}, &river.PeriodicJobOpts{ID: "webhook.prune_attempts"})}
+		}, &river.PeriodicJobOpts{ID: "webhook.prune_attempts"}),
+		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
+			return ResealArgs{}, &river.InsertOpts{Queue: w.config.Queue, MaxAttempts: 3}
+		}, &river.PeriodicJobOpts{ID: "webhook.reseal", RunOnStart: true}),
+	}
 }

@@ -37,17 +37,32 @@ type bundle struct {
 	pool   *pgxpool.Pool
 	wh     *Webhooks
 	client *river.Client[pgx.Tx]
+	stop   func() // stops the relay and the client; safe twice
 }
 
 func setup(t *testing.T, cfg *Config) *bundle {
 	t.Helper()
-	ctx := context.Background()
 	b := &bundle{pool: testdb.New(t)}
+	b.start(t, cfg)
+	return b
+}
+
+// start makes the bundle's webhooks, relay and River client from cfg (a
+// process starting, with its configuration), stopping those it had.
+func (b *bundle) start(t *testing.T, cfg *Config) {
+	t.Helper()
+	ctx := context.Background()
+	if b.stop != nil {
+		b.stop()
+	}
 	if cfg == nil {
 		cfg = &Config{}
 	}
 	if cfg.AllowedNetworks == nil {
 		cfg.AllowedNetworks = loopback
+	}
+	if cfg.Keys == nil && !cfg.PlainSecrets {
+		cfg.Keys = []Key{testKey("test")}
 	}
 	var err error
 	b.wh, err = New(b.pool, cfg)
@@ -63,13 +78,17 @@ func setup(t *testing.T, cfg *Config) *bundle {
 	require.NoError(t, err)
 	require.NoError(t, b.client.Start(ctx))
 	require.NoError(t, relay.Start(ctx, b.client))
-	t.Cleanup(func() {
-		stop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, relay.Stop(stop))
-		require.NoError(t, b.client.Stop(stop))
-	})
-	return b
+	client := b.client
+	var once sync.Once
+	b.stop = func() {
+		once.Do(func() {
+			stop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, relay.Stop(stop))
+			require.NoError(t, client.Stop(stop))
+		})
+	}
+	t.Cleanup(b.stop)
 }
 
 func (b *bundle) record(t *testing.T, es ...events.Event) []events.Event {
@@ -488,9 +507,14 @@ func TestEndpointAPI(t *testing.T) {
 	require.NoError(t, err)
 	ep, err = b.wh.Get(ctx, ep.ID)
 	require.NoError(t, err)
-	require.Len(t, ep.activeSecrets(time.Now()), 2, "old and new sign during the grace")
-	require.Len(t, ep.activeSecrets(time.Now().Add(2*time.Hour)), 1, "then only the new")
-	require.Equal(t, newSecret, ep.activeSecrets(time.Now().Add(2 * time.Hour))[0])
+	active := func(at time.Time) []string {
+		secrets, err := b.wh.openSecrets(&ep, at)
+		require.NoError(t, err)
+		return secrets
+	}
+	require.Len(t, active(time.Now()), 2, "old and new sign during the grace")
+	require.Len(t, active(time.Now().Add(2*time.Hour)), 1, "then only the new")
+	require.Equal(t, newSecret, active(time.Now().Add(2 * time.Hour))[0])
 	require.NoError(t, b.wh.Disable(ctx, ep.ID, "maintenance"))
 	ep, _ = b.wh.Get(ctx, ep.ID)
 	require.False(t, ep.Enabled)

@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"log/slog"
@@ -78,7 +79,14 @@ func run(ctx context.Context) error {
 	}))
 	defer receiver.Close()
 
+	// Endpoint secrets are sealed at rest under the host's keys; a real
+	// service loads its key from a secret store, never from the database.
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return err
+	}
 	wh, err := webhook.New(pool, &webhook.Config{Logger: quiet,
+		Keys:            []webhook.Key{{ID: "example-1", Key: key}},
 		AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
 	if err != nil {
 		return err

@@ -18,19 +18,35 @@ import (
 )
 
 // runWebhooks measures deliveries/s to a fast local receiver with 1, 10 and
-// 100 endpoints, and what signing and the address check cost per request.
+// 100 endpoints; the same with secrets stored in clear (the ratio is what
+// sealing costs) and with the cluster-wide rate limiter on, at a limit no
+// run reaches (the ratio is what its UPDATE per delivery costs); and what
+// signing and the address check cost per request.
 func runWebhooks(ctx context.Context, h *harness, o Options, rep *Report) error {
 	var got atomic.Int64
 	receiver := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { got.Add(1) }))
 	defer receiver.Close()
 	for _, endpoints := range []int{1, 10, 100} {
 		total := o.Deliveries
-		rate, err := deliveries(ctx, h, receiver.URL, endpoints, total/endpoints, &got)
+		sealed, err := deliveries(ctx, h, receiver.URL, endpoints, total/endpoints, &got, deliveryOpts{})
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(o.Log, "webhooks: %3d endpoint(s): %8.0f deliveries/s\n", endpoints, rate)
-		rep.add("webhooks", fmt.Sprintf("deliveries/s, %d endpoint(s)", endpoints), rate, "deliveries/s")
+		plain, err := deliveries(ctx, h, receiver.URL, endpoints, total/endpoints, &got, deliveryOpts{plain: true})
+		if err != nil {
+			return err
+		}
+		limited, err := deliveries(ctx, h, receiver.URL, endpoints, total/endpoints, &got, deliveryOpts{rateLimit: 1e6})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(o.Log, "webhooks: %3d endpoint(s): %8.0f deliveries/s sealed, %8.0f in clear, %8.0f rate-limited\n",
+			endpoints, sealed, plain, limited)
+		rep.add("webhooks", fmt.Sprintf("deliveries/s, %d endpoint(s)", endpoints), sealed, "deliveries/s")
+		rep.add("webhooks", fmt.Sprintf("deliveries/s, %d endpoint(s), secrets in clear", endpoints), plain, "deliveries/s")
+		rep.add("webhooks", fmt.Sprintf("sealed ÷ clear, %d endpoint(s)", endpoints), sealed/plain, "ratio")
+		rep.add("webhooks", fmt.Sprintf("deliveries/s, %d endpoint(s), rate limiter on", endpoints), limited, "deliveries/s")
+		rep.add("webhooks", fmt.Sprintf("rate-limited ÷ unlimited, %d endpoint(s)", endpoints), limited/sealed, "ratio")
 	}
 
 	secret, body := webhook.NewSecret(), []byte(`{"type":"order.placed","timestamp":"2026-11-30T00:00:00Z","data":{"cents":1200}}`)
@@ -53,21 +69,36 @@ func runWebhooks(ctx context.Context, h *harness, o Options, rep *Report) error 
 	return nil
 }
 
+// benchKey seals the benchmark's endpoint secrets (zeros: a benchmark's,
+// not a key to copy).
+var benchKey = webhook.Key{ID: "bench", Key: make([]byte, 32)}
+
+// deliveryOpts vary a deliveries run.
+type deliveryOpts struct {
+	plain     bool    // secrets in clear (Config.PlainSecrets, no keys)
+	rateLimit float64 // EndpointParams.RateLimit
+}
+
 // deliveries records perEndpoint events to endpoints endpoints, each
 // matching every event, and times until the receiver got them all.
-func deliveries(ctx context.Context, h *harness, url string, endpoints, perEndpoint int, got *atomic.Int64) (float64, error) {
+func deliveries(ctx context.Context, h *harness, url string, endpoints, perEndpoint int, got *atomic.Int64, do deliveryOpts) (float64, error) {
 	pool, err := h.database(ctx, 30)
 	if err != nil {
 		return 0, err
 	}
 	defer h.drop(ctx)
 	defer pool.Close()
-	wh, err := webhook.New(pool, &webhook.Config{Logger: quiet, AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	cfg := &webhook.Config{Logger: quiet, AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Keys: []webhook.Key{benchKey}}
+	if do.plain {
+		cfg.Keys, cfg.PlainSecrets = nil, true
+	}
+	wh, err := webhook.New(pool, cfg)
 	if err != nil {
 		return 0, err
 	}
 	for range endpoints {
-		if _, err := wh.Create(ctx, webhook.EndpointParams{URL: url, Types: []string{"**"}, MaxInFlight: 50}); err != nil {
+		if _, err := wh.Create(ctx, webhook.EndpointParams{URL: url, Types: []string{"**"}, MaxInFlight: 50, RateLimit: do.rateLimit,
+			SecretHeaders: map[string]string{"Authorization": "Bearer bench"}}); err != nil {
 			return 0, err
 		}
 	}

@@ -1,0 +1,162 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events"
+)
+
+// 1,000 deliveries pending for a dead endpoint: once the breaker opens, the
+// endpoint sees about one request per interval, never one per delivery;
+// after it recovers the probe closes the breaker and every delivery lands
+// once.
+func TestBreakerHoldsDeliveriesToADeadEndpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const (
+		n        = 1000
+		interval = time.Second
+	)
+	b := setup(t, &Config{BreakerThreshold: 5, BreakerInterval: interval})
+	var (
+		alive    atomic.Bool
+		mu       sync.Mutex
+		failures []time.Time
+		landed   = map[string]int{}
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !alive.Load() {
+			failures = append(failures, time.Now())
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		landed[r.Header.Get(HeaderID)]++
+	}))
+	defer srv.Close()
+	ep, err := b.wh.Create(ctx, EndpointParams{URL: srv.URL, Types: []string{"**"}})
+	require.NoError(t, err)
+	es := make([]events.Event, n)
+	for i := range es {
+		es[i] = events.Event{Type: "a", Subject: fmt.Sprint(i)}
+	}
+	es = b.record(t, es...)
+
+	// Dead for 5 intervals after the breaker opened.
+	require.Eventually(t, func() bool {
+		h, err := b.wh.Health(ctx, ep.ID)
+		require.NoError(t, err)
+		return h[0].Breaker == BreakerOpen
+	}, 20*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	opened := len(failures)
+	mu.Unlock()
+	deadline := time.Now().Add(5 * interval)
+	require.Eventually(t, func() bool { return time.Now().After(deadline) }, 10*time.Second, 50*time.Millisecond)
+	mu.Lock()
+	during := len(failures) - opened
+	mu.Unlock()
+	t.Logf("%d requests before the breaker opened, %d in the 5 intervals after", opened, during)
+	require.LessOrEqual(t, opened, 5+20, "the threshold, and what was in flight (the client's 20 workers)")
+	require.LessOrEqual(t, during, 5+2, "one probe per interval")
+	require.GreaterOrEqual(t, during, 3, "probes keep coming")
+
+	h, err := b.wh.Health(ctx, ep.ID)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, h[0].ConsecutiveFailures, 5)
+	require.Zero(t, h[0].Successes)
+
+	// Recovery: the next probe succeeds, the breaker closes, all land once.
+	alive.Store(true)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(landed) == n
+	}, 60*time.Second, 50*time.Millisecond, "every delivery lands")
+	// Nothing more is on its way: every job is finished.
+	require.Eventually(t, func() bool {
+		var left int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'webhook.deliver' AND finalized_at IS NULL").Scan(&left))
+		return left == 0
+	}, 30*time.Second, 50*time.Millisecond)
+	mu.Lock()
+	for _, e := range es {
+		require.Equal(t, 1, landed[e.ID.String()], "once: %s", e.ID)
+	}
+	mu.Unlock()
+	h, err = b.wh.Health(ctx, ep.ID)
+	require.NoError(t, err)
+	require.Equal(t, BreakerClosed, h[0].Breaker)
+	require.Equal(t, n, h[0].Successes)
+	require.InDelta(t, float64(n)/float64(h[0].Attempts), h[0].SuccessRate, 1e-9)
+	require.Positive(t, h[0].LatencyP99)
+}
+
+// Two River clients on two pools (two processes) share an endpoint's rate
+// limit through PostgreSQL: the endpoint sees the limit, within 10 %.
+func TestRateLimitIsSharedByProcesses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const (
+		limit = 20.0
+		n     = 120
+	)
+	b := setup(t, nil)
+	var (
+		mu    sync.Mutex
+		times []time.Time
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		mu.Lock()
+		times = append(times, time.Now())
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	ep, err := b.wh.Create(ctx, EndpointParams{URL: srv.URL, Types: []string{"**"}, RateLimit: limit, MaxInFlight: 50})
+	require.NoError(t, err)
+
+	// A second process: its own pool, webhooks and River client.
+	pool2, err := pgxpool.New(ctx, b.pool.Config().ConnString())
+	require.NoError(t, err)
+	t.Cleanup(pool2.Close)
+	other := &bundle{pool: pool2}
+	other.start(t, nil)
+
+	es := make([]events.Event, n)
+	for i := range es {
+		es[i] = events.Event{Type: "a", Subject: fmt.Sprint(i)}
+	}
+	b.record(t, es...)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(times) >= n }, 30*time.Second, 20*time.Millisecond)
+	mu.Lock()
+	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
+	rate := float64(len(times)-1) / times[len(times)-1].Sub(times[0]).Seconds()
+	// The worst second: no burst beyond the limit either.
+	worst := 0
+	for i := range times {
+		j := sort.Search(len(times), func(j int) bool { return !times[j].Before(times[i].Add(time.Second)) })
+		worst = max(worst, j-i)
+	}
+	mu.Unlock()
+	t.Logf("%.1f requests/s (limit %.0f); at most %d in one second", rate, limit, worst)
+	require.Less(t, math.Abs(rate-limit)/limit, 0.10, "%.1f requests/s", rate)
+	require.LessOrEqual(t, float64(worst), limit*1.5+1, "a late delivery sends at most half a second after its slot")
+
+	var clients int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(DISTINCT c) FROM river_job, unnest(attempted_by) AS c
+		WHERE kind = 'webhook.deliver' AND args->>'endpoint_id' = $1`, ep.ID.String()).Scan(&clients))
+	require.Equal(t, 2, clients, "both processes delivered")
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
@@ -261,4 +262,39 @@ func TestAwaiterStartContextCancelledWakesWaiters(t *testing.T) {
 	}
 	_, err = a.AwaitFanout(within(t, 30*time.Second), e.ID)
 	require.ErrorIs(t, err, ErrNotRunning)
+}
+
+// A writer that waits for its receipt wakes the relays itself: with the
+// commit's own notification throttled away and the relay polling only
+// hourly, the awaiter's kick is the only thing that can make the relay look.
+func TestAwaiterKicksTheRelays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
+	a := startAwaiter(t, b, nil)
+	b.start(t)
+	b.settle(t)
+	requireClosed(t, a.Ready(), "awaiter ready")
+	// Past the relay's trailing re-checks (each of which reports idle every
+	// 2 ms): once no re-check comes for 100 ms it waits for a notification.
+	b.waitIdle(t)
+	for quiet := false; !quiet; {
+		select {
+		case <-b.idle:
+		case <-time.After(100 * time.Millisecond):
+			quiet = true
+		}
+	}
+	var e Event
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		e, err = Outbox{NotifyInterval: NotifyNever}.Record(ctx, tx, Event{Type: "quiet.commit"})
+		return err
+	}))
+	start := time.Now()
+	receipts, err := a.AwaitFanout(within(t, 5*time.Second), e.ID)
+	require.NoError(t, err)
+	require.Contains(t, receipts[0].Fanout, "audit")
+	t.Logf("receipt in %v", time.Since(start))
+	require.Less(t, time.Since(start), time.Second)
 }

@@ -68,7 +68,9 @@ type ListenerConfig struct {
 	// whose peer vanished without closing it (a failover, a proxy or NAT
 	// that stopped forwarding) sends no error, so silence past twice
 	// PingInterval ends it and a new one is made, and [Relay.Health] reports
-	// it as not listening meanwhile. TCP keepalives are turned on too.
+	// it as not listening meanwhile. A dial (with Connect too) that has not
+	// connected and listened within twice PingInterval is given up and
+	// tried again. TCP keepalives are turned on too.
 	// Defaults to PingIntervalDefault (5 s, River's).
 	PingInterval time.Duration
 }

@@ -588,6 +588,12 @@ func (r *Relay) loop(ctx context.Context) {
 		failures = 0
 		r.failing.Store(0)
 		r.lastSuccess.Store(time.Now().UnixNano())
+		// A reconnect before this success says nothing about a later
+		// failure: only one after it may end that failure's backoff.
+		select {
+		case <-r.reconnected:
+		default:
+		}
 	}
 	var (
 		pollAt     time.Time // when an idle relay polls next

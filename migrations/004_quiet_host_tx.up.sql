@@ -17,17 +17,25 @@
 -- release's binaries keep working on the result (their statements name
 -- nothing this removes).
 
--- The last notify slot taken: the time since the epoch in units of
--- outbox_settings.notify_interval. The transaction that moves it forward
--- notifies; the others of the same slot do not.
+-- When outbox_notify last let a transaction notify, in microseconds since
+-- the epoch. The transaction that moves it forward notifies; the others of
+-- the same interval do not. A time, not a slot number (time / interval), so
+-- that changing notify_interval never leaves the last value ahead of every
+-- future one.
 CREATE SEQUENCE IF NOT EXISTS outbox_notify_slot AS bigint MINVALUE 0 START 0;
+-- outbox_notify runs as the host's role, inside the host's transaction:
+-- every role that may record reads and moves the sequence (0.1.0 needed
+-- UPDATE on outbox_settings for the same). Anyone may notify the channel
+-- anyway; a value set in the future is ignored below.
+GRANT SELECT, UPDATE ON SEQUENCE outbox_notify_slot TO PUBLIC;
 
 -- Notifies the relays, at most about once per notify_interval cluster-wide
 -- (0: in every transaction; negative: never). Two transactions may both win
--- one slot when they race: a spare notification, never a missing one beyond
--- what the throttle drops on purpose. Since the slot advances with time, not
--- with commits, a long transaction that notified keeps nobody quiet for
--- longer than one interval.
+-- one interval when they race: a spare notification, never a missing one beyond
+-- what the throttle drops on purpose. Since the throttle goes by time, not
+-- by commits, a long transaction that notified keeps nobody quiet for
+-- longer than one interval. A last value in the future (the clock stepped
+-- back) does not hold notifications back.
 CREATE OR REPLACE FUNCTION outbox_notify()
 RETURNS void
 LANGUAGE plpgsql
@@ -35,18 +43,20 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     s    outbox_settings%ROWTYPE;
-    slot bigint;
+    now  numeric;
+    last numeric;
 BEGIN
     SELECT * INTO s FROM outbox_settings;
     IF s.notify_interval < interval '0' THEN
         RETURN;
     END IF;
     IF s.notify_interval > interval '0' THEN
-        slot := floor(extract(epoch FROM clock_timestamp()) / extract(epoch FROM s.notify_interval));
-        IF slot <= coalesce(pg_sequence_last_value('outbox_notify_slot'), -1) THEN
+        now  := floor(extract(epoch FROM clock_timestamp()) * 1000000);
+        last := pg_sequence_last_value('outbox_notify_slot');
+        IF last <= now AND now < last + extract(epoch FROM s.notify_interval) * 1000000 THEN
             RETURN;
         END IF;
-        PERFORM setval('outbox_notify_slot', slot);
+        PERFORM setval('outbox_notify_slot', now::bigint);
     END IF;
     PERFORM pg_notify(s.channel, '');
 END

@@ -7,7 +7,8 @@
 // the server whenever the connection has been silent for PingInterval and
 // gives the answer PingInterval to come (River's notifier pings every 5 s),
 // and turns on TCP keepalives; silence past that bound ends the session, and
-// a new one is dialled.
+// a new one is dialled, itself given up if it has not connected within the
+// same bound.
 package listener
 
 import (
@@ -87,7 +88,16 @@ func (l *Listener) Run(ctx context.Context) {
 // session connects, listens and relays notifications until the connection or
 // ctx fails, or the server stops answering pings.
 func (l *Listener) session(ctx context.Context, failures *int) (err error) {
-	conn, err := l.connect(ctx)
+	ping := l.PingInterval
+	if ping <= 0 {
+		ping = PingIntervalDefault
+	}
+	// The dial is bounded like a silent session: a path that accepts TCP
+	// and answers nothing (a proxy that lost the server) would otherwise
+	// hold the startup handshake forever.
+	dialCtx, cancelDial := context.WithTimeout(ctx, 2*ping)
+	conn, err := l.connect(dialCtx)
+	cancelDial()
 	if err != nil {
 		return err
 	}
@@ -97,10 +107,6 @@ func (l *Listener) session(ctx context.Context, failures *int) (err error) {
 		_ = conn.Close(closeCtx) // the session is over either way
 	}()
 	keepAlive(conn.PgConn().Conn())
-	ping := l.PingInterval
-	if ping <= 0 {
-		ping = PingIntervalDefault
-	}
 	for _, ch := range l.Channels {
 		listenCtx, cancel := context.WithTimeout(ctx, ping)
 		_, err := conn.Exec(listenCtx, "LISTEN "+pgx.Identifier{ch}.Sanitize())

@@ -1,0 +1,119 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/testdb"
+)
+
+// Review of issue 18: findings against the sequence-slot throttle, the
+// liveness changes and the loop's backoff.
+
+// listenEvents opens a connection of its own that LISTENs on the default
+// schema's events channel.
+func listenEvents(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	sql, err := statementsFor("")
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{sql.ChannelEvents}.Sanitize())
+	require.NoError(t, err)
+	return conn
+}
+
+// notified waits up to d for a notification on conn.
+func notified(conn *pgx.Conn, d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	_, err := conn.WaitForNotification(ctx)
+	return err == nil
+}
+
+// A host role with the privileges 0.1.0 needed for the SQL write paths
+// (INSERT and SELECT on outbox_events, SELECT and UPDATE on outbox_settings)
+// keeps writing after Migrate: the migration must not make the host's own
+// transactions fail. Migration 004's throttle reads and sets the sequence
+// outbox_notify_slot inside the host's transaction, as the host's role, and
+// nothing grants that role the sequence: every outbox_record() and every
+// write to a watched table fails with "permission denied for sequence".
+func TestLeastPrivilegedHostRoleKeepsWritingAfterMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	pool := testdb.Pool(t, url)
+	require.NoError(t, migrate(ctx, pool, nil, previousRelease))
+
+	role := fmt.Sprintf("host_app_%d", time.Now().UnixNano())
+	ident := pgx.Identifier{role}.Sanitize()
+	exec(t, pool, "CREATE ROLE "+ident+" NOLOGIN")
+	t.Cleanup(func() {
+		// Roles are cluster-wide: remove this one's grants, then the role.
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+ident)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE "+ident)
+	})
+	exec(t, pool, "GRANT INSERT, SELECT ON outbox_events TO "+ident)
+	exec(t, pool, "GRANT SELECT, UPDATE ON outbox_settings TO "+ident)
+	exec(t, pool, "CREATE TABLE orders (id int PRIMARY KEY, note text NOT NULL DEFAULT '')")
+	exec(t, pool, "GRANT SELECT, INSERT, UPDATE ON orders TO "+ident)
+
+	asHost := func(f func(tx pgx.Tx) error) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+ident); err != nil {
+				return err
+			}
+			return f(tx)
+		})
+	}
+	sqlRecord := func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT outbox_record('order.placed', 'order:1')")
+		return err
+	}
+	require.NoError(t, asHost(sqlRecord), "the previous release: the host role records from SQL")
+
+	require.NoError(t, Migrate(ctx, pool, nil))
+	require.NoError(t, InstallWatch(ctx, pool, Watch{Table: "orders", Types: map[Op]string{OpInsert: "order.created"}}))
+
+	require.NoError(t, asHost(sqlRecord), "after Migrate: outbox_record() as the host role")
+	require.NoError(t, asHost(func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO orders (id) VALUES (1)")
+		return err
+	}), "after Migrate: a write to a watched table as the host role")
+	require.NoError(t, asHost(func(tx pgx.Tx) error {
+		_, err := Record(ctx, tx, Event{Type: "order.placed"})
+		return err
+	}), "after Migrate: Record as the host role")
+}
+
+// Raising outbox_settings.notify_interval (the README's knob) must not
+// silence the SQL paths' notifications: the throttle allows one per
+// interval, not none. The slot number is the time divided by the interval,
+// so going from 1 ms to 1 s makes every new slot a thousand times smaller
+// than the one last taken, and outbox_notify() never notifies again (for
+// about fifty thousand years).
+func TestRaisingTheNotifyIntervalKeepsSQLNotificationsComing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '1 millisecond'")
+	exec(t, b.pool, "SELECT outbox_record('warm.up')")
+	exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '1 second'")
+
+	conn := listenEvents(t, b.url)
+	got := false
+	deadline := time.Now().Add(5 * time.Second) // five whole intervals
+	for !got && time.Now().Before(deadline) {
+		_, err := b.pool.Exec(ctx, "SELECT outbox_record('after.the.change')")
+		require.NoError(t, err)
+		got = notified(conn, 100*time.Millisecond)
+	}
+	require.True(t, got, "no SQL-side notification in five intervals of 1 s after notify_interval went from 1 ms to 1 s")
+}

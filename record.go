@@ -131,6 +131,12 @@ func prepare(e *Event) error {
 // (see [InstallWatch]) — oldest first. It is how a writer learns the IDs of
 // events its triggers made, to wait for them with [Awaiter.AwaitFanout]
 // after commit. It reads only pending rows, through the relay's index.
+//
+// Under SERIALIZABLE, that read takes predicate locks on the pending index,
+// so two concurrent transactions that both call RecordedInTx may fail with a
+// serialization failure (40001), as any two serializable transactions that
+// read what the other writes may; Record and RecordMany return the IDs
+// without it.
 func RecordedInTx(ctx context.Context, tx pgx.Tx) ([]Event, error) {
 	return Outbox{}.RecordedInTx(ctx, tx)
 }

@@ -117,3 +117,63 @@ func TestRaisingTheNotifyIntervalKeepsSQLNotificationsComing(t *testing.T) {
 	}
 	require.True(t, got, "no SQL-side notification in five intervals of 1 s after notify_interval went from 1 ms to 1 s")
 }
+
+// The throttle's trade-off, bounded: a transaction (or savepoint) that took
+// the notify interval and then rolled back sent nothing, and the interval
+// stays taken (sequences do not roll back), so a transaction that commits in
+// the same interval sends no notification either. Its event is still fanned
+// out within the relay's poll interval: the relays never depend on the
+// notification. (Under 0.1.0 the claim rolled back with the transaction, at
+// the price of failing REPEATABLE READ writers.)
+func TestARolledBackNotifyDelaysCommittedOnesAtMostAPoll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, how := range []string{"transaction", "savepoint"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			const poll = 300 * time.Millisecond
+			b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: poll}}}, mapSub("audit", false, "**"))
+			// One notification an hour: none has been sent this hour.
+			exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '1 hour'")
+			conn := listenEvents(t, b.url)
+			b.start(t)
+			b.settle(t)
+			var id string
+			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				if how == "transaction" {
+					inner, err := b.pool.Begin(ctx)
+					if err != nil {
+						return err
+					}
+					if _, err := inner.Exec(ctx, "SELECT outbox_record('rolled.back')"); err != nil {
+						return err
+					}
+					if err := inner.Rollback(ctx); err != nil {
+						return err
+					}
+				} else {
+					if _, err := tx.Exec(ctx, "SAVEPOINT s"); err != nil {
+						return err
+					}
+					if _, err := tx.Exec(ctx, "SELECT outbox_record('rolled.back')"); err != nil {
+						return err
+					}
+					if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT s"); err != nil {
+						return err
+					}
+				}
+				return tx.QueryRow(ctx, "SELECT outbox_record('committed')::text").Scan(&id)
+			}))
+			committed := time.Now()
+			require.False(t, notified(conn, 50*time.Millisecond), "the interval was taken: no notification (if this fails, the trade-off is gone: update the README)")
+			require.Eventually(t, func() bool {
+				var fanned bool
+				require.NoError(t, b.pool.QueryRow(ctx, "SELECT fanned_out_at IS NOT NULL FROM outbox_events WHERE id = $1", id).Scan(&fanned))
+				return fanned
+			}, 5*time.Second, 5*time.Millisecond)
+			took := time.Since(committed)
+			t.Logf("fanned out %v after its quiet commit (%s)", took, how)
+			require.Less(t, took, poll+500*time.Millisecond, "a quiet commit waits at most about a poll interval")
+		})
+	}
+}

@@ -44,10 +44,10 @@ const migrateLockKey = 7_365_109_225_001
 //
 // It runs while the service writes: no step of the library's holds a lock
 // that blocks [Record] for longer than an instant, and a step that must wait
-// for a table lock (behind a long transaction) gives up after
-// half a second (migrateLockTimeout) and tries again, rather than queue every writer behind
-// it. Run it before rolling out a new release (see the README's
-// "Deploying"): the previous release keeps working on the migrated schema.
+// for a lock (behind a long transaction) gives up after half a second and
+// tries again, rather than queue every writer behind it. Run it before
+// rolling out a new release (see the README's "Upgrading the library"): the
+// previous release keeps working on the migrated schema.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 	return migrate(ctx, pool, opts, 0)
 }

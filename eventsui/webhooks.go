@@ -423,8 +423,12 @@ func (h *handler) webhookError(w http.ResponseWriter, r *http.Request, err error
 	}
 }
 
-// formatMillis shows a latency: to the millisecond under 10 s.
+// formatMillis shows a latency: to the millisecond under 10 s. The attempt
+// log keeps whole milliseconds, so 0 is under one.
 func formatMillis(d time.Duration) string {
+	if d < time.Millisecond {
+		return "<1ms"
+	}
 	if d < 10*time.Second {
 		return d.Round(time.Millisecond).String()
 	}

@@ -354,8 +354,12 @@ func breaker(h healthJSON) string {
 
 func percent(f float64) string { return strconv.FormatFloat(f*100, 'f', 1, 64) + "%" }
 
-// latency shows milliseconds as a duration, to the millisecond.
+// latency shows milliseconds as a duration, to the millisecond. The attempt
+// log keeps whole milliseconds, so 0 is under one.
 func latency(ms float64) string {
+	if ms < 1 {
+		return "<1ms"
+	}
 	return time.Duration(ms * float64(time.Millisecond)).Round(time.Millisecond).String()
 }
 

@@ -8,7 +8,12 @@
 // confirmation page; on the poisoned list, requeue or discard of every event
 // matching the filter, after a confirmation page that says how many; and
 // charts of the events fanned out per minute and their lag over the last
-// hour or day, drawn on the server as inline SVG.
+// hour or day, drawn on the server as inline SVG. With Options.Webhooks,
+// the webhook endpoints (package webhook): each one's state and why, its
+// breaker, success rate and latency over the last hour, its recent
+// attempts, and Enable, Disable behind a confirmation page, Replay and
+// Recover. An endpoint's URL shows as its host and path, never its query;
+// header values and secrets never.
 //
 // It is server-rendered HTML (html/template, which escapes everything: the
 // payloads are user data) with embedded static assets: no build step, no CDN,

@@ -8,7 +8,12 @@
 // confirmation page; on the poisoned list, requeue or discard of every event
 // matching the filter, after a confirmation page that says how many; and
 // charts of the events fanned out per minute and their lag over the last
-// hour or day, drawn on the server as inline SVG.
+// hour or day, drawn on the server as inline SVG. With Options.Webhooks,
+// the webhook endpoints (package webhook): each one's state and why, its
+// breaker, success rate and latency over the last hour, its recent
+// attempts, and Enable, Disable behind a confirmation page, Replay and
+// Recover. An endpoint's URL shows as its host and path, never its query;
+// header values and secrets never.
 //
 // It is server-rendered HTML (html/template, which escapes everything: the
 // payloads are user data) with embedded static assets: no build step, no CDN,
@@ -38,6 +43,7 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -46,8 +52,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 
 	"github.com/standmeet/events"
+	"github.com/standmeet/events/webhook"
 )
 
 // Action is what a request wants to do, for Options.Authorize.
@@ -58,6 +67,12 @@ const (
 	ActionView    Action = "view"
 	ActionRequeue Action = "requeue"
 	ActionDiscard Action = "discard"
+
+	// The webhook endpoints' actions (with Options.Webhooks).
+	ActionWebhookEnable  Action = "webhook.enable"
+	ActionWebhookDisable Action = "webhook.disable"
+	ActionWebhookReplay  Action = "webhook.replay"
+	ActionWebhookRecover Action = "webhook.recover"
 )
 
 // Options configures the handler.
@@ -88,6 +103,17 @@ type Options struct {
 	// 5 s. A request's refresh parameter (seconds, 0 for off) overrides it.
 	// Defaults to off.
 	Refresh time.Duration
+
+	// Webhooks, when set, adds the webhook endpoints pages (package
+	// webhook): each endpoint's state, breaker, success rate and latency
+	// over the last hour, its recent attempts, and Enable, Disable (behind a
+	// confirmation page), Replay and Recover. Nil: no such pages, no link.
+	Webhooks *webhook.Webhooks
+
+	// RiverClient is the client that Replay and Recover insert deliveries
+	// with (an insert-only client will do). Without it, the endpoints pages
+	// offer neither.
+	RiverClient *river.Client[pgx.Tx]
 
 	// Logger receives errors. Defaults to warnings on standard error.
 	Logger *slog.Logger
@@ -132,7 +158,8 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 		"lag":  formatLag,
 		"sub":  func(a, b int) int { return a - b },
 	}
-	for _, page := range []string{"overview", "list", "event", "confirm", "error"} {
+	maps.Copy(funcs, webhookFuncs)
+	for _, page := range []string{"overview", "list", "event", "confirm", "error", "webhooks", "webhook", "webhook-disable"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("eventsui: %w", err)
@@ -154,6 +181,9 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 	h.mux.HandleFunc("POST "+p+"/events/{id}/discard", h.change(ActionDiscard, "discarded", h.discard))
 	h.mux.HandleFunc("GET "+p+"/bulk/{action}", h.confirmBulk)
 	h.mux.HandleFunc("POST "+p+"/bulk/{action}", h.bulk)
+	if h.opts.Webhooks != nil {
+		h.webhookRoutes()
+	}
 	return h, nil
 }
 
@@ -182,6 +212,8 @@ type page struct {
 	Title, Nav, Prefix, RiverUIURL, Flash string
 	States                                []events.ListState
 	ReadOnly                              bool
+	// Webhooks: whether the webhook endpoints pages exist.
+	Webhooks bool
 	// CanRequeue and CanDiscard: whether this request may (not read-only,
 	// and Authorize allows it), so that only working buttons show.
 	CanRequeue, CanDiscard bool
@@ -191,7 +223,7 @@ type page struct {
 
 func (h *handler) page(title, nav string, r *http.Request) page {
 	return page{Title: title, Nav: nav, Prefix: h.opts.Prefix, RiverUIURL: strings.TrimRight(h.opts.RiverUIURL, "/"),
-		Flash: r.URL.Query().Get("done"), States: states, ReadOnly: h.opts.ReadOnly,
+		Flash: r.URL.Query().Get("done"), States: states, ReadOnly: h.opts.ReadOnly, Webhooks: h.opts.Webhooks != nil,
 		CanRequeue: h.may(r, ActionRequeue), CanDiscard: h.may(r, ActionDiscard)}
 }
 
@@ -397,7 +429,7 @@ func (h *handler) guard(w http.ResponseWriter, r *http.Request, action Action) b
 		return false
 	}
 	if !h.opts.Authorize(r, action) {
-		h.fail(w, r, http.StatusForbidden, "Forbidden", fmt.Sprintf("You may not %s events.", action))
+		h.fail(w, r, http.StatusForbidden, "Forbidden", fmt.Sprintf("You may not %s.", actionText[action]))
 		return false
 	}
 	return true

@@ -1,6 +1,7 @@
 // Command events is the operator's tool for the outbox of
 // github.com/standmeet/events: migrations, stats, listing, inspecting,
-// requeuing and discarding events, and the installed watches.
+// requeuing and discarding events, the installed watches, and the webhook
+// endpoints with their attempts.
 //
 //	go install github.com/standmeet/events/cmd/events@latest
 //	events [--database-url URL] [--schema S] [--json] <command> [arguments]
@@ -19,6 +20,16 @@
 //	discard ID...                  delete poisoned events for good
 //	watch list                     the installed table watches
 //	subscribers                    the subscriber registry
+//	webhooks [--limit N] [--after ID]
+//	                               webhook endpoints: enabled or not and why, breaker, success
+//	                               rate and latency (p50, p95) over the last hour
+//	webhooks inspect ID [--limit N] [--failures] [--before N]
+//	                               one endpoint and its recent attempts
+//
+// The webhooks commands print an endpoint's host (inspect adds its path),
+// never its URL's query, a header value or a secret. They take
+// --breaker-threshold N, the host's webhook Config.BreakerThreshold (5 by
+// default), which decides whether a breaker reads open.
 //
 // The connection comes from --database-url or DATABASE_URL. Output is a
 // table for people, or JSON with --json. Tables show control characters in

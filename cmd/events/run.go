@@ -50,6 +50,11 @@ commands:
   discard ID...              delete poisoned events for good
   watch list                 the installed table watches
   subscribers                the subscriber registry
+  webhooks [--limit N] [--after ID]
+                             webhook endpoints: state, breaker, success and latency over the last hour
+  webhooks inspect ID [--limit N] [--failures] [--before N]
+                             one endpoint and its recent attempts
+                             (both take --breaker-threshold N: the host's Config.BreakerThreshold, default 5)
 
 The connection comes from --database-url or DATABASE_URL.
 `
@@ -131,6 +136,7 @@ func (c *cli) run(args []string) error {
 	commands := map[string]func([]string) error{
 		"migrate": c.migrate, "stats": c.stats, "list": c.list, "inspect": c.inspect,
 		"requeue": c.requeue, "discard": c.discard, "watch": c.watch, "subscribers": c.subscribers,
+		"webhooks": c.webhooks,
 	}
 	f, ok := commands[cmd]
 	if !ok {

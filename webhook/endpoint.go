@@ -355,11 +355,20 @@ func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
 	return scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id))
 }
 
-// getForDelivery is Get with the endpoint's breaker.
+// getForDelivery is Get with the endpoint's breaker. An endpoint without a
+// health row (created by a 0.1.0 process after migration 005, during a
+// rolling deploy) gets one, so that its breaker and rate limit work.
 func (w *Webhooks) getForDelivery(ctx context.Context, id uuid.UUID) (Endpoint, error) {
-	var h health
-	ep, err := scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+", coalesce(h.failures, 0), h.open_until, h.probe_until FROM "+
-		w.t.endpoints+" LEFT JOIN "+w.t.health+" h ON h.endpoint_id = id WHERE id = $1", id), &h.failures, &h.openUntil, &h.probeUntil)
+	var (
+		h   health
+		has bool
+	)
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+", coalesce(h.failures, 0), h.open_until, h.probe_until,"+
+		" h.endpoint_id IS NOT NULL FROM "+w.t.endpoints+" LEFT JOIN "+w.t.health+" h ON h.endpoint_id = id WHERE id = $1", id),
+		&h.failures, &h.openUntil, &h.probeUntil, &has)
+	if err == nil && !has {
+		_, err = w.pool.Exec(ctx, "INSERT INTO "+w.t.health+" (endpoint_id) VALUES ($1) ON CONFLICT DO NOTHING", id)
+	}
 	ep.health = h
 	return ep, err
 }

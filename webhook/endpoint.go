@@ -287,7 +287,7 @@ func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, erro
 		return Endpoint{}, err
 	}
 	ep.Secrets[0].Secret = secret
-	return ep, nil
+	return public(ep, nil)
 }
 
 // sealHeaders seals secret header values for the row; a value of Redacted
@@ -341,18 +341,26 @@ func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (
 			}
 		}
 		var err error
-		ep, err = scanEndpoint(tx.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
+		ep, err = public(scanEndpoint(tx.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
 			scopes = $5, headers = $6, secret_headers = $7, timeout_ms = $8, max_in_flight = $9, rate_limit = $10, updated_at = now()
 			WHERE id = $1 RETURNING `+endpointColumns,
-			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
+			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit)))
 		return err
 	})
 	return ep, err
 }
 
+// public drops what a delivery reads from an endpoint (its stored secrets,
+// in clear under Config.PlainSecrets; its breaker) from one returned to the
+// host, where fmt's %v and %+v, and slog, would print it.
+func public(ep Endpoint, err error) (Endpoint, error) {
+	ep.sealed, ep.sealedHeaders, ep.health = nil, nil, health{}
+	return ep, err
+}
+
 // Get returns an endpoint, or ErrNotFound.
 func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
-	return scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id))
+	return public(scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id)))
 }
 
 // getForDelivery is Get with the endpoint's breaker. An endpoint without a
@@ -390,7 +398,7 @@ func (w *Webhooks) List(ctx context.Context, after uuid.UUID, limit int) (ListEn
 	if err != nil {
 		return ListEndpointsResult{}, err
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) { return scanEndpoint(row) })
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) { return public(scanEndpoint(row)) })
 	if err != nil {
 		return ListEndpointsResult{}, err
 	}

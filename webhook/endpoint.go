@@ -438,16 +438,23 @@ const cancelBatch = 1000
 
 // cancelPending cancels the deliveries to an endpoint that wait in River
 // (available, scheduled, retryable, pending), cancelBatch per statement so
-// that no statement holds many rows, and returns how many. Running ones are
-// left to River: the worker cancels them when they come back. Disable has
+// that no statement holds many rows, and returns how many: those made
+// before the endpoint was disabled (all of them once it is deleted; none
+// once it is enabled again, when the worker cancels the old ones as they
+// come), so that an Enable landing while it runs loses nothing made after
+// it. Running ones are left to River: the worker cancels them when they
+// come back. Disable has
 // no River client to hand, so this is the update River's own JobCancel makes
 // to a job that is not running.
 func (w *Webhooks) cancelPending(ctx context.Context, endpoint uuid.UUID) (int64, error) {
 	var total int64
 	for {
-		tag, err := w.pool.Exec(ctx, `WITH batch AS (
+		tag, err := w.pool.Exec(ctx, `WITH cutoff AS (
+			SELECT CASE WHEN e.id IS NULL THEN 'infinity' WHEN e.enabled THEN '-infinity' ELSE e.disabled_at END AS t
+			  FROM (SELECT 1) one LEFT JOIN `+w.t.endpoints+` e ON e.id = $1::text::uuid),
+			batch AS (
 			SELECT id FROM `+w.t.riverJob+` WHERE kind = 'webhook.deliver' AND args @> jsonb_build_object('endpoint_id', $1::text)
-			   AND state IN ('available', 'scheduled', 'retryable', 'pending')
+			   AND state IN ('available', 'scheduled', 'retryable', 'pending') AND created_at <= (SELECT t FROM cutoff)
 			 LIMIT $2 FOR UPDATE SKIP LOCKED)
 			UPDATE `+w.t.riverJob+` j SET state = 'cancelled', finalized_at = now(),
 			       metadata = j.metadata || jsonb_build_object('cancel_attempted_at', now(), 'webhook_cancelled', 'endpoint disabled')

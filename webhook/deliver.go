@@ -286,6 +286,11 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	out.duration = time.Since(start)
 	if err != nil {
 		out.err = err.Error()
+		// net/http names the whole URL; its path and query may hold a token.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			out.err = uerr.Op + " " + req.URL.Scheme + "://" + req.URL.Host + ": " + uerr.Err.Error()
+		}
 		var nerr net.Error
 		switch {
 		case errors.Is(err, ErrForbiddenAddress):

@@ -101,8 +101,9 @@ type EndpointParams struct {
 	// all processes together in PostgreSQL (one UPDATE per delivery);
 	// deliveries over it wait their turn without counting as tries. Sent
 	// at their slot, they average RateLimit per second; when River wakes
-	// a waiting one late (its FetchPollInterval), it may go up to half a
-	// second after its slot. 0, the default, is no limit.
+	// waiting ones late (its FetchPollInterval), they still send in their
+	// reserved slots' stead, so the average holds and a burst is at most a
+	// poll interval's worth of the rate. 0, the default, is no limit.
 	RateLimit float64
 	// SecretHeaders are headers whose values are credentials (Authorization,
 	// an API key): sent like Headers, under the same rules, but sealed at

@@ -23,7 +23,7 @@ import (
 // With River's default polling (FetchPollInterval 1 s, the scheduler every
 // 5 s), not the 20 ms of the test harness, a rate-limited endpoint still
 // gets its limit: a delivery that snoozed for its slot wakes up to a poll
-// late, and dropping its slot then (slotLate, 500 ms) wastes the slot and
+// late, and dropping its slot then (as it did past 500 ms) wasted the slot and
 // sends it to the back of the queue, again and again.
 func TestRateLimitHoldsWithRiverDefaultPolling(t *testing.T) {
 	t.Parallel()

@@ -179,6 +179,10 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 		return err
 	}
 	out, retryAfter := w.send(ctx, &ep, a)
+	// The error holds a receiver's bytes (its status line, a Location): it
+	// goes to the attempt log and, through the error returned, to
+	// river_job.errors (jsonb, which cannot hold NUL): escaped and capped.
+	out.err = errorText(out.err)
 	success := out.errorClass == ""
 	gone := out.status == http.StatusGone
 	if err := w.record(ctx, &ep, a, tries, out, success, gone, adm.probe); err != nil {
@@ -282,6 +286,11 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	out.duration = time.Since(start)
 	if err != nil {
 		out.err = err.Error()
+		// net/http names the whole URL; its path and query may hold a token.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			out.err = uerr.Op + " " + req.URL.Scheme + "://" + req.URL.Host + ": " + uerr.Err.Error()
+		}
 		var nerr net.Error
 		switch {
 		case errors.Is(err, ErrForbiddenAddress):
@@ -317,6 +326,19 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 		}
 	}
 	return out, 0
+}
+
+// maxErrorBytes caps the error text of an attempt, stored in the attempt
+// log and in river_job.errors once per try.
+const maxErrorBytes = 1 << 10
+
+// errorText makes an attempt's error storable: NUL and invalid UTF-8
+// escaped (cleanText), at most maxErrorBytes of the original kept.
+func errorText(s string) string {
+	if len(s) <= maxErrorBytes {
+		return cleanText([]byte(s))
+	}
+	return cleanText(cutRune([]byte(s[:maxErrorBytes]))) + " …"
 }
 
 // retryAfter reads a Retry-After header: seconds, or an HTTP date.
@@ -360,7 +382,7 @@ func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, atte
 		err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
 			_, err := sp.Exec(ctx, `INSERT INTO `+w.t.attempts+` (endpoint_id, event_id, attempt, status, error_class, error,
 				duration_ms, dialed_ip, response) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-				ep.ID, a.EventID, attempt, out.status, out.errorClass, cleanText([]byte(out.err)), out.duration.Milliseconds(),
+				ep.ID, a.EventID, attempt, out.status, out.errorClass, out.err, out.duration.Milliseconds(),
 				out.dialedIP, out.response)
 			return err
 		})

@@ -101,8 +101,9 @@ type EndpointParams struct {
 	// all processes together in PostgreSQL (one UPDATE per delivery);
 	// deliveries over it wait their turn without counting as tries. Sent
 	// at their slot, they average RateLimit per second; when River wakes
-	// a waiting one late (its FetchPollInterval), it may go up to half a
-	// second after its slot. 0, the default, is no limit.
+	// waiting ones late (its FetchPollInterval), they still send in their
+	// reserved slots' stead, so the average holds and a burst is at most a
+	// poll interval's worth of the rate. 0, the default, is no limit.
 	RateLimit float64
 	// SecretHeaders are headers whose values are credentials (Authorization,
 	// an API key): sent like Headers, under the same rules, but sealed at
@@ -287,7 +288,7 @@ func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, erro
 		return Endpoint{}, err
 	}
 	ep.Secrets[0].Secret = secret
-	return ep, nil
+	return public(ep, nil)
 }
 
 // sealHeaders seals secret header values for the row; a value of Redacted
@@ -341,25 +342,42 @@ func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (
 			}
 		}
 		var err error
-		ep, err = scanEndpoint(tx.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
+		ep, err = public(scanEndpoint(tx.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
 			scopes = $5, headers = $6, secret_headers = $7, timeout_ms = $8, max_in_flight = $9, rate_limit = $10, updated_at = now()
 			WHERE id = $1 RETURNING `+endpointColumns,
-			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
+			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit)))
 		return err
 	})
 	return ep, err
 }
 
-// Get returns an endpoint, or ErrNotFound.
-func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
-	return scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id))
+// public drops what a delivery reads from an endpoint (its stored secrets,
+// in clear under Config.PlainSecrets; its breaker) from one returned to the
+// host, where fmt's %v and %+v, and slog, would print it.
+func public(ep Endpoint, err error) (Endpoint, error) {
+	ep.sealed, ep.sealedHeaders, ep.health = nil, nil, health{}
+	return ep, err
 }
 
-// getForDelivery is Get with the endpoint's breaker.
+// Get returns an endpoint, or ErrNotFound.
+func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
+	return public(scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id)))
+}
+
+// getForDelivery is Get with the endpoint's breaker. An endpoint without a
+// health row (created by a 0.1.0 process after migration 005, during a
+// rolling deploy) gets one, so that its breaker and rate limit work.
 func (w *Webhooks) getForDelivery(ctx context.Context, id uuid.UUID) (Endpoint, error) {
-	var h health
-	ep, err := scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+", coalesce(h.failures, 0), h.open_until, h.probe_until FROM "+
-		w.t.endpoints+" LEFT JOIN "+w.t.health+" h ON h.endpoint_id = id WHERE id = $1", id), &h.failures, &h.openUntil, &h.probeUntil)
+	var (
+		h   health
+		has bool
+	)
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+", coalesce(h.failures, 0), h.open_until, h.probe_until,"+
+		" h.endpoint_id IS NOT NULL FROM "+w.t.endpoints+" LEFT JOIN "+w.t.health+" h ON h.endpoint_id = id WHERE id = $1", id),
+		&h.failures, &h.openUntil, &h.probeUntil, &has)
+	if err == nil && !has {
+		_, err = w.pool.Exec(ctx, "INSERT INTO "+w.t.health+" (endpoint_id) VALUES ($1) ON CONFLICT DO NOTHING", id)
+	}
 	ep.health = h
 	return ep, err
 }
@@ -381,7 +399,7 @@ func (w *Webhooks) List(ctx context.Context, after uuid.UUID, limit int) (ListEn
 	if err != nil {
 		return ListEndpointsResult{}, err
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) { return scanEndpoint(row) })
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) { return public(scanEndpoint(row)) })
 	if err != nil {
 		return ListEndpointsResult{}, err
 	}
@@ -421,16 +439,23 @@ const cancelBatch = 1000
 
 // cancelPending cancels the deliveries to an endpoint that wait in River
 // (available, scheduled, retryable, pending), cancelBatch per statement so
-// that no statement holds many rows, and returns how many. Running ones are
-// left to River: the worker cancels them when they come back. Disable has
+// that no statement holds many rows, and returns how many: those made
+// before the endpoint was disabled (all of them once it is deleted; none
+// once it is enabled again, when the worker cancels the old ones as they
+// come), so that an Enable landing while it runs loses nothing made after
+// it. Running ones are left to River: the worker cancels them when they
+// come back. Disable has
 // no River client to hand, so this is the update River's own JobCancel makes
 // to a job that is not running.
 func (w *Webhooks) cancelPending(ctx context.Context, endpoint uuid.UUID) (int64, error) {
 	var total int64
 	for {
-		tag, err := w.pool.Exec(ctx, `WITH batch AS (
+		tag, err := w.pool.Exec(ctx, `WITH cutoff AS (
+			SELECT CASE WHEN e.id IS NULL THEN 'infinity' WHEN e.enabled THEN '-infinity' ELSE e.disabled_at END AS t
+			  FROM (SELECT 1) one LEFT JOIN `+w.t.endpoints+` e ON e.id = $1::text::uuid),
+			batch AS (
 			SELECT id FROM `+w.t.riverJob+` WHERE kind = 'webhook.deliver' AND args @> jsonb_build_object('endpoint_id', $1::text)
-			   AND state IN ('available', 'scheduled', 'retryable', 'pending')
+			   AND state IN ('available', 'scheduled', 'retryable', 'pending') AND created_at <= (SELECT t FROM cutoff)
 			 LIMIT $2 FOR UPDATE SKIP LOCKED)
 			UPDATE `+w.t.riverJob+` j SET state = 'cancelled', finalized_at = now(),
 			       metadata = j.metadata || jsonb_build_object('cancel_attempted_at', now(), 'webhook_cancelled', 'endpoint disabled')

@@ -54,12 +54,12 @@ type health struct {
 }
 
 // Rate limit tuning: a slot nearer than slotWindow is waited for in the
-// worker; a snoozed delivery may send up to slotLate after its slot (River
-// wakes it at its FetchPollInterval, later under load), after which it
-// reserves a new one: bursts stay under half a second's worth.
+// worker; a snoozed delivery sends when River wakes it (at its
+// FetchPollInterval, later under load), however late: its slot was reserved,
+// so the average rate holds, and a burst is at most what one poll interval
+// of the rate reserved.
 const (
 	slotWindow = 250 * time.Millisecond
-	slotLate   = 500 * time.Millisecond
 	metaSlot   = "webhook_slot" // reserved slot, Unix microseconds
 )
 
@@ -83,10 +83,14 @@ func (w *Webhooks) admit(ctx context.Context, ep *Endpoint, job *river.Job[Deliv
 		case now.Before(slot.Add(-slotWindow)):
 			_ = river.MetadataSet(ctx, metaSlot, slot.UnixMicro())
 			return admission{wait: slot.Sub(now) - slotWindow/2}, nil
-		case !now.After(slot.Add(slotLate)) && closed:
+		case closed:
+			// At its slot, or late (River woke it at its next poll): a
+			// reserved slot is never dropped, so late wake-ups cost no
+			// rate; deliveries woken together by one poll send together,
+			// at most a poll interval's worth of the rate.
 			return admission{}, sleepUntil(ctx, slot)
 		}
-		// Late, or the breaker opened meanwhile: the slot is lost.
+		// The breaker opened meanwhile: the slot is lost.
 	}
 	var interval time.Duration
 	if ep.RateLimit > 0 {

@@ -6,6 +6,7 @@ import (
 	"crypto/cipher"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,7 +24,7 @@ import (
 const Redacted = "[redacted]"
 
 // Key seals endpoint secrets at rest with AES-256-GCM (see Config.Keys).
-// Its String, GoString and LogValue print the ID only.
+// Its String, GoString, MarshalJSON and LogValue print the ID only.
 type Key struct {
 	// ID is stored with every value the key seals, so that the right key
 	// opens it after a rotation: 1 to 64 letters, digits, '-', '_' or '.'.
@@ -37,6 +38,12 @@ func (k Key) String() string { return "webhook.Key{ID: " + k.ID + ", Key: " + Re
 
 // GoString prints the key's ID, never its bytes.
 func (k Key) GoString() string { return k.String() }
+
+// MarshalJSON writes the key's ID, never its bytes: a Config logged by
+// slog's JSON handler, or dumped, shows no key.
+func (k Key) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct{ ID, Key string }{k.ID, Redacted})
+}
 
 // LogValue logs the key's ID, never its bytes.
 func (k Key) LogValue() slog.Value { return slog.GroupValue(slog.String("id", k.ID)) }

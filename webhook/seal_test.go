@@ -205,7 +205,7 @@ func TestKeyRotationReseals(t *testing.T) {
 	wrong := Key{ID: "k2", Key: testKey("k1").Key}
 	wh, err := New(b.pool, &Config{Keys: []Key{wrong}})
 	require.NoError(t, err)
-	got, err := wh.Get(ctx, ep.ID) // Get opens nothing
+	got, err := wh.getForDelivery(ctx, ep.ID) // opens nothing
 	require.NoError(t, err)
 	_, err = wh.openSecrets(&got, time.Now())
 	require.ErrorIs(t, err, ErrUnsealing)
@@ -225,7 +225,7 @@ func TestSealedValueIsBoundToItsEndpoint(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, "UPDATE webhook_endpoints SET secrets = (SELECT secrets FROM webhook_endpoints WHERE id = $1) WHERE id = $2", a.ID, other.ID)
 	require.NoError(t, err)
-	got, err := b.wh.Get(ctx, other.ID)
+	got, err := b.wh.getForDelivery(ctx, other.ID)
 	require.NoError(t, err)
 	_, err = b.wh.openSecrets(&got, time.Now())
 	require.ErrorIs(t, err, ErrUnsealing)

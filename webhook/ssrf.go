@@ -22,7 +22,8 @@ import (
 // NAT64 well-known); the IPv6 transition and legacy ranges whose traffic a
 // relay or translator forwards somewhere the guard cannot see (6to4
 // 2002::/16, Teredo 2001::/32, NAT64 local use 64:ff9b:1::/48,
-// IPv4-compatible ::/96, site-local fec0::/10); port 0, and ports outside
+// IPv4-compatible ::/96, IPv4-translated ::ffff:0:0:0/96, site-local
+// fec0::/10); port 0, and ports outside
 // Config.AllowedPorts when it is set. Config.AllowedNetworks lifts it for
 // chosen ranges.
 var ErrForbiddenAddress = errors.New("webhook: address not allowed")
@@ -53,6 +54,7 @@ var forbidden = func() []netip.Prefix {
 		"2001:db8::/32",   // documentation
 		"100::/64",        // discard
 		"::/96",           // IPv4-compatible (deprecated): ::a.b.c.d
+		"::ffff:0:0:0/96", // IPv4-translated (SIIT, RFC 2765): a translator dials the IPv4 address inside
 		"64:ff9b:1::/48",  // NAT64 for local use (RFC 8215): translators of the operator's choosing
 		"2002::/16",       // 6to4: a relay dials the IPv4 address inside
 		"2001::/32",       // Teredo: likewise

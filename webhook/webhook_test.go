@@ -505,7 +505,7 @@ func TestEndpointAPI(t *testing.T) {
 	require.Equal(t, "https://example.com/b", ep.URL)
 	newSecret, err := b.wh.RotateSecret(ctx, ep.ID, time.Hour)
 	require.NoError(t, err)
-	ep, err = b.wh.Get(ctx, ep.ID)
+	ep, err = b.wh.getForDelivery(ctx, ep.ID)
 	require.NoError(t, err)
 	active := func(at time.Time) []string {
 		secrets, err := b.wh.openSecrets(&ep, at)

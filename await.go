@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +29,16 @@ type Receipt struct {
 	Fanout map[string]int64
 	// FannedOutAt is when the relay committed the jobs.
 	FannedOutAt time.Time
+	// Owed names the matching subscribers that have no job yet, when the
+	// receipt was read: one whose Map failed (it is retried, for that
+	// subscriber alone), one paused, or one the stamping relay did not know
+	// (a rolling deploy). A relay that knows it delivers it later; the
+	// event's Fanout then names the job. Nil when none.
+	Owed []string
+	// Poisoned maps each subscriber for which the event is poisoned (its
+	// Map failed MaxAttempts times; see [RequeueDelivery]) to the last
+	// error. Nil when none.
+	Poisoned map[string]string
 }
 
 // AwaiterConfig configures an [Awaiter]. The zero value works.
@@ -333,7 +344,9 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // returns early with an error:
 //
 //   - a [*PoisonedError] (matching [ErrPoisoned]), with the event ID and its
-//     last error, when an event is poisoned;
+//     last error, when an event is poisoned as a whole (it could not be
+//     fanned out at all; a subscriber whose Map fails does not do that: see
+//     [Receipt.Owed] and [Receipt.Poisoned]);
 //   - wrapping [ErrNotFound] when an ID is still not visible after
 //     [AwaiterConfig.NotFoundGrace] (its transaction rolled back, or never
 //     committed);
@@ -343,9 +356,10 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // waiting and reads again, with backoff, until ctx ends.
 //
 // An event fanned out before the call is reported at once. A receipt means
-// the River jobs exist (committed), not that they have run. It names the jobs
-// of the event's first fan-out; a subscriber that catches the event up later
-// (during a rolling deploy, see [Relay.Start]) is not in it.
+// the River jobs it names exist (committed), not that they have run. It is
+// read when the event's round committed: the subscribers still owed then
+// (their Map failed, or no relay that knows them has served them yet) are in
+// [Receipt.Owed], the poisoned ones in [Receipt.Poisoned].
 func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) (receipts []Receipt, err error) {
 	if len(ids) == 0 {
 		return nil, nil
@@ -456,10 +470,22 @@ func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[u
 			fannedAt  *time.Time
 			poisoned  bool
 			lastError string
+			pairs     map[string]*string
 		)
-		if err := rows.Scan(&r.EventID, &fannedAt, &r.Fanout, &poisoned, &lastError); err != nil {
+		if err := rows.Scan(&r.EventID, &fannedAt, &r.Fanout, &poisoned, &lastError, &pairs); err != nil {
 			return nil, fmt.Errorf("events: await fanout: %w", err)
 		}
+		for sub, e := range pairs {
+			if e == nil {
+				r.Owed = append(r.Owed, sub)
+				continue
+			}
+			if r.Poisoned == nil {
+				r.Poisoned = map[string]string{}
+			}
+			r.Poisoned[sub] = *e
+		}
+		slices.Sort(r.Owed)
 		seen[r.EventID] = true
 		switch {
 		case fannedAt != nil:

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
@@ -91,6 +92,14 @@ type Config struct {
 	// context, then cancels the context OnPoison was given.
 	OnPoison func(ctx context.Context, e Event, err error)
 
+	// OrphanAfter is how long a registered, active subscriber may go
+	// unserved by every running relay (none that has it reported in: see
+	// [ListRelays]) before it is reported orphaned — by [Relay.Health], by
+	// a warning log naming the fix (deploy it, or [RetireSubscriber]), and
+	// by [Stats]. Its owed pairs keep their events from retention until
+	// then and after. Defaults to OrphanAfterDefault (15 min).
+	OrphanAfter time.Duration
+
 	// Logger receives the relay's logs. Defaults to warnings and errors on
 	// standard error.
 	Logger *slog.Logger
@@ -105,6 +114,7 @@ func (c *Config) withDefaults() Config {
 	out.MaxRoundsInFlight = cmp.Or(out.MaxRoundsInFlight, MaxRoundsInFlightDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
 	out.RetentionInterval = cmp.Or(out.RetentionInterval, RetentionIntervalDefault)
+	out.OrphanAfter = cmp.Or(out.OrphanAfter, OrphanAfterDefault)
 	out.Listener = out.Listener.withDefaults()
 	if out.Logger == nil {
 		out.Logger = defaultLogger()
@@ -122,6 +132,8 @@ func (c *Config) validate() error {
 		return invalidf(ErrInvalidConfig, "RetryBackoff", "%v: must not be negative", c.RetryBackoff)
 	case c.MaxRetryBackoff < c.RetryBackoff:
 		return invalidf(ErrInvalidConfig, "MaxRetryBackoff", "%v: must be at least RetryBackoff (%v)", c.MaxRetryBackoff, c.RetryBackoff)
+	case c.OrphanAfter < 0:
+		return invalidf(ErrInvalidConfig, "OrphanAfter", "%v: must not be negative", c.OrphanAfter)
 	case c.RetentionInterval < 0:
 		return invalidf(ErrInvalidConfig, "RetentionInterval", "%v: must not be negative", c.RetentionInterval)
 	case c.MaxRoundsInFlight < 1 || c.MaxRoundsInFlight > 16:
@@ -182,10 +194,20 @@ type Relay struct {
 	// retryCheck asks the loop to read the retry schedule now: this relay
 	// has just failed an event.
 	retryCheck atomic.Bool
+
+	// convertAt is when the main loop looks for 0.1.0's catch_up lists
+	// next.
+	convertAt time.Time
+
+	// Heartbeats (heartbeat.go), for one run.
+	runID     uuid.UUID
+	startedAt time.Time
+	lastRound atomic.Int64             // unix nanoseconds of the last round that fanned out
+	orphaned  atomic.Pointer[[]string] // as the last heartbeat read them
 }
 
 // busyTurnInterval is how often a busy relay (full batches, back to back)
-// also runs the retries that are due and serves the catch-up lane: a query
+// also runs the retries that are due and serves the deliveries lane: a query
 // on a small index each when there is nothing to do.
 const busyTurnInterval = 250 * time.Millisecond
 
@@ -251,7 +273,7 @@ func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
 		metrics: metrics, meter: meter, tracer: newTracer(cfg.TracerProvider),
 		laneAttr: [2]metric.MeasurementOption{
 			metric.WithAttributes(attribute.String(attrLane, "pending")),
-			metric.WithAttributes(attribute.String(attrLane, "catch_up")),
+			metric.WithAttributes(attribute.String(attrLane, "deliveries")),
 		}}, nil
 }
 
@@ -323,6 +345,9 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	}
 	r.failing.Store(0)
 	r.lastSuccess.Store(time.Now().UnixNano())
+	r.runID, r.startedAt = uuid.Must(uuid.NewV7()), time.Now()
+	r.lastRound.Store(0)
+	r.orphaned.Store(nil)
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	r.listening.Store(false)
 	r.connectedOnce.Store(false)
@@ -378,6 +403,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	var rounds sync.WaitGroup
 	rounds.Go(func() { r.loop(runCtx) })
 	rounds.Go(func() { r.pruner(runCtx) })
+	rounds.Go(func() { r.heartbeater(runCtx) })
 	for range r.config.MaxRoundsInFlight - 1 {
 		rounds.Go(func() { r.helper(runCtx) })
 	}
@@ -402,7 +428,7 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 		err     error
 	)
 	for attempt := 1; ; attempt++ {
-		retired, err = registerSubscribers(ctx, db, r.sql, names)
+		retired, err = registerSubscribers(ctx, db, r.sql, names, r.subs...)
 		if err == nil || attempt == 3 || !isTransient(err) || ctx.Err() != nil {
 			break
 		}
@@ -516,7 +542,7 @@ func (r *Relay) stopping() bool {
 
 // loop is the relay's main loop. It runs rounds until stopped: straight on
 // after a full batch (and wakes a helper loop to claim alongside), otherwise
-// it serves the catch-up lane and then waits — for a notification, for the
+// it serves the deliveries lane and then waits — for a notification, for the
 // trailing re-check after one, or for the next poll, which reads in one
 // query whether pending rows wait (a notification may have been throttled or
 // lost) and when the next failed event is due.
@@ -578,7 +604,7 @@ func (r *Relay) loop(ctx context.Context) {
 				if time.Now().After(turnsAt) {
 					// Full batches back to back must not starve the rest:
 					// four times a second a busy relay also runs the
-					// retries that are due and serves the catch-up lane
+					// retries that are due and serves the deliveries lane
 					// (retention runs on its own goroutine and takes its
 					// own turns).
 					turnsAt = time.Now().Add(busyTurnInterval)
@@ -587,14 +613,14 @@ func (r *Relay) loop(ctx context.Context) {
 							return
 						}
 					}
-					if !r.catchUpOrFail(ctx, fail) {
+					if !r.owedOrFail(ctx, fail) {
 						return
 					}
 				}
 				continue
 			}
 		}
-		if !recheck && !r.catchUpOrFail(ctx, fail) {
+		if !recheck && !r.owedOrFail(ctx, fail) {
 			return
 		}
 		if recheck {
@@ -632,7 +658,7 @@ func (r *Relay) loop(ctx context.Context) {
 
 // helper is an extra loop for rounds in flight: woken by a loop whose batch
 // came back full, it claims alongside while batches stay full. Waiting for
-// notifications, polling, retries and catch-up are the main loop's.
+// notifications, polling, retries and the deliveries lane are the main loop's.
 func (r *Relay) helper(ctx context.Context) {
 	failures := 0
 	for !r.stopping() && ctx.Err() == nil {
@@ -674,7 +700,7 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 		waiting bool
 		secs    *float64
 	)
-	if err := r.pool.QueryRow(ctx, r.sql.Poll).Scan(&waiting, &secs); err != nil {
+	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known).Scan(&waiting, &secs); err != nil {
 		return 0, err
 	}
 	interval := r.config.Listener.PollInterval

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/attribute"
@@ -101,6 +102,17 @@ func newSubscription(s Subscriber) (*subscription, error) {
 		sub.patterns = append(sub.patterns, p)
 	}
 	return sub, nil
+}
+
+// registryTypes returns the subscriber's globs as the registry stores them
+// (comma-separated: a glob has no comma) and one regular expression for all
+// of them, matched in SQL against '.' || type.
+func (s *subscription) registryTypes() (types, re string) {
+	res := make([]string, len(s.patterns))
+	for i, p := range s.patterns {
+		res[i] = p.Regexp()
+	}
+	return strings.Join(s.Types, ","), strings.Join(res, "|")
 }
 
 func (s *subscription) matches(eventType string) bool {

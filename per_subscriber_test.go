@@ -1,0 +1,350 @@
+package events
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/testdb"
+)
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// registerOther registers a subscriber as another release's relay would,
+// with its type globs, without running it.
+func registerOther(t *testing.T, b *testBundle, s Subscriber) {
+	t.Helper()
+	sub, err := newSubscription(s)
+	require.NoError(t, err)
+	_, err = registerSubscribers(context.Background(), b.pool, defaultSQL(t), []string{s.Name}, sub)
+	require.NoError(t, err)
+}
+
+// A subscriber registered by a deploy that was rolled back, and never run
+// again: it is owed only the events its types match; once no relay has
+// served it for OrphanAfter it is reported orphaned by Health, Stats and a
+// warning naming the fix; retention deletes every event that owes nothing
+// and keeps the ones owed to it; retiring it lets retention take those too.
+func TestAnOrphanedSubscriberIsReportedAndRetentionPrunesWhatOwesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const orphanAfter = 400 * time.Millisecond
+	logs := &syncBuffer{}
+	b := setup(t, setupOpts{config: &Config{
+		OrphanAfter: orphanAfter, Retention: time.Millisecond, RetentionInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}}, mapSub("x", false, "**"))
+	registerOther(t, b, mapSub("ghost", false, "order.*"))
+	registered := time.Now()
+	b.start(t)
+	b.settle(t)
+	es := make([]Event, 40)
+	for i := range es {
+		es[i] = Event{Type: []string{"order.placed", "note.changed"}[i%2]}
+	}
+	es = b.record(t, es...)
+	waitFannedOut(t, b.pool, 10*time.Second)
+	require.Empty(t, b.relay.Health().Orphaned, "not before OrphanAfter")
+
+	require.Eventually(t, func() bool { return len(b.relay.Health().Orphaned) == 1 }, orphanAfter+5*time.Second, 5*time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(registered), orphanAfter)
+	require.Equal(t, []string{"ghost"}, b.relay.Health().Orphaned)
+	require.True(t, b.relay.Healthy(), "an orphan is not this relay's fault")
+	st, err := Outbox{OrphanAfter: orphanAfter}.Stats(ctx, b.pool)
+	require.NoError(t, err)
+	require.Equal(t, []string{"ghost"}, st.Orphaned)
+	require.EqualValues(t, 20, st.Owed, "only the events ghost's types match are owed to it")
+	st, err = Stats(ctx, b.pool)
+	require.NoError(t, err)
+	require.Empty(t, st.Orphaned, "the default OrphanAfter is 15 minutes")
+	require.Contains(t, logs.String(), "subscriber=ghost")
+	require.Contains(t, logs.String(), "RetireSubscriber")
+
+	// Retention: every event that owes nothing goes; the owed ones stay.
+	require.Eventually(t, func() bool { return len(loadRows(t, b.pool)) == 20 }, 10*time.Second, 10*time.Millisecond)
+	rows := loadRows(t, b.pool)
+	for _, e := range es {
+		_, kept := rows[e.ID]
+		require.Equal(t, e.Type == "order.placed", kept, "event %s (%s)", e.ID, e.Type)
+	}
+	relays, err := ListRelays(ctx, b.pool)
+	require.NoError(t, err)
+	require.Len(t, relays, 1)
+	require.Equal(t, []string{"x"}, relays[0].Subscribers)
+	require.Equal(t, os.Getpid(), relays[0].PID)
+	require.True(t, relays[0].StoppedAt.IsZero())
+
+	require.NoError(t, RetireSubscriber(ctx, b.pool, "ghost"))
+	require.Eventually(t, func() bool { return len(loadRows(t, b.pool)) == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(b.relay.Health().Orphaned) == 0 }, 5*time.Second, 5*time.Millisecond)
+}
+
+// RetireSubscriber while relays stamp: a relay that lacks the subscriber
+// keeps writing pairs owed to it, and one that knows it serves them; once
+// RetireSubscriber returns, nothing owes the retired name, and nothing ever
+// does again (no stamp in flight writes it back). 50 times.
+func TestRetireSubscriberWhileRelaysStamp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	loops := 50
+	if testing.Short() {
+		loops = 10
+	}
+	for i := range loops {
+		lacking := setup(t, setupOpts{config: &Config{BatchSize: 20}}, mapSub("x", false, "**"))
+		registerOther(t, lacking, mapSub("gone", false, "**"))
+		lacking.start(t)
+		func() {
+			var (
+				stop    = make(chan struct{})
+				stopped bool
+				writers sync.WaitGroup
+			)
+			halt := func() {
+				if !stopped {
+					stopped = true
+					close(stop)
+					writers.Wait()
+				}
+			}
+			defer halt()
+			for range 2 {
+				writers.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if err := pgx.BeginFunc(ctx, lacking.pool, func(tx pgx.Tx) error {
+							_, err := RecordMany(ctx, tx, []Event{{Type: "a"}, {Type: "b"}, {Type: "c"}, {Type: "d"}})
+							return err
+						}); err != nil {
+							t.Errorf("recording: %v", err)
+							return
+						}
+					}
+				})
+			}
+			// Let pairs pile up, then retire in the middle of it.
+			require.Eventually(t, func() bool { return owedCount(t, lacking.pool) >= 20 }, 10*time.Second, time.Millisecond)
+			require.NoError(t, RetireSubscriber(ctx, lacking.pool, "gone"))
+			owedToGone := func() int {
+				var n int
+				require.NoError(t, lacking.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_deliveries WHERE subscriber = 'gone')
+					+ (SELECT count(*) FROM outbox_events WHERE catch_up @> ARRAY['gone'])`).Scan(&n))
+				return n
+			}
+			require.Zero(t, owedToGone(), "loop %d: owed to the retired name right after RetireSubscriber", i)
+			halt()
+			waitFannedOut(t, lacking.pool, 10*time.Second)
+			require.Zero(t, owedToGone(), "loop %d: a stamp in flight wrote the retired name back", i)
+		}()
+		require.NoError(t, lacking.relay.Stop(ctx))
+	}
+}
+
+// An old-style catch_up list, written by a relay of 0.1.0 during a rolling
+// deploy (with 0.1.0's own stamp statement), is served by a relay of this
+// version that knows the subscriber: exactly one job, fanout extended, the
+// list cleared; names it lists that are retired are dropped.
+func TestAnOldReleasesCatchUpListIsServed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	raw, err := os.ReadFile("testdata/v0.1.0_statements.json")
+	require.NoError(t, err)
+	var old map[string]string
+	require.NoError(t, json.Unmarshal(raw, &old))
+
+	b := setup(t, setupOpts{}, mapSub("x", false, "**"), mapSub("y", false, "order.*"))
+	// The registry as the deploy left it: y registered by the new release,
+	// z by one since retired.
+	registerOther(t, b, mapSub("y", false, "order.*"))
+	registerOther(t, b, mapSub("z", false, "**"))
+	require.NoError(t, RetireSubscriber(ctx, b.pool, "z"))
+	es := b.record(t, Event{Type: "order.placed"}, Event{Type: "note.changed"})
+	// An old relay knowing only x claims and stamps them: catch_up = {y}.
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, old["ClaimBatch"], 10); err != nil {
+			return err
+		}
+		var seqs []int64
+		for _, e := range es {
+			seqs = append(seqs, e.Seq)
+		}
+		_, err := tx.Exec(ctx, old["Stamp"], seqs, []string{`{"x":1}`, `{"x":2}`}, []string{"x"})
+		return err
+	}))
+	_, err = b.pool.Exec(ctx, "UPDATE outbox_events SET catch_up = catch_up || ARRAY['z'] WHERE seq = $1", es[0].Seq)
+	require.NoError(t, err)
+	require.Equal(t, 2, owedCount(t, b.pool), "0.1.0 wrote catch_up lists")
+
+	b.start(t)
+	waitDelivered(t, b.pool, 10*time.Second)
+	rows := loadRows(t, b.pool)
+	jobs := loadJobs(t, b.pool)
+	require.Len(t, jobs, 1, "one job: y's, for the order event")
+	for _, j := range jobs {
+		require.Equal(t, "y", j.Subscriber)
+		require.Equal(t, es[0].ID, j.EventID)
+		require.Equal(t, map[string]int64{"x": 1, "y": j.ID}, rows[es[0].ID].Fanout)
+	}
+	require.Equal(t, map[string]int64{"x": 2}, rows[es[1].ID].Fanout, "y's types do not match the note")
+	require.Empty(t, loadPairs(t, b.pool))
+}
+
+// Migration 006 carries 0.1.0's catch_up lists over into owed pairs, and a
+// catch-up that 0.1.0 poisoned into a poisoned pair of an event no longer
+// poisoned as a whole.
+func TestMigrationCarriesCatchUpListsOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.EmptyURL(t))
+	require.NoError(t, migrate(ctx, pool, nil, 4))
+	exec(t, pool, `INSERT INTO outbox_subscribers (name) VALUES ('x'), ('y'), ('old')`)
+	exec(t, pool, `UPDATE outbox_subscribers SET retired_at = now() WHERE name = 'old'`)
+	exec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, catch_up) VALUES
+		('0194f1c6-7d6a-7000-8000-000000000001', 'a', now(), '{"x": 1}', ARRAY['y', 'old']),
+		('0194f1c6-7d6a-7000-8000-000000000002', 'a', now(), '{"x": 2}', NULL)`)
+	exec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, catch_up, attempts, last_error, poisoned_at) VALUES
+		('0194f1c6-7d6a-7000-8000-000000000003', 'a', now(), '{"x": 3}', ARRAY['y'], 5, 'y failed', now())`)
+	require.NoError(t, Migrate(ctx, pool, nil))
+	pairs := loadPairs(t, pool)
+	require.Len(t, pairs, 2)
+	require.Equal(t, pairRow{}, pairs[uuid.MustParse("0194f1c6-7d6a-7000-8000-000000000001")]["y"])
+	require.Equal(t, pairRow{Attempts: 5, LastError: "y failed", Errors: 1, Poisoned: true},
+		pairs[uuid.MustParse("0194f1c6-7d6a-7000-8000-000000000003")]["y"])
+	rows := loadRows(t, pool)
+	for _, r := range rows {
+		require.False(t, r.Poisoned, "event %s is fanned out: only its pair is poisoned", r.ID)
+	}
+	var lists int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE catch_up IS NOT NULL").Scan(&lists))
+	require.Zero(t, lists)
+}
+
+// A paused subscriber is attempted for nothing while paused: its events stay
+// owed to it and the other subscribers' flow; resumed, it gets each once.
+func TestPausedSubscriberIsOwedAndResumed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var calls atomic.Int32
+	slow := Subscriber{Name: "slow", Types: []string{"**"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			calls.Add(1)
+			return testArgs{EventID: e.ID}, nil, nil
+		}}
+	b := setup(t, setupOpts{}, slow, mapSub("fast", false, "**"))
+	b.start(t)
+	b.settle(t)
+	require.NoError(t, PauseSubscriber(ctx, b.pool, "slow"))
+	require.ErrorIs(t, PauseSubscriber(ctx, b.pool, "nobody"), ErrUnknownSubscriber)
+	es := b.record(t, Event{Type: "a"}, Event{Type: "b"}, Event{Type: "c"})
+	waitFannedOut(t, b.pool, 10*time.Second)
+	require.Eventually(t, func() bool { return len(loadJobs(t, b.pool)) == 3 }, 10*time.Second, 5*time.Millisecond)
+	b.waitIdle(t)
+	require.Zero(t, calls.Load(), "nothing is attempted for a paused subscriber")
+	pairs := loadPairs(t, b.pool)
+	for _, e := range es {
+		require.Equal(t, pairRow{}, pairs[e.ID]["slow"], "event %s is owed to slow", e.ID)
+	}
+	st, err := Stats(ctx, b.pool)
+	require.NoError(t, err)
+	require.Equal(t, []string{"slow"}, st.Paused)
+	require.EqualValues(t, 3, st.Owed)
+
+	require.NoError(t, ResumeSubscriber(ctx, b.pool, "slow"))
+	waitDelivered(t, b.pool, 10*time.Second)
+	perPair := map[string]int{}
+	for _, j := range loadJobs(t, b.pool) {
+		perPair[j.Subscriber+" "+j.EventID.String()]++
+	}
+	require.Len(t, perPair, 6)
+	for pair, n := range perPair {
+		require.Equal(t, 1, n, pair)
+	}
+	require.EqualValues(t, 3, calls.Load())
+}
+
+// A subscriber's error is stored safely whatever its bytes — a multi-byte
+// rune across the cut, a NUL byte, a megabyte — and OnPoison gets it as the
+// subscriber returned it.
+func TestPairErrorsAreStoredSafely(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	long := strings.Repeat("é", 1<<19) // 1 MiB, two bytes a rune
+	msgs := map[string]string{
+		"rune": strings.Repeat("a", maxPairErrorLength-3) + "€€",
+		"nul":  "bad\x00byte",
+		"huge": long,
+	}
+	var (
+		mu  sync.Mutex
+		got = map[string]error{}
+	)
+	sub := Subscriber{Name: "picky", Types: []string{"**"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			return nil, nil, errors.New(msgs[e.Subject])
+		}}
+	b := setup(t, setupOpts{config: &Config{MaxAttempts: 1, OnPoison: func(_ context.Context, e Event, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		got[e.Subject] = err
+	}}}, sub)
+	b.start(t)
+	es := b.record(t, Event{Type: "a", Subject: "rune"}, Event{Type: "a", Subject: "nul"}, Event{Type: "a", Subject: "huge"})
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 3 }, 10*time.Second, 5*time.Millisecond)
+	for _, e := range es {
+		info, err := Inspect(ctx, b.pool, e.ID)
+		require.NoError(t, err)
+		require.Len(t, info.Deliveries, 1)
+		d := info.Deliveries[0]
+		require.True(t, d.Poisoned())
+		require.LessOrEqual(t, len(d.LastError), maxPairErrorLength)
+		require.NotContains(t, d.LastError, "\x00")
+		require.Equal(t, d.LastError, d.Errors[0].Error)
+		mu.Lock()
+		require.ErrorContains(t, got[e.Subject], msgs[e.Subject], "OnPoison gets the error as written")
+		mu.Unlock()
+		switch e.Subject {
+		case "nul":
+			require.Contains(t, d.LastError, `bad\x00byte`)
+		case "rune", "huge":
+			require.True(t, strings.HasSuffix(d.LastError, "…"), "cut, and the cut is marked")
+		}
+	}
+	require.Equal(t, "ab\\x00", safeText("ab\x00", 10))
+	require.Equal(t, "a\uFFFDb", safeText("a\xffb", 10))
+	require.Equal(t, "ab…", safeText("ab€€", 6), "never half a rune")
+	require.Equal(t, fmt.Sprint(len("ab…")), fmt.Sprint(len(safeText("ab€€", 6))))
+}

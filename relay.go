@@ -31,13 +31,16 @@ type Config struct {
 	// transaction. Defaults to BatchSizeDefault (200); at most 10,000.
 	BatchSize int
 
-	// MaxAttempts is how many times fanning out one event may fail before the
-	// event is poisoned: set aside, never claimed again until [Requeue].
-	// Defaults to MaxAttemptsDefault (5).
+	// MaxAttempts is how many times delivering one event to one subscriber
+	// may fail (its Map returns an error or panics, or River or PostgreSQL
+	// refuses its job) before that (event, subscriber) pair is poisoned:
+	// set aside for that subscriber alone, never attempted again until
+	// [RequeueDelivery] or [Requeue]; the event's other subscribers are not
+	// held back. Defaults to MaxAttemptsDefault (5).
 	MaxAttempts int
 
 	// RetryBackoff is the pause after the first failure, of a round or of one
-	// event; it doubles with every further failure, up to MaxRetryBackoff.
+	// pair; it doubles with every further failure, up to MaxRetryBackoff.
 	// Defaults to RetryBackoffDefault (2 s).
 	RetryBackoff time.Duration
 
@@ -60,9 +63,10 @@ type Config struct {
 	// Retention is how long fanned-out events are kept. Older ones are
 	// deleted in small batches, by one relay at a time, on a goroutine of the
 	// relay that yields while it drains a backlog (see the README's
-	// "Retention"). Poisoned events and events still
-	// to be caught up are never deleted automatically ([Discard] deletes a
-	// poisoned one). Defaults to RetentionDefault (7 days); a negative value
+	// "Retention"). An event that still owes something — a pair owed or
+	// poisoned, for any subscriber, an orphaned one included — is never
+	// deleted automatically, nor is an event poisoned as a whole ([Discard]
+	// and [DiscardDelivery] give them up). Defaults to RetentionDefault (7 days); a negative value
 	// keeps everything.
 	Retention time.Duration
 
@@ -79,9 +83,11 @@ type Config struct {
 	// none.
 	TracerProvider trace.TracerProvider
 
-	// OnPoison is called once for every event this relay poisons, with the
-	// event and the error of its last attempt, after the poisoning committed.
-	// An error-level log record is written too. Defaults to nil (log only).
+	// OnPoison is called once for every (event, subscriber) pair this relay
+	// poisons (and every event it poisons as a whole), with the event and
+	// the error of its last attempt as the subscriber returned it (it names
+	// the subscriber), after the poisoning committed. An error-level log
+	// record with the subscriber is written too. Defaults to nil (log only).
 	//
 	// It runs on a goroutine of its own, one call at a time, never on the
 	// relay's loop: a slow OnPoison (paging someone over HTTP) delays only
@@ -308,14 +314,15 @@ func (r *Relay) subscription(name string) *subscription {
 // through client. The library's tables are looked for in client's schema.
 // Start returns once both are running; the first round starts at once.
 //
-// Start first registers the relay's subscribers in the database (a name not
-// seen before is added; see [ListSubscribers]) and returns an error if that
-// fails. From then on every event whose transaction commits after Start
-// returned reaches every subscriber of this relay, whichever relay fans it
-// out: a relay that lacks one of them (an older release, during a rolling
-// deploy) leaves it to be caught up by a relay that has it. A subscriber
-// that was retired ([RetireSubscriber]) is left out of this run, with a
-// warning.
+// Start first registers the relay's subscribers in the database, with their
+// type globs (a name not seen before is added; see [ListSubscribers]), and
+// returns an error if that fails. From then on every event whose
+// transaction commits after Start returned reaches every subscriber of this
+// relay that it matches, whichever relay fans it out: a relay that lacks one
+// of them (another release, during a rolling deploy) writes the pair as
+// owed, and a relay that has it delivers it. A subscriber that was retired
+// ([RetireSubscriber]) is left out of this run, with a warning. While it
+// runs, the relay reports in every few seconds (see [ListRelays]).
 //
 // Cancelling ctx stops the relay abruptly (a round in flight rolls back);
 // [Relay.Stop] stops it gracefully, and must be called before the relay can

@@ -49,7 +49,9 @@ type Subscriber struct {
 	// Map is called inside the relay's transaction for every matching event,
 	// including ones a coalescing subscriber then folds, so keep it a cheap,
 	// pure function of the event. An error or a panic counts as a failed
-	// attempt for that event alone (see [Config.MaxAttempts]).
+	// attempt for this subscriber and that event alone (see
+	// [Config.MaxAttempts]): the event's other subscribers get their jobs,
+	// and this one's is retried with the backoff.
 	Map func(ctx context.Context, e Event) (river.JobArgs, *river.InsertOpts, error)
 
 	// Handle is called with the full event from a River job of kind

@@ -373,10 +373,37 @@ func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) (receipts [
 		a.metrics.receipts.Add(ctx, 1, o)
 		a.metrics.duration.Record(ctx, time.Since(start).Seconds(), o)
 	}()
-	return a.await(ctx, ids)
+	return a.await(ctx, ids, "")
 }
 
-func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID) ([]Receipt, error) {
+// AwaitDelivery is [Awaiter.AwaitFanout] for one subscriber: it blocks until
+// every event in ids has been fanned out and, if the event is owed to
+// subscriber (its Map failed and is being retried, it is paused, or the
+// stamping relay did not know it), until a relay delivered it. A receipt
+// then names the subscriber's job in Fanout, or none when the subscriber
+// does not take the event (its types do not match, or its Map skipped it).
+// A pair poisoned for subscriber returns a [*PoisonedError] naming it; the
+// other errors are AwaitFanout's. A subscriber that no running relay has
+// waits until ctx ends: give ctx a deadline.
+func (a *Awaiter) AwaitDelivery(ctx context.Context, subscriber string, ids ...uuid.UUID) (receipts []Receipt, err error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	start := time.Now()
+	defer func() {
+		if a.metrics.receipts == nil {
+			return
+		}
+		o := outcome(err)
+		a.metrics.receipts.Add(ctx, 1, o)
+		a.metrics.duration.Record(ctx, time.Since(start).Seconds(), o)
+	}()
+	return a.await(ctx, ids, subscriber)
+}
+
+// await waits for ids' receipts; with subscriber set, until that
+// subscriber's pair of each is delivered too.
+func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string) ([]Receipt, error) {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	if err := a.register(w, ids); err != nil {
 		return nil, err
@@ -396,7 +423,7 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID) ([]Receipt, error)
 	for {
 		// Registered first, then checked: a fan-out that lands in between
 		// is seen here or wakes us.
-		missing, err := a.check(ctx, pending, receipts)
+		missing, err := a.check(ctx, pending, receipts, subscriber)
 		if err != nil && isTransient(err) && ctx.Err() == nil {
 			// The database is away (restarting, connection lost): keep
 			// waiting, and look again shortly.
@@ -450,9 +477,10 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID) ([]Receipt, error)
 	}
 }
 
-// check reads the pending events, fills receipts for the fanned-out ones, and
-// returns the IDs it could not see.
-func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt) ([]uuid.UUID, error) {
+// check reads the pending events, fills receipts for the fanned-out ones
+// (with subscriber set, only once they owe it nothing), and returns the IDs
+// it could not see.
+func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt, subscriber string) ([]uuid.UUID, error) {
 	seen := make(map[uuid.UUID]bool, len(pending))
 	var poisonErr error
 	ids := make([]string, len(pending))
@@ -488,6 +516,10 @@ func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[u
 		slices.Sort(r.Owed)
 		seen[r.EventID] = true
 		switch {
+		case fannedAt != nil && subscriber != "" && r.Poisoned[subscriber] != "" && poisonErr == nil:
+			poisonErr = &PoisonedError{EventID: r.EventID, Subscriber: subscriber, LastError: r.Poisoned[subscriber]}
+		case fannedAt != nil && subscriber != "" && (slices.Contains(r.Owed, subscriber) || hasKey(r.Poisoned, subscriber)):
+			// Still owed to it: wait for the deliveries lane.
 		case fannedAt != nil:
 			r.FannedOutAt = *fannedAt
 			receipts[r.EventID] = r
@@ -570,4 +602,9 @@ func (a *Awaiter) waiting() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.waiters)
+}
+
+func hasKey(m map[string]string, k string) bool {
+	_, ok := m[k]
+	return ok
 }

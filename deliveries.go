@@ -61,7 +61,7 @@ func (r *Relay) queueDeliveryCharges(b *pgx.Batch, failures []pairFailure) func(
 				sub string
 				p   bool
 			)
-			if err := rows.Scan(&seq, &sub, &p); err != nil {
+			if err := rows.Scan(&seq, &sub, &p, nil); err != nil {
 				return err
 			}
 			if i, ok := index[[2]any{seq, sub}]; ok {

@@ -245,6 +245,16 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 		}
 		if len(seqs) > 0 || len(doneSeqs) > 0 {
 			sendBuf.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs)
+			// Wakes AwaitDelivery's waiters, at commit.
+			var served []uuid.UUID
+			for i, c := range batch {
+				if len(fanout[i]) > 0 || len(c.owed) > 0 {
+					served = append(served, c.ID)
+				}
+			}
+			for _, payload := range notifyPayloads(served) {
+				sendBuf.Queue(r.sql.NotifyFanned, payload)
+			}
 		}
 	default:
 		for i, c := range batch {
@@ -254,7 +264,7 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 		}
 		sendBuf.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused))
 		// Delivered at commit, and only if it commits. Receipts are
-		// answered at the first fan-out; the deliveries lane sends none.
+		// answered at the first fan-out (AwaitDelivery waits for the lane).
 		for _, payload := range notifyPayloads(ids) {
 			sendBuf.Queue(r.sql.NotifyFanned, payload)
 		}

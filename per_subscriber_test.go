@@ -348,3 +348,49 @@ func TestPairErrorsAreStoredSafely(t *testing.T) {
 	require.Equal(t, "ab…", safeText("ab€€", 6), "never half a rune")
 	require.Equal(t, fmt.Sprint(len("ab…")), fmt.Sprint(len(safeText("ab€€", 6))))
 }
+
+// Receipts per subscriber: AwaitFanout answers at fan-out and names the
+// pairs still owed; AwaitDelivery waits until a named subscriber's pair is
+// delivered, or reports it poisoned, or answers at once for a subscriber the
+// event does not match.
+func TestReceiptsPerSubscriber(t *testing.T) {
+	t.Parallel()
+	var flakyCalls atomic.Int32
+	flaky := Subscriber{Name: "flaky", Types: []string{"order.*"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			if flakyCalls.Add(1) <= 2 {
+				return nil, nil, errors.New("warming up")
+			}
+			return testArgs{EventID: e.ID}, nil, nil
+		}}
+	broken := Subscriber{Name: "broken", Types: []string{"order.*"},
+		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
+			return nil, nil, errors.New("never")
+		}}
+	b := setup(t, setupOpts{config: &Config{MaxAttempts: 3, RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond}},
+		flaky, broken, mapSub("fast", false, "**"))
+	a := startAwaiter(t, b, nil)
+	b.start(t)
+	e := b.record(t, Event{Type: "order.placed"})[0]
+
+	rcpt, err := a.AwaitFanout(within(t, 10*time.Second), e.ID)
+	require.NoError(t, err)
+	require.Contains(t, rcpt[0].Fanout, "fast")
+	require.Equal(t, []string{"broken", "flaky"}, rcpt[0].Owed, "answered at fan-out, before the retries")
+
+	rcpt, err = a.AwaitDelivery(within(t, 10*time.Second), "flaky", e.ID)
+	require.NoError(t, err)
+	require.NotZero(t, rcpt[0].Fanout["flaky"], "waited for the retry that delivered it")
+	require.EqualValues(t, 3, flakyCalls.Load())
+
+	_, err = a.AwaitDelivery(within(t, 10*time.Second), "broken", e.ID)
+	var pe *PoisonedError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, "broken", pe.Subscriber)
+	require.Contains(t, pe.LastError, "never")
+
+	note := b.record(t, Event{Type: "note.changed"})[0]
+	rcpt, err = a.AwaitDelivery(within(t, 10*time.Second), "flaky", note.ID)
+	require.NoError(t, err, "flaky does not take notes: nothing to wait for")
+	require.NotContains(t, rcpt[0].Fanout, "flaky")
+}

@@ -253,7 +253,8 @@ func build(schema string) *Set {
 		" errors = (SELECT jsonb_agg(x ORDER BY n) FROM (SELECT x, n FROM jsonb_array_elements(d.errors || EXCLUDED.errors)" +
 		" WITH ORDINALITY AS a(x, n) ORDER BY n DESC LIMIT 10) h)" +
 		" RETURNING event_seq, subscriber, poisoned_at IS NOT NULL AS poisoned)" +
-		" SELECT event_seq, subscriber, poisoned FROM c"
+		" SELECT c.event_seq, c.subscriber, c.poisoned, CASE WHEN c.poisoned THEN pg_notify(" + Literal(s.ChannelFanned) +
+		", (SELECT id::text FROM " + t + " WHERE seq = c.event_seq)) END FROM c"
 	s.Charge = charge(pending)
 	s.Load = "SELECT " + claimColumns + pausedColumn + " FROM " + t + " WHERE seq = $1"
 	s.ConvertCatchUp = "SELECT " + qualify(schema, "outbox_convert_catch_up") + "($1)"

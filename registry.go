@@ -36,6 +36,12 @@ type SubscriberInfo struct {
 	LastServedAt time.Time
 	// PausedAt is when [PauseSubscriber] paused it; zero unless paused.
 	PausedAt time.Time
+	// BackfillSince is the since of its last [Backfill]; BackfillSeq how
+	// far that got (by event seq); BackfillDoneAt when it finished. Zero if
+	// none.
+	BackfillSince  time.Time
+	BackfillSeq    int64
+	BackfillDoneAt time.Time
 }
 
 // registerSubscribers adds the subscribers to the registry (those not there
@@ -127,15 +133,19 @@ func (o Outbox) ListSubscribers(ctx context.Context, db DB) ([]SubscriberInfo, e
 	}
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (SubscriberInfo, error) {
 		r, err := pgx.RowToStructByName[struct {
-			Name         string
-			RegisteredAt time.Time
-			RetiredAt    *time.Time
-			Types        []string
-			LastServedAt *time.Time
-			PausedAt     *time.Time
+			Name           string
+			RegisteredAt   time.Time
+			RetiredAt      *time.Time
+			Types          []string
+			LastServedAt   *time.Time
+			PausedAt       *time.Time
+			BackfillSince  *time.Time
+			BackfillSeq    int64
+			BackfillDoneAt *time.Time
 		}](row)
 		return SubscriberInfo{Name: r.Name, Types: r.Types, RegisteredAt: r.RegisteredAt, RetiredAt: deref(r.RetiredAt),
-			LastServedAt: deref(r.LastServedAt), PausedAt: deref(r.PausedAt)}, err
+			LastServedAt: deref(r.LastServedAt), PausedAt: deref(r.PausedAt), BackfillSince: deref(r.BackfillSince),
+			BackfillSeq: r.BackfillSeq, BackfillDoneAt: deref(r.BackfillDoneAt)}, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("events: list subscribers: %w", err)

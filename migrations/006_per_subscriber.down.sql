@@ -13,4 +13,7 @@ ALTER TABLE outbox_subscribers
     DROP COLUMN IF EXISTS types,
     DROP COLUMN IF EXISTS types_regexp,
     DROP COLUMN IF EXISTS last_served_at,
-    DROP COLUMN IF EXISTS paused_at;
+    DROP COLUMN IF EXISTS paused_at,
+    DROP COLUMN IF EXISTS backfill_since,
+    DROP COLUMN IF EXISTS backfill_seq,
+    DROP COLUMN IF EXISTS backfill_done_at;

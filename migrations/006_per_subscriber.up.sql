@@ -46,7 +46,12 @@ ALTER TABLE outbox_subscribers
     ADD COLUMN types          text[],
     ADD COLUMN types_regexp   text,
     ADD COLUMN last_served_at timestamptz,
-    ADD COLUMN paused_at      timestamptz;
+    ADD COLUMN paused_at      timestamptz,
+    -- events.Backfill's progress: owing events created since backfill_since,
+    -- done up to backfill_seq (resumable), finished at backfill_done_at.
+    ADD COLUMN backfill_since   timestamptz,
+    ADD COLUMN backfill_seq     bigint,
+    ADD COLUMN backfill_done_at timestamptz;
 -- Subscribers registered before heartbeats existed count as served now:
 -- they are orphaned only if no relay serves them from here on.
 UPDATE outbox_subscribers SET last_served_at = now() WHERE retired_at IS NULL;

@@ -60,6 +60,13 @@ type Set struct {
 	RetireDeliveries, RetireCatchUp                      string
 	Pause, Resume                                        string
 
+	// Backfill: BackfillStart ($1 subscriber, $2 since) returns whether the
+	// subscriber is active with known types, where to resume, and the
+	// highest seq; BackfillBatch ($1 subscriber, $2 since, $3 after seq,
+	// $4 up to seq) owes it the matching fanned-out events of that range it
+	// has not got; BackfillDone marks it finished.
+	BackfillStart, BackfillBatch, BackfillDone string
+
 	// Heartbeats of running relays.
 	Heartbeat, RelayStopped, ListRelays string
 
@@ -288,10 +295,39 @@ func build(schema string) *Set {
 			 WHERE seq IN (SELECT seq FROM ` + t + ` WHERE catch_up @> ARRAY[$1]::text[] AND catch_up IS NOT NULL LIMIT $2)
 			RETURNING 1)
 		SELECT count(*) FROM c`
+	s.BackfillStart = `WITH reg AS (
+			SELECT name, types_regexp IS NOT NULL AS typed,
+				CASE WHEN backfill_since = $2 THEN coalesce(backfill_seq, 0) ELSE 0 END AS from_seq
+			  FROM ` + subscribers + ` WHERE name = $1 AND retired_at IS NULL FOR UPDATE),
+		start AS (
+			UPDATE ` + subscribers + ` s SET backfill_since = $2, backfill_seq = reg.from_seq, backfill_done_at = NULL
+			  FROM reg WHERE s.name = reg.name AND reg.typed)
+		SELECT EXISTS (SELECT 1 FROM reg), coalesce((SELECT typed FROM reg), false), coalesce((SELECT from_seq FROM reg), 0),
+			coalesce((SELECT max(seq) FROM ` + t + `), 0)`
+	// The event rows are locked FOR KEY SHARE: a deliveries round or a
+	// stamp holding one (FOR UPDATE) is waited for and the row re-read, so
+	// a pair delivered meanwhile is seen in its fanout; retention skips the
+	// rows held. The registry row is read FOR KEY SHARE, as by a stamp.
+	s.BackfillBatch = `WITH reg AS (
+			SELECT name, types_regexp FROM ` + subscribers + `
+			 WHERE name = $1 AND retired_at IS NULL AND types_regexp IS NOT NULL FOR KEY SHARE),
+		ev AS (
+			SELECT e.seq FROM ` + t + ` e, reg
+			 WHERE e.seq > $3 AND e.seq <= $4 AND e.created_at >= $2 AND e.fanned_out_at IS NOT NULL
+			   AND ('.' || e.type) ~ reg.types_regexp AND NOT (coalesce(e.fanout, '{}') ? $1::text)
+			   FOR KEY SHARE OF e),
+		ins AS (
+			INSERT INTO ` + deliveries + ` (event_seq, subscriber) SELECT seq, $1 FROM ev
+			ON CONFLICT (event_seq, subscriber) DO NOTHING RETURNING 1),
+		progress AS (
+			UPDATE ` + subscribers + ` SET backfill_seq = $4 WHERE name = $1 AND backfill_since = $2)
+		SELECT EXISTS (SELECT 1 FROM reg), (SELECT count(*) FROM ins), (SELECT ` + notifyEvents + `)`
+	s.BackfillDone = "UPDATE " + subscribers + " SET backfill_done_at = now() WHERE name = $1 AND backfill_since = $2"
 	s.Pause = "UPDATE " + subscribers + " SET paused_at = coalesce(paused_at, now()) WHERE name = $1 AND retired_at IS NULL RETURNING name"
 	s.Resume = "WITH r AS (UPDATE " + subscribers + " SET paused_at = NULL WHERE name = $1 AND retired_at IS NULL RETURNING name)" +
 		" SELECT name, " + notifyEvents + " FROM r"
-	s.ListSubscribers = "SELECT name, registered_at, retired_at, coalesce(types, '{}') AS types, last_served_at, paused_at FROM " +
+	s.ListSubscribers = "SELECT name, registered_at, retired_at, coalesce(types, '{}') AS types, last_served_at, paused_at," +
+		" backfill_since, coalesce(backfill_seq, 0) AS backfill_seq, backfill_done_at FROM " +
 		subscribers + " ORDER BY name"
 	// An unregistered name counts as retired: no relay can serve it.
 	s.SubscriberRetired = "SELECT coalesce((SELECT retired_at IS NOT NULL FROM " + subscribers + " WHERE name = $1), true)"

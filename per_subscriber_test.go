@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	osexec "os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/testdb"
@@ -474,4 +477,160 @@ func TestBackfillOwesEachMatchingEventOnce(t *testing.T) {
 	}
 	require.Greater(t, orders, 5000)
 	require.Len(t, perEvent, orders)
+}
+
+// HandleTx: the handler's writes and its job's completion commit together.
+// 200 events, the handler failing or panicking after its write now and then:
+// every event's effect exists exactly once, and every job is completed.
+func TestHandleTxCommitsEffectAndCompletionTogether(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var attempts atomic.Int32
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, InsertOpts: &river.InsertOpts{MaxAttempts: 50},
+		HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
+			n := attempts.Add(1)
+			if _, err := tx.Exec(ctx, "INSERT INTO handled (event_id) VALUES ($1)", e.ID); err != nil {
+				return err
+			}
+			switch n % 7 {
+			case 1:
+				return errors.New("downstream said no, after the write")
+			case 3:
+				panic("handler bug, after the write")
+			}
+			return nil
+		}}
+	b := setup(t, setupOpts{work: true, retryPolicy: immediateRetry{}}, sub)
+	exec(t, b.pool, "CREATE TABLE handled (event_id uuid NOT NULL)")
+	b.start(t)
+	es := make([]Event, 200)
+	for i := range es {
+		es[i] = Event{Type: "entry.posted"}
+	}
+	es = b.record(t, es...)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'events.handle' AND state = 'completed'").Scan(&n))
+		return n == 200
+	}, 60*time.Second, 20*time.Millisecond, "every handler job completes")
+	require.Greater(t, attempts.Load(), int32(200), "some attempts failed after writing")
+	rows, err := b.pool.Query(ctx, "SELECT event_id, count(*) FROM handled GROUP BY event_id")
+	require.NoError(t, err)
+	effects := map[uuid.UUID]int{}
+	for rows.Next() {
+		var (
+			id uuid.UUID
+			n  int
+		)
+		require.NoError(t, rows.Scan(&id, &n))
+		effects[id] = n
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, effects, 200)
+	for _, e := range es {
+		require.Equal(t, 1, effects[e.ID], "event %s: its effect, once", e.ID)
+	}
+	_, err = newSubscription(Subscriber{Name: "x", Types: []string{"a"}, Handle: func(context.Context, Event) error { return nil },
+		HandleTx: func(context.Context, pgx.Tx, Event) error { return nil }})
+	require.ErrorIs(t, err, ErrInvalidSubscriber)
+}
+
+// handleTxChildEnv names the database a HandleTx worker child process works
+// on; see TestHandleTxWorkerProcess.
+const handleTxChildEnv = "EVENTS_HANDLETX_CHILD_URL"
+
+// handleTxSubscriber writes one effect row per attempt and lingers a little
+// before its transaction commits, widening the window a kill can land in.
+func handleTxSubscriber() Subscriber {
+	return Subscriber{Name: "ledger", Types: []string{"**"}, InsertOpts: &river.InsertOpts{MaxAttempts: 100},
+		HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO handled (event_id) VALUES ($1)", e.ID); err != nil {
+				return err
+			}
+			time.Sleep(time.Duration(10+e.Seq%20) * time.Millisecond)
+			return nil
+		}}
+}
+
+// TestHandleTxWorkerProcess is not a test of its own: run by
+// TestHandleTxEffectsExactlyOnceThroughKills as a child process, it works
+// handler jobs until it is killed.
+func TestHandleTxWorkerProcess(t *testing.T) {
+	url := os.Getenv(handleTxChildEnv)
+	if url == "" {
+		return // only as a child process
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	relay, err := NewRelay(pool, &Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, relay.Subscribe(handleTxSubscriber()))
+	workers := river.NewWorkers()
+	require.NoError(t, relay.AddWorkers(workers))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger(), Workers: workers,
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 8}},
+		FetchPollInterval: 20 * time.Millisecond, FetchCooldown: 5 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	select {} // until killed
+}
+
+// HandleTx: 200 events whose handler jobs are worked by a child process that
+// is SIGKILLed at random and restarted: each handler effect exists if and
+// only if its job completed, and exactly once. (A handler that committed its
+// writes and left the completion to River would run again after a kill
+// between the two, and write twice.)
+func TestHandleTxEffectsExactlyOnceThroughKills(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, handleTxSubscriber())
+	exec(t, b.pool, "CREATE TABLE handled (event_id uuid NOT NULL)")
+	b.start(t)
+	es := make([]Event, 200)
+	for i := range es {
+		es[i] = Event{Type: "entry.posted"}
+	}
+	es = b.record(t, es...)
+	waitFannedOut(t, b.pool, 10*time.Second)
+	completed := func() int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'events.handle' AND state = 'completed'").Scan(&n))
+		return n
+	}
+	kills := 0
+	deadline := time.Now().Add(90 * time.Second)
+	for completed() < 200 {
+		require.True(t, time.Now().Before(deadline), "the handler jobs never all completed (%d kills)", kills)
+		cmd := osexec.Command(os.Args[0], "-test.run=^TestHandleTxWorkerProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(), handleTxChildEnv+"="+b.url)
+		require.NoError(t, cmd.Start())
+		lifetime := time.Duration(100+int(time.Now().UnixNano()%300)) * time.Millisecond
+		if kills >= 8 {
+			lifetime = 3 * time.Second // let it finish
+		}
+		time.Sleep(lifetime) // a random moment to kill at, not a stand-in for a condition
+		require.NoError(t, cmd.Process.Kill())
+		_ = cmd.Wait()
+		kills++
+		// What River's rescuer does, after RescueStuckJobsAfter, to jobs a
+		// dead process left running: they run again.
+		exec(t, b.pool, "UPDATE river_job SET state = 'available', attempted_by = NULL WHERE state = 'running' AND kind = 'events.handle'")
+	}
+	rows, err := b.pool.Query(ctx, "SELECT event_id, count(*) FROM handled GROUP BY event_id")
+	require.NoError(t, err)
+	effects := map[uuid.UUID]int{}
+	for rows.Next() {
+		var (
+			id uuid.UUID
+			n  int
+		)
+		require.NoError(t, rows.Scan(&id, &n))
+		effects[id] = n
+	}
+	require.NoError(t, rows.Err())
+	for _, e := range es {
+		require.Equal(t, 1, effects[e.ID], "event %s: its effect, once (%d kills)", e.ID, kills)
+	}
+	t.Logf("%d kills", kills)
 }

@@ -34,11 +34,19 @@ type EventInfo struct {
 	// NextAttemptAt is when a failed event will be tried again; zero when not
 	// waiting.
 	NextAttemptAt time.Time
-	// PoisonedAt is when the event was set aside; zero unless poisoned.
+	// PoisonedAt is when the event was set aside: as a whole (it could not
+	// be fanned out at all), or, for an event fanned out to its other
+	// subscribers, for some subscriber (the latest such pair; Attempts and
+	// LastError are then that pair's). Zero unless poisoned. Deliveries
+	// tells the pairs apart.
 	PoisonedAt time.Time
+	// Deliveries lists the event's pairs that are still owed or poisoned,
+	// by subscriber; filled by [Inspect] only.
+	Deliveries []DeliveryInfo
 }
 
-// Poisoned reports whether the event is set aside until [Requeue].
+// Poisoned reports whether the event, or its delivery to some subscriber, is
+// set aside until [Requeue].
 func (e *EventInfo) Poisoned() bool { return !e.PoisonedAt.IsZero() }
 
 // infoRow is an outbox row as Inspect and ListPoisoned select it.
@@ -86,6 +94,21 @@ func (o Outbox) Inspect(ctx context.Context, db DB, id uuid.UUID) (EventInfo, er
 	if err != nil {
 		return EventInfo{}, fmt.Errorf("events: inspect %s: %w", id, err)
 	}
+	rows, err = db.Query(ctx, sql.DeliveriesOf, e.Seq)
+	if err != nil {
+		return EventInfo{}, fmt.Errorf("events: inspect %s: %w", id, err)
+	}
+	if e.Deliveries, err = pgx.CollectRows(rows, scanDelivery); err != nil {
+		return EventInfo{}, fmt.Errorf("events: inspect %s: %w", id, err)
+	}
+	if e.PoisonedAt.IsZero() {
+		// Poisoned for some subscriber: the latest such pair speaks for it.
+		for _, d := range e.Deliveries {
+			if d.Poisoned() && d.PoisonedAt.After(e.PoisonedAt) {
+				e.PoisonedAt, e.Attempts, e.LastError = d.PoisonedAt, d.Attempts, d.LastError
+			}
+		}
+	}
 	return e, nil
 }
 
@@ -99,7 +122,8 @@ const (
 	// StateRetrying: failed at least once, waiting for the next attempt;
 	// oldest first.
 	StateRetrying ListState = "retrying"
-	// StatePoisoned: set aside until Requeue or Discard; most recently
+	// StatePoisoned: set aside until Requeue or Discard, as a whole or for
+	// some subscriber (see [ListDeliveries] for the pairs); most recently
 	// poisoned first.
 	StatePoisoned ListState = "poisoned"
 	// StateRecent: fanned out; most recently fanned out first.
@@ -245,10 +269,12 @@ func parseCursor(c string) (time.Time, int64, error) {
 	return time.UnixMicro(at), seq, nil
 }
 
-// Requeue puts a poisoned event back in the queue: it clears poisoned_at,
-// attempts and last_error, and wakes the relays, which fan it out as usual.
-// It returns an error wrapping [ErrNotFound] for an unknown ID and
-// [ErrNotPoisoned] for an event that is not poisoned. With db a transaction,
+// Requeue puts a poisoned event back in the queue — the event itself if it
+// was poisoned as a whole, and every poisoned (event, subscriber) pair of it
+// (see [RequeueDelivery]): attempts start again (a pair's error history is
+// kept), and the relays are woken. It returns an error wrapping
+// [ErrNotFound] for an unknown ID and [ErrNotPoisoned] for an event with
+// nothing poisoned. With db a transaction,
 // the relays see the requeue when it commits.
 func Requeue(ctx context.Context, db DB, id uuid.UUID) error {
 	return Outbox{}.Requeue(ctx, db, id)
@@ -261,7 +287,7 @@ func (o Outbox) Requeue(ctx context.Context, db DB, id uuid.UUID) error {
 		return err
 	}
 	var exists, requeued bool
-	err = db.QueryRow(ctx, sql.Requeue, id).Scan(&exists, &requeued)
+	err = db.QueryRow(ctx, sql.Requeue, id).Scan(&exists, &requeued, nil)
 	switch {
 	case err != nil:
 		return fmt.Errorf("events: requeue %s: %w", id, err)
@@ -273,11 +299,13 @@ func (o Outbox) Requeue(ctx context.Context, db DB, id uuid.UUID) error {
 	return nil
 }
 
-// Discard deletes a poisoned event for good, on an operator's decision (an
-// event that can never be delivered, say). It returns an error wrapping
-// [ErrNotFound] for an unknown ID and [ErrNotPoisoned] for an event that is
-// not poisoned: only poisoned events can be discarded. Retention never
-// deletes poisoned events on its own.
+// Discard gives up a poisoned event for good, on an operator's decision (an
+// event that can never be delivered, say): its poisoned pairs are dropped
+// (the subscribers that got their jobs keep their fanout record; retention
+// deletes the row in time), and an event poisoned as a whole, never fanned
+// out, is deleted. It returns an error wrapping [ErrNotFound] for an unknown
+// ID and [ErrNotPoisoned] for an event with nothing poisoned. Retention
+// never deletes poisoned events on its own.
 func Discard(ctx context.Context, db DB, id uuid.UUID) error {
 	return Outbox{}.Discard(ctx, db, id)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +29,16 @@ type Receipt struct {
 	Fanout map[string]int64
 	// FannedOutAt is when the relay committed the jobs.
 	FannedOutAt time.Time
+	// Owed names the matching subscribers that have no job yet, when the
+	// receipt was read: one whose Map failed (it is retried, for that
+	// subscriber alone), one paused, or one the stamping relay did not know
+	// (a rolling deploy). A relay that knows it delivers it later; the
+	// event's Fanout then names the job. Nil when none.
+	Owed []string
+	// Poisoned maps each subscriber for which the event is poisoned (its
+	// Map failed MaxAttempts times; see [RequeueDelivery]) to the last
+	// error. Nil when none.
+	Poisoned map[string]string
 }
 
 // AwaiterConfig configures an [Awaiter]. The zero value works.
@@ -333,7 +344,9 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // returns early with an error:
 //
 //   - a [*PoisonedError] (matching [ErrPoisoned]), with the event ID and its
-//     last error, when an event is poisoned;
+//     last error, when an event is poisoned as a whole (it could not be
+//     fanned out at all; a subscriber whose Map fails does not do that: see
+//     [Receipt.Owed] and [Receipt.Poisoned]);
 //   - wrapping [ErrNotFound] when an ID is still not visible after
 //     [AwaiterConfig.NotFoundGrace] (its transaction rolled back, or never
 //     committed);
@@ -343,9 +356,10 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // waiting and reads again, with backoff, until ctx ends.
 //
 // An event fanned out before the call is reported at once. A receipt means
-// the River jobs exist (committed), not that they have run. It names the jobs
-// of the event's first fan-out; a subscriber that catches the event up later
-// (during a rolling deploy, see [Relay.Start]) is not in it.
+// the River jobs it names exist (committed), not that they have run. It is
+// read when the event's round committed: the subscribers still owed then
+// (their Map failed, or no relay that knows them has served them yet) are in
+// [Receipt.Owed], the poisoned ones in [Receipt.Poisoned].
 func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) (receipts []Receipt, err error) {
 	if len(ids) == 0 {
 		return nil, nil
@@ -359,10 +373,37 @@ func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) (receipts [
 		a.metrics.receipts.Add(ctx, 1, o)
 		a.metrics.duration.Record(ctx, time.Since(start).Seconds(), o)
 	}()
-	return a.await(ctx, ids)
+	return a.await(ctx, ids, "")
 }
 
-func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID) ([]Receipt, error) {
+// AwaitDelivery is [Awaiter.AwaitFanout] for one subscriber: it blocks until
+// every event in ids has been fanned out and, if the event is owed to
+// subscriber (its Map failed and is being retried, it is paused, or the
+// stamping relay did not know it), until a relay delivered it. A receipt
+// then names the subscriber's job in Fanout, or none when the subscriber
+// does not take the event (its types do not match, or its Map skipped it).
+// A pair poisoned for subscriber returns a [*PoisonedError] naming it; the
+// other errors are AwaitFanout's. A subscriber that no running relay has
+// waits until ctx ends: give ctx a deadline.
+func (a *Awaiter) AwaitDelivery(ctx context.Context, subscriber string, ids ...uuid.UUID) (receipts []Receipt, err error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	start := time.Now()
+	defer func() {
+		if a.metrics.receipts == nil {
+			return
+		}
+		o := outcome(err)
+		a.metrics.receipts.Add(ctx, 1, o)
+		a.metrics.duration.Record(ctx, time.Since(start).Seconds(), o)
+	}()
+	return a.await(ctx, ids, subscriber)
+}
+
+// await waits for ids' receipts; with subscriber set, until that
+// subscriber's pair of each is delivered too.
+func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string) ([]Receipt, error) {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	if err := a.register(w, ids); err != nil {
 		return nil, err
@@ -382,7 +423,7 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID) ([]Receipt, error)
 	for {
 		// Registered first, then checked: a fan-out that lands in between
 		// is seen here or wakes us.
-		missing, err := a.check(ctx, pending, receipts)
+		missing, err := a.check(ctx, pending, receipts, subscriber)
 		if err != nil && isTransient(err) && ctx.Err() == nil {
 			// The database is away (restarting, connection lost): keep
 			// waiting, and look again shortly.
@@ -436,9 +477,10 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID) ([]Receipt, error)
 	}
 }
 
-// check reads the pending events, fills receipts for the fanned-out ones, and
-// returns the IDs it could not see.
-func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt) ([]uuid.UUID, error) {
+// check reads the pending events, fills receipts for the fanned-out ones
+// (with subscriber set, only once they owe it nothing), and returns the IDs
+// it could not see.
+func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt, subscriber string) ([]uuid.UUID, error) {
 	seen := make(map[uuid.UUID]bool, len(pending))
 	var poisonErr error
 	ids := make([]string, len(pending))
@@ -456,12 +498,28 @@ func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[u
 			fannedAt  *time.Time
 			poisoned  bool
 			lastError string
+			pairs     map[string]*string
 		)
-		if err := rows.Scan(&r.EventID, &fannedAt, &r.Fanout, &poisoned, &lastError); err != nil {
+		if err := rows.Scan(&r.EventID, &fannedAt, &r.Fanout, &poisoned, &lastError, &pairs); err != nil {
 			return nil, fmt.Errorf("events: await fanout: %w", err)
 		}
+		for sub, e := range pairs {
+			if e == nil {
+				r.Owed = append(r.Owed, sub)
+				continue
+			}
+			if r.Poisoned == nil {
+				r.Poisoned = map[string]string{}
+			}
+			r.Poisoned[sub] = *e
+		}
+		slices.Sort(r.Owed)
 		seen[r.EventID] = true
 		switch {
+		case fannedAt != nil && subscriber != "" && r.Poisoned[subscriber] != "" && poisonErr == nil:
+			poisonErr = &PoisonedError{EventID: r.EventID, Subscriber: subscriber, LastError: r.Poisoned[subscriber]}
+		case fannedAt != nil && subscriber != "" && (slices.Contains(r.Owed, subscriber) || hasKey(r.Poisoned, subscriber)):
+			// Still owed to it: wait for the deliveries lane.
 		case fannedAt != nil:
 			r.FannedOutAt = *fannedAt
 			receipts[r.EventID] = r
@@ -544,4 +602,9 @@ func (a *Awaiter) waiting() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.waiters)
+}
+
+func hasKey(m map[string]string, k string) bool {
+	_, ok := m[k]
+	return ok
 }

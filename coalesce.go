@@ -4,13 +4,13 @@ package events
 // subscriber with Coalesce set, the events of one subject in the batch share
 // one job, which carries the latest of them (batches are in seq order), and
 // the fanout of every one of them names it. Events without a subject, and
-// every event of a subscriber without Coalesce, get a job each. Events that
-// failed (failed[i] != nil) get none.
+// every event of a subscriber without Coalesce, get a job each. Pairs whose
+// mapping failed are not in perEvent: they get none.
 //
 // River's unique jobs are not used for this: River requires a unique job's
 // ByState to include running, so a change that arrives while the job is
 // running would be merged into it and lost.
-func coalesce(batch []claimedRow, perEvent [][]mapped, failed []error) []plannedJob {
+func coalesce(batch []claimedRow, perEvent [][]mapped) []plannedJob {
 	var jobs []plannedJob
 	// For coalescing subscribers: (subscriber, subject) -> index in jobs.
 	type key struct {
@@ -19,9 +19,6 @@ func coalesce(batch []claimedRow, perEvent [][]mapped, failed []error) []planned
 	}
 	latest := map[key]int{}
 	for i, ms := range perEvent {
-		if failed[i] != nil {
-			continue
-		}
 		for _, m := range ms {
 			if !m.sub.Coalesce || batch[i].Subject == "" {
 				jobs = append(jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, covers: []int{i}})

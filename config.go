@@ -25,6 +25,7 @@ const (
 	NotFoundGraceDefault       = 2 * time.Second
 	MaxRoundsInFlightDefault   = 2
 	PingIntervalDefault        = 5 * time.Second
+	OrphanAfterDefault         = 15 * time.Minute
 )
 
 // ListenerConfig configures how a [Relay] and an [Awaiter] learn of changes:

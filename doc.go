@@ -50,19 +50,23 @@
 //
 // # Guarantees
 //
-// Fan-out happens exactly once per committed event; processing happens at
-// least once (River may run a job again after a crash, so handlers must be
-// idempotent). No order is promised between events: several relays work in
-// parallel and River runs jobs concurrently.
+// Fan-out happens exactly once per committed event and matching subscriber;
+// processing happens at least once (River may run a job again after a
+// crash, so handlers must be idempotent). No order is promised between
+// events: several relays work in parallel and River runs jobs concurrently.
 //
 // # Failures
 //
-// An event whose fan-out fails on its own (its mapping errors or panics,
-// River refuses its job) is retried alone with backoff and, after
-// [Config.MaxAttempts] failures, poisoned: set aside and reported through
-// [Config.OnPoison], never blocking the others. Failures of the database are
-// never counted against an event. Refused input is a [*ValidationError] that
-// names the field; a poisoned receipt a [*PoisonedError].
+// Delivery state is kept per (event, subscriber). A subscriber whose Map
+// fails for an event (an error, a panic, a job River refuses) is retried for
+// that pair alone with backoff and, after [Config.MaxAttempts] failures,
+// poisoned for that subscriber alone: set aside ([ListDeliveries],
+// [RequeueDelivery], [DiscardDelivery]) and reported through
+// [Config.OnPoison]; the event's other subscribers get their jobs at once.
+// Failures of the database are never counted. [PauseSubscriber] holds one
+// subscriber's deliveries back while the others flow. Refused input is a
+// [*ValidationError] that names the field; an event poisoned as a whole
+// makes a receipt a [*PoisonedError].
 //
 // # Testing
 //

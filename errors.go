@@ -91,11 +91,18 @@ func invalidf(kind error, field, format string, args ...any) *ValidationError {
 type PoisonedError struct {
 	// EventID is the poisoned event.
 	EventID uuid.UUID
+	// Subscriber is the subscriber for which it is poisoned
+	// ([Awaiter.AwaitDelivery]); empty when the event is poisoned as a
+	// whole.
+	Subscriber string
 	// LastError is the error of its last attempt.
 	LastError string
 }
 
 func (e *PoisonedError) Error() string {
+	if e.Subscriber != "" {
+		return fmt.Sprintf("%v: %s for %q: %s", ErrPoisoned, e.EventID, e.Subscriber, e.LastError)
+	}
 	return fmt.Sprintf("%v: %s: %s", ErrPoisoned, e.EventID, e.LastError)
 }
 

@@ -90,6 +90,12 @@ type Outbox struct {
 	// NotifyIntervalDefault (10 ms); NotifyEveryTransaction notifies in
 	// every transaction; a negative value never notifies.
 	NotifyInterval time.Duration
+
+	// OrphanAfter is how long a registered, active subscriber may go
+	// unserved by every running relay before [Outbox.Stats] reports it
+	// orphaned. Defaults to OrphanAfterDefault (15 min), as
+	// [Config.OrphanAfter].
+	OrphanAfter time.Duration
 }
 
 // Notification throttling of [Outbox.NotifyInterval].

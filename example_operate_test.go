@@ -128,9 +128,10 @@ func ExampleInstallWatch() {
 	// Output: invoice.status.changed invoice:9 {"status": "paid"}
 }
 
-// An event whose fan-out keeps failing is poisoned; once the cause is fixed
-// an operator puts it back in the queue.
-func ExampleRequeue() {
+// A subscriber whose Map keeps failing for an event is poisoned for that
+// event alone (every other subscriber gets its job); once the cause is
+// fixed an operator puts the pair back in the queue.
+func ExampleRequeueDelivery() {
 	ctx := context.Background()
 	pool := examplePool()
 	defer pool.Close()
@@ -154,14 +155,15 @@ func ExampleRequeue() {
 		log.Fatal(err)
 	}
 	e := <-poisoned
-	page, err := events.ListPoisoned(ctx, pool, nil)
+	page, err := events.ListDeliveries(ctx, pool, events.ListDeliveriesParams{State: events.DeliveryPoisoned})
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("poisoned:", page.Events[0].Subject, "-", page.Events[0].LastError)
+	d := page.Deliveries[0]
+	fmt.Println("poisoned:", d.Subject, "for", d.Subscriber, "-", d.LastError)
 
 	fixed.Store(true)
-	if err := events.Requeue(ctx, pool, e.ID); err != nil {
+	if err := events.RequeueDelivery(ctx, pool, e.ID, "search"); err != nil {
 		log.Fatal(err)
 	}
 	for {
@@ -169,13 +171,13 @@ func ExampleRequeue() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if !info.FannedOutAt.IsZero() {
-			fmt.Println("fanned out to:", len(info.Fanout), "subscriber")
+		if info.Fanout["search"] != 0 {
+			fmt.Println("delivered to:", len(info.Fanout), "subscriber")
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	// Output:
-	// poisoned: note:3 - subscriber "search": Map: search index is read-only
-	// fanned out to: 1 subscriber
+	// poisoned: note:3 for search - subscriber "search": Map: search index is read-only
+	// delivered to: 1 subscriber
 }

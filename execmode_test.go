@@ -133,7 +133,30 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 		bad, err = o.Record(ctx, tx, Event{Type: "broken.thing"})
 		return err
 	}))
-	_, err = awaiter.AwaitFanout(within(t, 20*time.Second), bad.ID)
+	rcpt, err := awaiter.AwaitFanout(within(t, 20*time.Second), bad.ID)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"broken": `subscriber "broken": Map: no template`}, rcpt[0].Poisoned,
+		"MaxAttempts 1: poisoned for broken alone at once")
+	require.Contains(t, rcpt[0].Fanout, "audit")
+	dl, err := o.ListDeliveries(ctx, pool, ListDeliveriesParams{State: DeliveryPoisoned, Type: "broken.*", Subscriber: "broken", Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, dl.Deliveries, 1)
+	require.Len(t, dl.Deliveries[0].Errors, 1)
+	dl, err = o.ListDeliveries(ctx, pool, ListDeliveriesParams{State: DeliveryPoisoned, After: fmt.Sprintf("%d.broken", dl.Deliveries[0].Seq)})
+	require.NoError(t, err)
+	require.Empty(t, dl.Deliveries, "keyset page after a cursor")
+	// An event poisoned as a whole (its stamp could not be written), by
+	// hand: receipts and the event lists report it.
+	var whole Event
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		whole, err = o.Record(ctx, tx, Event{Type: "whole.thing"})
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, "UPDATE "+qualified(schema, "outbox_events")+" SET poisoned_at = now(), attempts = 1, last_error = 'x' WHERE id = $1", whole.ID)
+		return err
+	}))
+	_, err = awaiter.AwaitFanout(within(t, 20*time.Second), whole.ID)
 	var pe *PoisonedError
 	require.ErrorAs(t, err, &pe)
 	page, err := o.ListPoisoned(ctx, pool, &ListPoisonedParams{Limit: 1})
@@ -142,13 +165,31 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 	page, err = o.ListPoisoned(ctx, pool, &ListPoisonedParams{Limit: 1, After: fmt.Sprintf("%d.%d", time.Now().Add(time.Hour).UnixMicro(), 1<<40)})
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1, "keyset page after a cursor")
+	require.NoError(t, o.Discard(ctx, pool, whole.ID))
+	n, err := o.DiscardDeliveries(ctx, pool, DeliveryFilter{Type: "nothing.*"})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.NoError(t, o.PauseSubscriber(ctx, pool, "search"))
+	require.NoError(t, o.ResumeSubscriber(ctx, pool, "search"))
 	fail = false
 	require.NoError(t, o.Requeue(ctx, pool, bad.ID))
-	_, err = awaiter.AwaitFanout(within(t, 20*time.Second), bad.ID)
+	require.Eventually(t, func() bool {
+		info, err := o.Inspect(ctx, pool, bad.ID)
+		require.NoError(t, err)
+		return info.Fanout["broken"] != 0 && len(info.Deliveries) == 0
+	}, 20*time.Second, 10*time.Millisecond)
+	n, err = o.RequeueDeliveries(ctx, pool, DeliveryFilter{Subscriber: "broken"})
 	require.NoError(t, err)
-	info, err := o.Inspect(ctx, pool, bad.ID)
+	require.Zero(t, n)
+	st, err := o.Stats(ctx, pool)
 	require.NoError(t, err)
-	require.Contains(t, info.Fanout, "broken")
+	require.Zero(t, st.PoisonedDeliveries)
+	bf, err := o.Backfill(ctx, pool, "broken", time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	require.Zero(t, bf.Owed, "broken has every broken.* event already")
+	relays, err := o.ListRelays(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, relays, 1)
 
 	subs, err := o.ListSubscribers(ctx, pool)
 	require.NoError(t, err)
@@ -189,4 +230,12 @@ func requireThroughBouncer(t *testing.T, pool *pgxpool.Pool) {
 	var serverPort int
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT inet_server_port()").Scan(&serverPort))
 	require.NotEqual(t, int(pool.Config().ConnConfig.Port), serverPort, "the pool reaches PostgreSQL through PgBouncer")
+}
+
+// qualified names a library table in schema ("" for the search_path).
+func qualified(schema, table string) string {
+	if schema == "" {
+		return table
+	}
+	return pgx.Identifier{schema, table}.Sanitize()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,28 +21,68 @@ import (
 type claimedRow struct {
 	Event
 	attempts int
-	// catchUp lists, for a row of the catch-up lane, the subscribers that
-	// still have to receive it; nil in the pending lane.
-	catchUp []string
+	// owed lists, for a row of the deliveries lane, the pairs of it the
+	// round claimed; nil in the pending lane.
+	owed []owedPair
+	// paused names the subscribers an operator paused, as the claim read
+	// them (pending lane).
+	paused []string
 	// traceContext is the recording request's W3C trace context (JSON), or
 	// nil.
 	traceContext []byte
 }
 
+// owedPair is a claimed (event, subscriber) pair of the deliveries lane.
+type owedPair struct {
+	sub      string
+	attempts int
+}
+
 // scanClaimed reads a row selected with claimColumns.
 func scanClaimed(row pgx.Row) (claimedRow, error) {
 	var c claimedRow
-	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &c.attempts, &c.catchUp, &c.traceContext)
+	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &c.attempts, &c.traceContext, &c.paused)
 	return c, err
 }
 
-// lane is where a round claims its rows: pending events, or fanned-out
-// events that subscribers this relay knows must still catch up.
+// collectClaimed reads a claim's rows: one per event in the pending lane;
+// one per pair in the deliveries lane, grouped here by event (in the order
+// of each event's first pair).
+func collectClaimed(rows pgx.Rows, l lane) ([]claimedRow, error) {
+	if l == lanePending {
+		return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) { return scanClaimed(row) })
+	}
+	defer rows.Close()
+	var (
+		batch []claimedRow
+		index = map[int64]int{}
+	)
+	for rows.Next() {
+		var (
+			c claimedRow
+			p owedPair
+		)
+		if err := rows.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &p.attempts, &c.traceContext, &p.sub); err != nil {
+			return nil, err
+		}
+		i, ok := index[c.Seq]
+		if !ok {
+			i = len(batch)
+			index[c.Seq] = i
+			batch = append(batch, c)
+		}
+		batch[i].owed = append(batch[i].owed, p)
+	}
+	return batch, rows.Err()
+}
+
+// lane is where a round claims its rows: pending events, or the owed pairs
+// (event, subscriber) of the subscribers this relay knows.
 type lane int
 
 const (
 	lanePending lane = iota
-	laneCatchUp
+	laneOwed
 )
 
 // roundError is a failed round. rowFault says whether the failure belongs to
@@ -54,7 +95,8 @@ type roundError struct {
 func (e *roundError) Error() string { return e.err.Error() }
 func (e *roundError) Unwrap() error { return e.err }
 
-// rowFailure is an event whose fan-out failed on its own.
+// rowFailure is an event whose fan-out failed as a whole: no pair of it
+// could be blamed (its stamp failed).
 type rowFailure struct {
 	row claimedRow
 	err error
@@ -64,13 +106,15 @@ type rowFailure struct {
 // in one transaction. It returns the seqs it claimed, also on failure, so the
 // caller can retry them one by one.
 func (r *Relay) round(ctx context.Context, l lane, claimSQL string, args ...any) (claimed []int64, err error) {
-	return r.roundIn(ctx, r.pool, l, claimSQL, args...)
+	return r.roundIn(ctx, r.pool, l, false, claimSQL, args...)
 }
 
 // roundIn is round in a transaction begun on db: the pool, or the caller's
-// transaction (a savepoint) for FanOutTx.
-func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, claimSQL string, args ...any) (claimed []int64, err error) {
-	var poisoned []rowFailure
+// transaction (a savepoint) for FanOutTx. With isolate, each job is inserted
+// in a savepoint of its own, so a job that River or PostgreSQL refuses is
+// charged to its pair alone: the retry of a row whose batch failed.
+func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, claimSQL string, args ...any) (claimed []int64, err error) {
+	var poisoned []pairFailure
 	start := time.Now()
 	defer func() {
 		if len(claimed) > 0 {
@@ -83,7 +127,7 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, claimSQL strin
 		if err != nil {
 			return err
 		}
-		batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) { return scanClaimed(row) })
+		batch, err := collectClaimed(rows, l)
 		if err != nil {
 			return err
 		}
@@ -97,7 +141,7 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, claimSQL strin
 		defer span.End()
 		// The round's span is the parent of what River's middleware does
 		// with the insert (otelriver's insert span).
-		poisoned, err = r.fanOut(spanCtx, tx, l, batch)
+		poisoned, err = r.fanOut(spanCtx, tx, l, isolate, batch)
 		if err != nil {
 			span.RecordError(err)
 		}
@@ -109,23 +153,27 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, claimSQL strin
 	if err != nil {
 		return claimed, err
 	}
+	if len(claimed) > 0 {
+		r.lastRound.Store(time.Now().UnixNano())
+	}
 	for _, p := range poisoned {
-		r.alert(ctx, p.row.Event, p.err)
+		r.alertPair(ctx, p)
 	}
 	return claimed, nil
 }
 
-// fanOut inserts the jobs of a claimed batch and stamps it, inside tx. Events
-// whose subscriber mapping fails are charged a failed attempt in the same
-// transaction and left unstamped; the others go ahead. It returns the events
-// this call poisoned.
-func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, batch []claimedRow) ([]rowFailure, error) {
+// fanOut inserts the jobs of a claimed batch and stamps it, inside tx. A
+// pair whose subscriber's mapping fails (or, with isolate, whose job is
+// refused) is charged a failed attempt in the same transaction and stays
+// owed; every other pair goes ahead, and in the pending lane every event is
+// stamped fanned out. It returns the pairs this call poisoned.
+func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, batch []claimedRow) ([]pairFailure, error) {
 	p, err := r.plan(ctx, l, batch)
 	if err != nil {
 		return nil, err
 	}
-	var results []*rivertype.JobInsertResult
-	if len(p.jobs) > 0 {
+	results := make([]*rivertype.JobInsertResult, len(p.jobs))
+	if len(p.jobs) > 0 && !isolate {
 		params := make([]river.InsertManyParams, len(p.jobs))
 		for i, j := range p.jobs {
 			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)}
@@ -137,6 +185,22 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, batch []claimedRo
 			return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(results))
 		}
 	}
+	if isolate {
+		for i, j := range p.jobs {
+			res, err := r.insertIsolated(ctx, tx, j, batch[j.event].traceContext)
+			if err == nil {
+				results[i] = res
+				continue
+			}
+			var re *roundError
+			if !errors.As(err, &re) || !re.rowFault {
+				return nil, err
+			}
+			for _, ev := range j.covers {
+				p.failed = append(p.failed, pairFailure{row: batch[ev], sub: j.sub, attempts: attemptsOf(batch[ev], j.sub.Name), err: re.err})
+			}
+		}
+	}
 	if r.hooks.afterInsert != nil {
 		r.hooks.afterInsert(ctx, tx)
 	}
@@ -144,54 +208,134 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, batch []claimedRo
 	// fanout per event: subscriber name -> job ID, in subscriber order.
 	fanout := make([][]fanoutEntry, len(batch))
 	for i, j := range p.jobs {
+		if results[i] == nil {
+			continue
+		}
 		for _, ev := range j.covers {
 			fanout[ev] = append(fanout[ev], fanoutEntry{j.sub.Name, results[i].Job.ID})
 		}
 	}
 	var (
-		seqs     = make([]int64, 0, len(batch))
-		docs     = make([]string, 0, len(batch))
-		ids      = make([]uuid.UUID, 0, len(batch))
-		failures []rowFailure
-		sendBuf  pgx.Batch
+		seqs    = make([]int64, 0, len(batch))
+		docs    = make([]string, 0, len(batch))
+		ids     = make([]uuid.UUID, 0, len(batch))
+		sendBuf pgx.Batch
 	)
-	for i, c := range batch {
-		if p.failed[i] != nil {
-			failures = append(failures, rowFailure{row: c, err: p.failed[i]})
-			continue
+	switch l {
+	case laneOwed:
+		// Every claimed pair that did not fail is served: its job inserted,
+		// or its Map skipped it, or it no longer matches.
+		failed := map[[2]any]bool{}
+		for _, f := range p.failed {
+			failed[[2]any{f.row.Seq, f.sub.Name}] = true
 		}
-		seqs = append(seqs, c.Seq)
-		docs = append(docs, encodeFanout(fanout[i]))
-		ids = append(ids, c.ID)
-	}
-	switch {
-	case len(seqs) == 0:
-	case l == laneCatchUp:
-		sendBuf.Queue(r.sql.StampCatchUp, seqs, docs, r.known)
+		var doneSeqs []int64
+		var doneSubs []string
+		for i, c := range batch {
+			if len(fanout[i]) > 0 {
+				seqs = append(seqs, c.Seq)
+				docs = append(docs, encodeFanout(fanout[i]))
+			}
+			for _, o := range c.owed {
+				if !failed[[2]any{c.Seq, o.sub}] {
+					doneSeqs = append(doneSeqs, c.Seq)
+					doneSubs = append(doneSubs, o.sub)
+				}
+			}
+		}
+		if len(seqs) > 0 || len(doneSeqs) > 0 {
+			sendBuf.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs)
+			// Wakes AwaitDelivery's waiters, at commit.
+			var served []uuid.UUID
+			for i, c := range batch {
+				if len(fanout[i]) > 0 || len(c.owed) > 0 {
+					served = append(served, c.ID)
+				}
+			}
+			for _, payload := range notifyPayloads(served) {
+				sendBuf.Queue(r.sql.NotifyFanned, payload)
+			}
+		}
 	default:
-		sendBuf.Queue(r.sql.Stamp, seqs, docs, r.known)
-		// Delivered at commit, and only if it commits. Receipts were
-		// answered at the first fan-out; a catch-up sends none.
+		for i, c := range batch {
+			seqs = append(seqs, c.Seq)
+			docs = append(docs, encodeFanout(fanout[i]))
+			ids = append(ids, c.ID)
+		}
+		sendBuf.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused))
+		// Delivered at commit, and only if it commits. Receipts are
+		// answered at the first fan-out (AwaitDelivery waits for the lane).
 		for _, payload := range notifyPayloads(ids) {
 			sendBuf.Queue(r.sql.NotifyFanned, payload)
 		}
 	}
-	poisonedAt := r.queueCharges(&sendBuf, failures)
+	poisonedAt := r.queueDeliveryCharges(&sendBuf, p.failed)
 	if err := tx.SendBatch(ctx, &sendBuf).Close(); err != nil {
-		return nil, fmt.Errorf("stamping %d events: %w", len(seqs), err)
+		return nil, fmt.Errorf("stamping %d events: %w", len(batch), err)
 	}
 	// Counted before the commit: a round that then fails to commit counts
 	// its events twice, which a metric may; nothing else does.
 	if l == lanePending {
 		r.metrics.fanned.Add(ctx, int64(len(seqs)))
 	}
-	for _, j := range p.jobs {
+	for i, j := range p.jobs {
+		if results[i] == nil {
+			continue
+		}
 		r.metrics.jobs.Add(ctx, 1, j.sub.metricAttrs)
 		if n := len(j.covers) - 1; n > 0 {
 			r.metrics.coalesced.Add(ctx, int64(n), j.sub.metricAttrs)
 		}
 	}
 	return poisonedAt(), nil
+}
+
+// insertIsolated inserts one job in a savepoint of tx. A refusal that is
+// the job's own fault comes back as a *roundError with rowFault set, and tx
+// is usable again.
+func (r *Relay) insertIsolated(ctx context.Context, tx pgx.Tx, j plannedJob, traceContext []byte) (*rivertype.JobInsertResult, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.client.InsertManyTx(ctx, sp, []river.InsertManyParams{{Args: j.args, InsertOpts: j.insertOpts(traceContext)}})
+	if err == nil && len(res) != 1 {
+		err = fmt.Errorf("inserting 1 job: River returned %d results", len(res))
+	}
+	if err != nil {
+		_ = sp.Rollback(ctx)
+		return nil, &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return res[0], nil
+}
+
+// attemptsOf is how many failed attempts the pair (c, sub) has behind it.
+func attemptsOf(c claimedRow, sub string) int {
+	for _, o := range c.owed {
+		if o.sub == sub {
+			return o.attempts
+		}
+	}
+	return 0
+}
+
+// served returns the names of the subscribers a pending round serves: the
+// run's active ones less the paused. Every other registered subscriber is
+// owed the matching events (see the Stamp statement).
+func (r *Relay) served(paused []string) []string {
+	if len(paused) == 0 {
+		return r.known
+	}
+	out := make([]string, 0, len(r.known))
+	for _, n := range r.known {
+		if !slices.Contains(paused, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 type fanoutEntry struct {
@@ -241,16 +385,17 @@ func notifyPayloads(ids []uuid.UUID) []string {
 }
 
 // rowByRow retries the given rows one per transaction, after a failed batch.
-// A row that fails on its own is charged a failed attempt; a failure of the
-// database stops the pass (the rows stay pending, and nothing is charged).
+// A row that fails on its own is retried with each job in a savepoint, so
+// the refused pair is charged alone; a failure of the database stops the
+// pass (the rows stay pending, and nothing is charged).
 func (r *Relay) rowByRow(ctx context.Context, l lane, seqs []int64) error {
 	for _, seq := range seqs {
 		if r.stopping() || ctx.Err() != nil {
 			return ctx.Err()
 		}
 		var err error
-		if l == laneCatchUp {
-			_, err = r.singleClaimed(ctx, l, r.sql.ClaimCatchUpOne, r.known, seq)
+		if l == laneOwed {
+			_, err = r.singleClaimed(ctx, l, r.sql.ClaimOwedOne, r.known, seq)
 		} else {
 			_, err = r.singleClaimed(ctx, l, r.sql.ClaimOne, seq)
 		}
@@ -276,9 +421,11 @@ func (r *Relay) retryDue(ctx context.Context) error {
 	return nil
 }
 
-// singleClaimed runs a one-row round and charges the row if it failed on its
-// own. It returns the claimed seq (0 for none) and any error that is not the
-// row's fault.
+// singleClaimed runs a one-row round; if the row fails on its own, it runs
+// it again with every job isolated (each pair that River or PostgreSQL
+// refuses is charged alone), and if even that fails on the row's own
+// account (its stamp), charges the event as a whole. It returns the claimed
+// seq (0 for none) and any error that is not the row's fault.
 func (r *Relay) singleClaimed(ctx context.Context, l lane, claimSQL string, args ...any) (int64, error) {
 	claimed, err := r.round(ctx, l, claimSQL, args...)
 	if len(claimed) == 0 {
@@ -287,6 +434,13 @@ func (r *Relay) singleClaimed(ctx context.Context, l lane, claimSQL string, args
 	var re *roundError
 	if err == nil || !errors.As(err, &re) || !re.rowFault {
 		return claimed[0], err
+	}
+	again, err := r.roundIn(ctx, r.pool, l, true, claimSQL, args...)
+	if len(again) == 0 || err == nil || !errors.As(err, &re) || !re.rowFault {
+		return claimed[0], err
+	}
+	if l == laneOwed {
+		return claimed[0], err // the stamp of owed pairs failed: the database's business
 	}
 	// The row's own transaction is gone; record the failure in a new one.
 	row, err2 := r.loadRow(ctx, claimed[0])
@@ -357,7 +511,7 @@ func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pg
 	}
 	n := 0
 	for {
-		claimed, err := r.roundIn(ctx, tx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
+		claimed, err := r.roundIn(ctx, tx, lanePending, false, r.sql.ClaimBatch, int64(r.config.BatchSize))
 		n += len(claimed)
 		if err != nil {
 			return n, fmt.Errorf("events: fan out in tx: %w", err)

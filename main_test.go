@@ -244,3 +244,54 @@ func mapSub(name string, coalesce bool, types ...string) Subscriber {
 			return testArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
 		}}
 }
+
+// pairRow is an owed or poisoned (event, subscriber) pair as tests see it.
+type pairRow struct {
+	Attempts  int
+	LastError string
+	Errors    int // entries in the error history
+	Poisoned  bool
+}
+
+// loadPairs reads outbox_deliveries: event ID -> subscriber -> pair.
+func loadPairs(t *testing.T, pool *pgxpool.Pool) map[uuid.UUID]map[string]pairRow {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT e.id, d.subscriber, d.attempts, coalesce(d.last_error, ''),
+		jsonb_array_length(d.errors), d.poisoned_at IS NOT NULL
+		FROM outbox_deliveries d JOIN outbox_events e ON e.seq = d.event_seq`)
+	require.NoError(t, err)
+	out := map[uuid.UUID]map[string]pairRow{}
+	for rows.Next() {
+		var (
+			id  uuid.UUID
+			sub string
+			p   pairRow
+		)
+		require.NoError(t, rows.Scan(&id, &sub, &p.Attempts, &p.LastError, &p.Errors, &p.Poisoned))
+		if out[id] == nil {
+			out[id] = map[string]pairRow{}
+		}
+		out[id][sub] = p
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// owedCount counts what is still to be delivered: owed pairs not poisoned,
+// and catch_up lists of 0.1.0's relays not yet converted.
+func owedCount(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT (SELECT count(*) FROM outbox_deliveries WHERE poisoned_at IS NULL)
+		      + (SELECT count(*) FROM outbox_events WHERE catch_up IS NOT NULL)`).Scan(&n))
+	return n
+}
+
+// waitDelivered waits until every event is fanned out or poisoned and no
+// pair is owed but not poisoned.
+func waitDelivered(t *testing.T, pool *pgxpool.Pool, timeout time.Duration) {
+	t.Helper()
+	waitFannedOut(t, pool, timeout)
+	require.Eventually(t, func() bool { return owedCount(t, pool) == 0 }, timeout, 10*time.Millisecond, "pairs still owed")
+}

@@ -161,13 +161,15 @@ func TestConnectionLossInARetryIsNotCharged(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
+	var charged atomic.Int32
+	b.relay.hooks.charged = func(int64, int, time.Duration) { charged.Add(1) }
 	e := b.record(t, Event{Type: "a"})[0]
 	b.start(t)
-	waitFannedOut(t, b.pool, 20*time.Second)
+	waitDelivered(t, b.pool, 20*time.Second)
 	require.True(t, killed.Load())
 	info, err := Inspect(ctx, b.pool, e.ID)
 	require.NoError(t, err)
-	require.False(t, info.Poisoned(), "poisoned by a lost connection")
-	require.Equal(t, 1, info.Attempts, "only the mapping failure counts")
+	require.Empty(t, info.Deliveries, "poisoned by a lost connection")
+	require.EqualValues(t, 1, charged.Load(), "only the mapping failure counts")
 	require.Len(t, info.Fanout, 1)
 }

@@ -27,47 +27,82 @@ type mapped struct {
 	opts *river.InsertOpts
 }
 
+// pairFailure is an (event, subscriber) pair whose attempt failed: the
+// subscriber's Map failed or panicked, or River or PostgreSQL refused its
+// job. attempts counts the pair's failed attempts before this one.
+type pairFailure struct {
+	row      claimedRow
+	sub      *subscription
+	attempts int
+	err      error
+}
+
 // roundPlan is what a round will do with its batch.
 type roundPlan struct {
 	jobs   []plannedJob
-	failed []error // per batch index: why the event cannot go out now
+	failed []pairFailure
 }
 
 // plan matches every event of batch (ordered by seq) against the
 // subscribers, maps it to jobs, and coalesces where subscribers opted in.
 //
-// Mapping comes first, for every match: an event whose mapping fails for any
-// subscriber is left out of the round entirely (a row is fanned out whole or
-// not at all), and so can neither carry nor be folded into a coalesced job.
-// In the catch-up lane only the subscribers an event still waits for are
-// considered.
+// A pair whose mapping fails is left out of the round (it is charged and
+// stays owed), so it can neither carry nor be folded into a coalesced job;
+// the event's other pairs go ahead. In the pending lane the subscribers this
+// relay serves are considered (paused ones are left owed); in the
+// deliveries lane only the pairs claimed.
 //
 // Host code is not called once the relay is stopping: the plan fails with
 // errStopping and the round rolls back, charging nothing.
 func (r *Relay) plan(ctx context.Context, l lane, batch []claimedRow) (roundPlan, error) {
-	p := roundPlan{failed: make([]error, len(batch))}
+	var p roundPlan
 	perEvent := make([][]mapped, len(batch))
+	var paused []string
+	if l == lanePending {
+		paused = batch[0].paused
+	}
 	for i, c := range batch {
 		if r.stopping() || ctx.Err() != nil {
 			return roundPlan{}, errStopping
 		}
-		for _, sub := range r.active {
-			if !sub.matches(c.Type) || (l == laneCatchUp && !slices.Contains(c.catchUp, sub.Name)) {
-				continue
-			}
+		try := func(sub *subscription, attempts int) {
 			args, opts, err := sub.jobFor(ctx, c.Event)
-			if err != nil {
-				p.failed[i] = err
-				break
-			}
-			if args != nil {
+			switch {
+			case err != nil:
+				p.failed = append(p.failed, pairFailure{row: c, sub: sub, attempts: attempts, err: err})
+			case args != nil:
 				perEvent[i] = append(perEvent[i], mapped{sub, args, opts})
+			}
+		}
+		if l == laneOwed {
+			for _, o := range c.owed {
+				// Claimed only for subscribers of this run: a pair that no
+				// longer matches (its types changed) is served with no job.
+				if sub := r.activeSub(o.sub); sub != nil && sub.matches(c.Type) {
+					try(sub, o.attempts)
+				}
+			}
+			continue
+		}
+		for _, sub := range r.active {
+			if sub.matches(c.Type) && !slices.Contains(paused, sub.Name) {
+				try(sub, 0)
 			}
 		}
 	}
 
-	p.jobs = coalesce(batch, perEvent, p.failed)
+	p.jobs = coalesce(batch, perEvent)
 	return p, nil
+}
+
+// activeSub returns the run's active subscription named name, or nil.
+func (r *Relay) activeSub(name string) *subscription {
+	for _, s := range r.active {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
 }
 
 // errStopping ends a round that the relay's stop interrupted. It is nobody's

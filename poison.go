@@ -34,11 +34,7 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 	for i, f := range failures {
 		msg := storableError(f.err)
 		delay := backoff.Delay(f.row.attempts+1, r.config.RetryBackoff, r.config.MaxRetryBackoff)
-		charge := r.sql.Charge
-		if f.row.catchUp != nil {
-			charge = r.sql.ChargeCatchUp
-		}
-		b.Queue(charge, f.row.Seq, msg, delay.Microseconds(), r.config.MaxAttempts).QueryRow(func(row pgx.Row) error {
+		b.Queue(r.sql.Charge, f.row.Seq, msg, delay.Microseconds(), r.config.MaxAttempts).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&poisoned[i], nil)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil // fanned out or poisoned meanwhile by another relay

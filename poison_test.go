@@ -14,11 +14,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// In a batch of 50, one event's mapping always fails: the other 49 go out at
-// once, the bad one is poisoned after exactly MaxAttempts attempts with the
-// backoff doubling between them, the alert fires once, and after the cause is
-// fixed Requeue gets it fanned out exactly once.
-func TestOneBadEventIsPoisonedAloneAndRequeued(t *testing.T) {
+// In a batch of 50, one subscriber's mapping of one event always fails: the
+// other subscriber's job for that event, and every job of the other 49, exist
+// within 100 ms; the failing pair alone is retried with the backoff doubling,
+// and poisoned for that subscriber only after exactly MaxAttempts attempts;
+// the alert fires once; a requeue before the fix fails again, with the error
+// history kept (and bounded); after the cause is fixed a requeue delivers the
+// pair once; every other pair exactly once.
+func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var (
@@ -34,10 +37,10 @@ func TestOneBadEventIsPoisonedAloneAndRequeued(t *testing.T) {
 		Map: func(ctx context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
 			if e.Subject == "bad" && !fixed.Load() {
 				n := badCalls.Add(1)
-				var fanned int
-				_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NOT NULL").Scan(&fanned)
+				var jobs int
+				_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&jobs)
 				mu.Lock()
-				othersAtCall[n] = fanned
+				othersAtCall[n] = jobs
 				mu.Unlock()
 				return nil, nil, errors.New("template missing")
 			}
@@ -51,12 +54,14 @@ func TestOneBadEventIsPoisonedAloneAndRequeued(t *testing.T) {
 			alerts = append(alerts, e.ID)
 			require.ErrorContains(t, err, "template missing")
 		},
-	}}, sub)
+	}}, sub, mapSub("audit", false, "**"))
 	b.relay.hooks.charged = func(_ int64, _ int, d time.Duration) {
 		mu.Lock()
 		defer mu.Unlock()
 		delays = append(delays, d)
 	}
+	b.start(t)
+	b.settle(t)
 	es := make([]Event, 50)
 	for i := range es {
 		es[i] = Event{Type: "order.placed", Subject: fmt.Sprintf("order:%d", i)}
@@ -64,54 +69,81 @@ func TestOneBadEventIsPoisonedAloneAndRequeued(t *testing.T) {
 	es[17].Subject = "bad"
 	es = b.record(t, es...)
 	bad := es[17]
-	b.start(t)
-
-	require.Eventually(t, func() bool {
-		info, err := Inspect(ctx, b.pool, bad.ID)
-		return err == nil && info.Poisoned()
-	}, 30*time.Second, 5*time.Millisecond)
+	// The first round inserts every job it can: all but the bad pair's.
+	require.Eventually(t, func() bool { return len(loadJobs(t, b.pool)) == 99 }, 100*time.Millisecond, time.Millisecond,
+		"the other pairs' jobs are not there within 100 ms")
+	poisonedPair := func() bool {
+		p, ok := loadPairs(t, b.pool)[bad.ID]["mailer"]
+		return ok && p.Poisoned
+	}
+	require.Eventually(t, poisonedPair, 30*time.Second, 5*time.Millisecond)
 	info, err := Inspect(ctx, b.pool, bad.ID)
 	require.NoError(t, err)
-	require.Equal(t, 5, info.Attempts)
-	require.Contains(t, info.LastError, "template missing")
-	require.Nil(t, info.Fanout)
+	require.False(t, loadRows(t, b.pool)[bad.ID].Poisoned, "the event is not poisoned as a whole: only its pair is")
+	require.True(t, info.Poisoned(), "Inspect reports the poisoned pair")
+	require.False(t, info.FannedOutAt.IsZero())
+	require.Contains(t, info.Fanout, "audit")
+	require.NotContains(t, info.Fanout, "mailer")
+	require.Len(t, info.Deliveries, 1)
+	d := info.Deliveries[0]
+	require.Equal(t, "mailer", d.Subscriber)
+	require.True(t, d.Poisoned())
+	require.Equal(t, 5, d.Attempts)
+	require.Contains(t, d.LastError, "template missing")
+	require.Len(t, d.Errors, 5)
 	require.EqualValues(t, 5, badCalls.Load(), "attempts")
 
 	mu.Lock()
-	require.Equal(t, 49, othersAtCall[2], "the other 49 were fanned out before the bad one's second attempt")
+	require.Equal(t, 99, othersAtCall[2], "every other pair had its job before the bad one's second attempt")
 	require.Equal(t, []time.Duration{20 * time.Millisecond, 40 * time.Millisecond, 70 * time.Millisecond, 70 * time.Millisecond, 70 * time.Millisecond}, delays)
 	require.Equal(t, []uuid.UUID{bad.ID}, alerts)
 	mu.Unlock()
 
-	// Poisoned means set aside: not claimed again.
+	// Poisoned means set aside: not attempted again.
 	b.waitIdle(t)
 	require.EqualValues(t, 5, badCalls.Load())
 
-	list, err := ListPoisoned(ctx, b.pool, nil)
+	list, err := ListDeliveries(ctx, b.pool, ListDeliveriesParams{State: DeliveryPoisoned})
 	require.NoError(t, err)
-	require.Len(t, list.Events, 1)
-	require.Equal(t, bad.ID, list.Events[0].ID)
+	require.Len(t, list.Deliveries, 1)
+	require.Equal(t, bad.ID, list.Deliveries[0].EventID)
+	list, err = ListDeliveries(ctx, b.pool, ListDeliveriesParams{State: DeliveryPoisoned, Subscriber: "audit"})
+	require.NoError(t, err)
+	require.Empty(t, list.Deliveries)
+	events, err := ListPoisoned(ctx, b.pool, nil)
+	require.NoError(t, err)
+	require.Len(t, events.Events, 1, "the event list shows it, by its poisoned pair")
+	require.Contains(t, events.Events[0].LastError, "template missing")
+
+	// Requeued before the fix: five more attempts, and the history keeps the
+	// last ten.
+	require.ErrorIs(t, RequeueDelivery(ctx, b.pool, bad.ID, "audit"), ErrNotFound)
+	require.NoError(t, RequeueDelivery(ctx, b.pool, bad.ID, "mailer"))
+	require.ErrorIs(t, RequeueDelivery(ctx, b.pool, bad.ID, "mailer"), ErrNotPoisoned)
+	require.Eventually(t, func() bool { return badCalls.Load() == 10 && poisonedPair() }, 30*time.Second, 5*time.Millisecond)
+	p := loadPairs(t, b.pool)[bad.ID]["mailer"]
+	require.Equal(t, 5, p.Attempts)
+	require.Equal(t, 10, p.Errors, "the history survives the requeue, bounded")
 
 	fixed.Store(true)
-	require.NoError(t, Requeue(ctx, b.pool, bad.ID))
+	require.NoError(t, RequeueDelivery(ctx, b.pool, bad.ID, "mailer"))
 	require.Eventually(t, func() bool {
 		info, err := Inspect(ctx, b.pool, bad.ID)
-		return err == nil && !info.FannedOutAt.IsZero()
+		return err == nil && info.Fanout["mailer"] != 0
 	}, 10*time.Second, 5*time.Millisecond)
 	info, err = Inspect(ctx, b.pool, bad.ID)
 	require.NoError(t, err)
-	require.Zero(t, info.Attempts)
-	require.Empty(t, info.LastError)
-	perEvent := map[uuid.UUID]int{}
+	require.Empty(t, info.Deliveries)
+	perPair := map[string]int{}
 	for _, j := range loadJobs(t, b.pool) {
-		perEvent[j.EventID]++
+		perPair[j.Subscriber+" "+j.EventID.String()]++
 	}
-	require.Len(t, perEvent, 50)
-	for id, n := range perEvent {
-		require.Equal(t, 1, n, "jobs for %s", id)
+	require.Len(t, perPair, 100)
+	for pair, n := range perPair {
+		require.Equal(t, 1, n, "jobs for %s", pair)
 	}
 	mu.Lock()
-	require.Len(t, alerts, 1, "the alert fires once")
+	require.Len(t, alerts, 2, "the alert fires once per poisoning")
 	mu.Unlock()
 }
 
@@ -128,13 +160,15 @@ func TestMappingThatFailsTwiceThenSucceedsIsNeverPoisoned(t *testing.T) {
 	b := setup(t, setupOpts{config: &Config{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond}}, sub)
 	e := b.record(t, Event{Type: "a"})[0]
 	b.start(t)
-	waitFannedOut(t, b.pool, 10*time.Second)
+	require.Eventually(t, func() bool {
+		info, err := Inspect(context.Background(), b.pool, e.ID)
+		return err == nil && len(info.Fanout) == 1
+	}, 10*time.Second, 5*time.Millisecond)
 	info, err := Inspect(context.Background(), b.pool, e.ID)
 	require.NoError(t, err)
 	require.False(t, info.Poisoned())
-	require.False(t, info.FannedOutAt.IsZero())
-	require.Equal(t, 2, info.Attempts, "the failed attempts stay on record")
-	require.Len(t, info.Fanout, 1)
+	require.Zero(t, info.Attempts, "the event itself never failed")
+	require.Empty(t, info.Deliveries, "the pair is delivered: nothing owed")
 	require.EqualValues(t, 3, calls.Load())
 }
 
@@ -151,11 +185,14 @@ func TestPanickingMapIsChargedToItsEvent(t *testing.T) {
 	b := setup(t, setupOpts{config: &Config{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}}, sub)
 	es := b.record(t, Event{Type: "a", Subject: "boom"}, Event{Type: "a", Subject: "fine"})
 	b.start(t)
-	waitFannedOut(t, b.pool, 10*time.Second)
+	waitDelivered(t, b.pool, 10*time.Second)
 	rows := loadRows(t, b.pool)
-	require.True(t, rows[es[0].ID].Poisoned)
-	require.Contains(t, *rows[es[0].ID].LastError, "panicked: nil map")
+	pairs := loadPairs(t, b.pool)
+	require.True(t, pairs[es[0].ID]["panicky"].Poisoned)
+	require.Contains(t, pairs[es[0].ID]["panicky"].LastError, "panicked: nil map")
+	require.False(t, rows[es[0].ID].Poisoned)
 	require.True(t, rows[es[1].ID].FannedOut)
+	require.Contains(t, rows[es[1].ID].Fanout, "panicky")
 }
 
 // Failures River or PostgreSQL report for a whole batch cannot be pinned on a
@@ -188,20 +225,22 @@ func TestBatchFailuresAreRetriedRowByRow(t *testing.T) {
 	es[3].Subject, es[11].Subject = "bad-queue", "bad-args"
 	es = b.record(t, es...)
 	b.start(t)
-	waitFannedOut(t, b.pool, 20*time.Second)
+	waitDelivered(t, b.pool, 20*time.Second)
 	rows := loadRows(t, b.pool)
+	pairs := loadPairs(t, b.pool)
 	for i, e := range es {
 		r := rows[e.ID]
+		require.True(t, r.FannedOut, "event %d", i)
+		require.Zero(t, r.Attempts, "event %d was charged as a whole", i)
 		switch i {
 		case 3:
-			require.True(t, r.Poisoned)
-			require.Contains(t, *r.LastError, "queue")
+			require.True(t, pairs[e.ID]["hooks"].Poisoned)
+			require.Contains(t, pairs[e.ID]["hooks"].LastError, "queue")
 		case 11:
-			require.True(t, r.Poisoned)
-			require.Contains(t, *r.LastError, "22P05")
+			require.True(t, pairs[e.ID]["hooks"].Poisoned)
+			require.Contains(t, pairs[e.ID]["hooks"].LastError, "22P05")
 		default:
-			require.True(t, r.FannedOut, "event %d", i)
-			require.Zero(t, r.Attempts, "event %d was charged for another's failure", i)
+			require.Empty(t, pairs[e.ID], "event %d was charged for another's failure", i)
 		}
 	}
 	require.Len(t, loadJobs(t, b.pool), 18)

@@ -12,25 +12,52 @@ import (
 
 // The subscriber registry makes rolling deploys safe. While the old and the
 // new release of a service run side by side, their relays know different
-// subscribers. Each relay registers the subscribers it knows when it starts;
-// a relay that stamps an event writes, in the event's catch_up column, the
-// registered subscribers it does not know; and a relay that knows one of them
-// fans the event out to it afterwards, in the catch-up lane (catchup.go).
+// subscribers. Each relay registers the subscribers it knows, with their type
+// globs, when it starts; a relay that stamps an event writes an owed pair for
+// every active registered subscriber it does not know whose types match; and
+// a relay that knows it delivers the pair in the deliveries lane (owed.go).
+// Relays record, every few seconds, which subscribers they serve
+// (heartbeat.go): one that no relay has served for Config.OrphanAfter is
+// reported orphaned.
 
 // SubscriberInfo is a registered subscriber, as [ListSubscribers] reports it.
 type SubscriberInfo struct {
 	// Name is the subscriber's name.
 	Name string
+	// Types is the subscriber's type globs, as the last relay that started
+	// with it registered them; empty if only a release before 0.2.0 did.
+	Types []string
 	// RegisteredAt is when a relay first started with it.
 	RegisteredAt time.Time
 	// RetiredAt is when [RetireSubscriber] retired it; zero if it is active.
 	RetiredAt time.Time
+	// LastServedAt is when a running relay that has it last reported in
+	// (see [ListRelays]); zero if none ever did.
+	LastServedAt time.Time
+	// PausedAt is when [PauseSubscriber] paused it; zero unless paused.
+	PausedAt time.Time
+	// BackfillSince is the since of its last [Backfill]; BackfillSeq how
+	// far that got (by event seq); BackfillDoneAt when it finished. Zero if
+	// none.
+	BackfillSince  time.Time
+	BackfillSeq    int64
+	BackfillDoneAt time.Time
 }
 
-// registerSubscribers adds the relay's subscribers to the registry (those not
-// there yet) and returns the names among them that are retired.
-func registerSubscribers(ctx context.Context, db DB, sql *statements.Set, names []string) ([]string, error) {
-	rows, err := db.Query(ctx, sql.Register, names)
+// registerSubscribers adds the subscribers to the registry (those not there
+// yet), records their type globs, and returns the names among them that
+// are retired. A nil subs entry registers a name with unknown types (every
+// event is owed to it): tests use it for another release's subscriber.
+func registerSubscribers(ctx context.Context, db DB, sql *statements.Set, names []string, subs ...*subscription) ([]string, error) {
+	types := make([]*string, len(names))
+	res := make([]*string, len(names))
+	for i := range names {
+		if i < len(subs) && subs[i] != nil {
+			t, re := subs[i].registryTypes()
+			types[i], res[i] = &t, &re
+		}
+	}
+	rows, err := db.Query(ctx, sql.Register, names, types, res)
 	if err != nil {
 		return nil, err
 	}
@@ -38,10 +65,12 @@ func registerSubscribers(ctx context.Context, db DB, sql *statements.Set, names 
 }
 
 // RetireSubscriber retires a subscriber for good: relays started afterwards
-// do not fan out to it even if they still have it, nothing is caught up for
-// it any more (it is removed from every event's catch-up list), and its
-// pending Handle jobs end as cancelled. Relays already running keep their
-// subscriber set until they restart.
+// do not fan out to it even if they still have it, no pair is owed to it any
+// more (its owed and poisoned pairs are deleted, in batches of 1,000, after
+// the retirement commits; no stamp in flight can write it back), and its
+// pending Handle jobs end as cancelled. Relays already running keep
+// delivering new events to it until they restart, but owe it nothing. With
+// db a transaction, all of it happens in that transaction.
 //
 // Retire a subscriber after the last release that had it is gone from every
 // process (see the README's "Deploying"). A retired name cannot be used again:
@@ -65,8 +94,27 @@ func (o Outbox) RetireSubscriber(ctx context.Context, db DB, name string) error 
 	if !found {
 		return fmt.Errorf("%w: %q", ErrUnknownSubscriber, name)
 	}
+	// Committed (with a pool): no stamp can write the name any more, since
+	// every stamp reads the registry row FOR KEY SHARE and Retire's FOR
+	// UPDATE waited for those in flight. What is still owed to it goes, in
+	// bounded batches.
+	for _, stmt := range []string{sql.RetireDeliveries, sql.RetireCatchUp} {
+		for {
+			var n int64
+			if err := db.QueryRow(ctx, stmt, name, retireBatch).Scan(&n); err != nil {
+				return fmt.Errorf("events: retire subscriber %q: %w", name, err)
+			}
+			if n < retireBatch {
+				break
+			}
+		}
+	}
 	return nil
 }
+
+// retireBatch is how many owed pairs (or catch_up lists) one statement of
+// RetireSubscriber clears.
+const retireBatch = 1000
 
 // ListSubscribers lists the registered subscribers, by name.
 func ListSubscribers(ctx context.Context, db DB) ([]SubscriberInfo, error) {
@@ -85,11 +133,19 @@ func (o Outbox) ListSubscribers(ctx context.Context, db DB) ([]SubscriberInfo, e
 	}
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (SubscriberInfo, error) {
 		r, err := pgx.RowToStructByName[struct {
-			Name         string
-			RegisteredAt time.Time
-			RetiredAt    *time.Time
+			Name           string
+			RegisteredAt   time.Time
+			RetiredAt      *time.Time
+			Types          []string
+			LastServedAt   *time.Time
+			PausedAt       *time.Time
+			BackfillSince  *time.Time
+			BackfillSeq    int64
+			BackfillDoneAt *time.Time
 		}](row)
-		return SubscriberInfo{Name: r.Name, RegisteredAt: r.RegisteredAt, RetiredAt: deref(r.RetiredAt)}, err
+		return SubscriberInfo{Name: r.Name, Types: r.Types, RegisteredAt: r.RegisteredAt, RetiredAt: deref(r.RetiredAt),
+			LastServedAt: deref(r.LastServedAt), PausedAt: deref(r.PausedAt), BackfillSince: deref(r.BackfillSince),
+			BackfillSeq: r.BackfillSeq, BackfillDoneAt: deref(r.BackfillDoneAt)}, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("events: list subscribers: %w", err)

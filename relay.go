@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
@@ -30,13 +31,16 @@ type Config struct {
 	// transaction. Defaults to BatchSizeDefault (200); at most 10,000.
 	BatchSize int
 
-	// MaxAttempts is how many times fanning out one event may fail before the
-	// event is poisoned: set aside, never claimed again until [Requeue].
-	// Defaults to MaxAttemptsDefault (5).
+	// MaxAttempts is how many times delivering one event to one subscriber
+	// may fail (its Map returns an error or panics, or River or PostgreSQL
+	// refuses its job) before that (event, subscriber) pair is poisoned:
+	// set aside for that subscriber alone, never attempted again until
+	// [RequeueDelivery] or [Requeue]; the event's other subscribers are not
+	// held back. Defaults to MaxAttemptsDefault (5).
 	MaxAttempts int
 
 	// RetryBackoff is the pause after the first failure, of a round or of one
-	// event; it doubles with every further failure, up to MaxRetryBackoff.
+	// pair; it doubles with every further failure, up to MaxRetryBackoff.
 	// Defaults to RetryBackoffDefault (2 s).
 	RetryBackoff time.Duration
 
@@ -59,9 +63,10 @@ type Config struct {
 	// Retention is how long fanned-out events are kept. Older ones are
 	// deleted in small batches, by one relay at a time, on a goroutine of the
 	// relay that yields while it drains a backlog (see the README's
-	// "Retention"). Poisoned events and events still
-	// to be caught up are never deleted automatically ([Discard] deletes a
-	// poisoned one). Defaults to RetentionDefault (7 days); a negative value
+	// "Retention"). An event that still owes something — a pair owed or
+	// poisoned, for any subscriber, an orphaned one included — is never
+	// deleted automatically, nor is an event poisoned as a whole ([Discard]
+	// and [DiscardDelivery] give them up). Defaults to RetentionDefault (7 days); a negative value
 	// keeps everything.
 	Retention time.Duration
 
@@ -78,9 +83,11 @@ type Config struct {
 	// none.
 	TracerProvider trace.TracerProvider
 
-	// OnPoison is called once for every event this relay poisons, with the
-	// event and the error of its last attempt, after the poisoning committed.
-	// An error-level log record is written too. Defaults to nil (log only).
+	// OnPoison is called once for every (event, subscriber) pair this relay
+	// poisons (and every event it poisons as a whole), with the event and
+	// the error of its last attempt as the subscriber returned it (it names
+	// the subscriber), after the poisoning committed. An error-level log
+	// record with the subscriber is written too. Defaults to nil (log only).
 	//
 	// It runs on a goroutine of its own, one call at a time, never on the
 	// relay's loop: a slow OnPoison (paging someone over HTTP) delays only
@@ -92,6 +99,14 @@ type Config struct {
 	// error naming the call still running; [Relay.Stopped] is closed once
 	// the last call has returned.
 	OnPoison func(ctx context.Context, e Event, err error)
+
+	// OrphanAfter is how long a registered, active subscriber may go
+	// unserved by every running relay (none that has it reported in: see
+	// [ListRelays]) before it is reported orphaned — by [Relay.Health], by
+	// a warning log naming the fix (deploy it, or [RetireSubscriber]), and
+	// by [Stats]. Its owed pairs keep their events from retention until
+	// then and after. Defaults to OrphanAfterDefault (15 min).
+	OrphanAfter time.Duration
 
 	// Logger receives the relay's logs. Defaults to warnings and errors on
 	// standard error.
@@ -107,6 +122,7 @@ func (c *Config) withDefaults() Config {
 	out.MaxRoundsInFlight = cmp.Or(out.MaxRoundsInFlight, MaxRoundsInFlightDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
 	out.RetentionInterval = cmp.Or(out.RetentionInterval, RetentionIntervalDefault)
+	out.OrphanAfter = cmp.Or(out.OrphanAfter, OrphanAfterDefault)
 	out.Listener = out.Listener.withDefaults()
 	if out.Logger == nil {
 		out.Logger = defaultLogger()
@@ -124,6 +140,8 @@ func (c *Config) validate() error {
 		return invalidf(ErrInvalidConfig, "RetryBackoff", "%v: must not be negative", c.RetryBackoff)
 	case c.MaxRetryBackoff < c.RetryBackoff:
 		return invalidf(ErrInvalidConfig, "MaxRetryBackoff", "%v: must be at least RetryBackoff (%v)", c.MaxRetryBackoff, c.RetryBackoff)
+	case c.OrphanAfter < 0:
+		return invalidf(ErrInvalidConfig, "OrphanAfter", "%v: must not be negative", c.OrphanAfter)
 	case c.RetentionInterval < 0:
 		return invalidf(ErrInvalidConfig, "RetentionInterval", "%v: must not be negative", c.RetentionInterval)
 	case c.MaxRoundsInFlight < 1 || c.MaxRoundsInFlight > 16:
@@ -190,10 +208,20 @@ type Relay struct {
 	// retryCheck asks the loop to read the retry schedule now: this relay
 	// has just failed an event.
 	retryCheck atomic.Bool
+
+	// convertAt is when the main loop looks for 0.1.0's catch_up lists
+	// next.
+	convertAt time.Time
+
+	// Heartbeats (heartbeat.go), for one run.
+	runID     uuid.UUID
+	startedAt time.Time
+	lastRound atomic.Int64             // unix nanoseconds of the last round that fanned out
+	orphaned  atomic.Pointer[[]string] // as the last heartbeat read them
 }
 
 // busyTurnInterval is how often a busy relay (full batches, back to back)
-// also runs the retries that are due and serves the catch-up lane: a query
+// also runs the retries that are due and serves the deliveries lane: a query
 // on a small index each when there is nothing to do.
 const busyTurnInterval = 250 * time.Millisecond
 
@@ -259,7 +287,7 @@ func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
 		metrics: metrics, meter: meter, tracer: newTracer(cfg.TracerProvider),
 		laneAttr: [2]metric.MeasurementOption{
 			metric.WithAttributes(attribute.String(attrLane, "pending")),
-			metric.WithAttributes(attribute.String(attrLane, "catch_up")),
+			metric.WithAttributes(attribute.String(attrLane, "deliveries")),
 		}}, nil
 }
 
@@ -294,14 +322,15 @@ func (r *Relay) subscription(name string) *subscription {
 // through client. The library's tables are looked for in client's schema.
 // Start returns once both are running; the first round starts at once.
 //
-// Start first registers the relay's subscribers in the database (a name not
-// seen before is added; see [ListSubscribers]) and returns an error if that
-// fails. From then on every event whose transaction commits after Start
-// returned reaches every subscriber of this relay, whichever relay fans it
-// out: a relay that lacks one of them (an older release, during a rolling
-// deploy) leaves it to be caught up by a relay that has it. A subscriber
-// that was retired ([RetireSubscriber]) is left out of this run, with a
-// warning.
+// Start first registers the relay's subscribers in the database, with their
+// type globs (a name not seen before is added; see [ListSubscribers]), and
+// returns an error if that fails. From then on every event whose
+// transaction commits after Start returned reaches every subscriber of this
+// relay that it matches, whichever relay fans it out: a relay that lacks one
+// of them (another release, during a rolling deploy) writes the pair as
+// owed, and a relay that has it delivers it. A subscriber that was retired
+// ([RetireSubscriber]) is left out of this run, with a warning. While it
+// runs, the relay reports in every few seconds (see [ListRelays]).
 //
 // Cancelling ctx stops the relay abruptly (a round in flight rolls back);
 // [Relay.Stop] stops it gracefully, and must be called before the relay can
@@ -334,6 +363,9 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	}
 	r.failing.Store(0)
 	r.lastSuccess.Store(time.Now().UnixNano())
+	r.runID, r.startedAt = uuid.Must(uuid.NewV7()), time.Now()
+	r.lastRound.Store(0)
+	r.orphaned.Store(nil)
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	r.listening.Store(false)
 	r.connectedOnce.Store(false)
@@ -390,6 +422,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	var rounds sync.WaitGroup
 	rounds.Go(func() { r.loop(runCtx) })
 	rounds.Go(func() { r.pruner(runCtx) })
+	rounds.Go(func() { r.heartbeater(runCtx) })
 	for range r.config.MaxRoundsInFlight - 1 {
 		rounds.Go(func() { r.helper(runCtx) })
 	}
@@ -438,7 +471,7 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 		err     error
 	)
 	for attempt := 1; ; attempt++ {
-		retired, err = registerSubscribers(ctx, db, r.sql, names)
+		retired, err = registerSubscribers(ctx, db, r.sql, names, r.subs...)
 		if err == nil || attempt == 3 || !isTransient(err) || ctx.Err() != nil {
 			break
 		}
@@ -564,7 +597,7 @@ func (r *Relay) stopping() bool {
 
 // loop is the relay's main loop. It runs rounds until stopped: straight on
 // after a full batch (and wakes a helper loop to claim alongside), otherwise
-// it serves the catch-up lane and then waits — for a notification, for the
+// it serves the deliveries lane and then waits — for a notification, for the
 // trailing re-check after one, or for the next poll, which reads in one
 // query whether pending rows wait (a notification may have been throttled or
 // lost) and when the next failed event is due.
@@ -632,7 +665,7 @@ func (r *Relay) loop(ctx context.Context) {
 				if time.Now().After(turnsAt) {
 					// Full batches back to back must not starve the rest:
 					// four times a second a busy relay also runs the
-					// retries that are due and serves the catch-up lane
+					// retries that are due and serves the deliveries lane
 					// (retention runs on its own goroutine and takes its
 					// own turns).
 					turnsAt = time.Now().Add(busyTurnInterval)
@@ -641,14 +674,14 @@ func (r *Relay) loop(ctx context.Context) {
 							return
 						}
 					}
-					if !r.catchUpOrFail(ctx, fail) {
+					if !r.owedOrFail(ctx, fail) {
 						return
 					}
 				}
 				continue
 			}
 		}
-		if !recheck && !r.catchUpOrFail(ctx, fail) {
+		if !recheck && !r.owedOrFail(ctx, fail) {
 			return
 		}
 		if recheck {
@@ -686,7 +719,7 @@ func (r *Relay) loop(ctx context.Context) {
 
 // helper is an extra loop for rounds in flight: woken by a loop whose batch
 // came back full, it claims alongside while batches stay full. Waiting for
-// notifications, polling, retries and catch-up are the main loop's.
+// notifications, polling, retries and the deliveries lane are the main loop's.
 func (r *Relay) helper(ctx context.Context) {
 	failures := 0
 	for !r.stopping() && ctx.Err() == nil {
@@ -728,7 +761,7 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 		waiting bool
 		secs    *float64
 	)
-	if err := r.pool.QueryRow(ctx, r.sql.Poll).Scan(&waiting, &secs); err != nil {
+	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known).Scan(&waiting, &secs); err != nil {
 		return 0, err
 	}
 	interval := r.config.Listener.PollInterval

@@ -1,8 +1,10 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -19,11 +21,28 @@ type OutboxStats struct {
 	// Retrying counts pending events that failed at least once and wait for
 	// their next attempt.
 	Retrying int64
-	// Poisoned counts events set aside until [Requeue] or [Discard].
+	// Poisoned counts events set aside until [Requeue] or [Discard]: as a
+	// whole, or for at least one subscriber (as [ListEvents] lists them
+	// with StatePoisoned).
 	Poisoned int64
-	// CatchingUp counts fanned-out events that a subscriber added by a
-	// rolling deploy has still to receive.
+	// CatchingUp counts fanned-out events whose catch_up list, written by a
+	// relay of 0.1.0 during a rolling deploy, a relay of this version has
+	// not yet turned into owed pairs.
 	CatchingUp int64
+	// Owed counts (event, subscriber) pairs still to be delivered: retrying
+	// after a failure of the subscriber's Map, owed to a subscriber the
+	// stamping relay did not know, or to a paused one.
+	Owed int64
+	// PoisonedDeliveries counts pairs set aside for their subscriber alone,
+	// until [RequeueDelivery] or [DiscardDelivery].
+	PoisonedDeliveries int64
+	// Orphaned names the registered, active subscribers that no running
+	// relay has served for Outbox.OrphanAfter (default OrphanAfterDefault):
+	// their pairs pile up. Deploy a release that has them, or
+	// [RetireSubscriber].
+	Orphaned []string
+	// Paused names the subscribers paused by [PauseSubscriber].
+	Paused []string
 	// FannedOutLastMinute counts events fanned out in the last minute.
 	FannedOutLastMinute int64
 }
@@ -45,9 +64,16 @@ func (o Outbox) Stats(ctx context.Context, db DB) (OutboxStats, error) {
 		st  OutboxStats
 		lag *float64
 	)
-	if err := db.QueryRow(ctx, sql.Stats).Scan(&st.Pending, &st.Retrying, &st.Poisoned, &st.CatchingUp,
-		&st.FannedOutLastMinute, &lag); err != nil {
+	if err := db.QueryRow(ctx, sql.Stats, cmp.Or(o.OrphanAfter, OrphanAfterDefault).Microseconds()).Scan(
+		&st.Pending, &st.Retrying, &st.Poisoned, &st.CatchingUp, &st.FannedOutLastMinute, &lag,
+		&st.Owed, &st.PoisonedDeliveries, &st.Orphaned, &st.Paused); err != nil {
 		return OutboxStats{}, fmt.Errorf("events: stats: %w", err)
+	}
+	if len(st.Orphaned) == 0 {
+		st.Orphaned = nil
+	}
+	if len(st.Paused) == 0 {
+		st.Paused = nil
 	}
 	if lag != nil {
 		st.Lag = time.Duration(*lag * float64(time.Second))
@@ -69,6 +95,11 @@ type Health struct {
 	LastSuccessAt time.Time
 	// ConsecutiveFailures counts the rounds or polls that failed since then.
 	ConsecutiveFailures int
+	// Orphaned names the registered, active subscribers that no running
+	// relay has served for Config.OrphanAfter, as this relay's last
+	// heartbeat read them (every few seconds): deploy a release that has
+	// them, or [RetireSubscriber]. It does not make the relay unhealthy.
+	Orphaned []string
 }
 
 // Health reports the relay's state. It reads no database: combine it with
@@ -79,12 +110,17 @@ func (r *Relay) Health() Health {
 	// about serving events.
 	running := r.running && r.loopDone != nil && !isClosed(r.loopDone)
 	r.mu.RUnlock()
+	var orphaned []string
+	if o := r.orphaned.Load(); o != nil {
+		orphaned = slices.Clone(*o)
+	}
 	return Health{
 		Running:             running,
 		Listening:           running && !r.config.Listener.PollOnly && r.listening.Load(),
 		PollOnly:            r.config.Listener.PollOnly,
 		LastSuccessAt:       time.Unix(0, r.lastSuccess.Load()),
 		ConsecutiveFailures: int(r.failing.Load()),
+		Orphaned:            orphaned,
 	}
 }
 

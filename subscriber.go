@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -13,7 +15,8 @@ import (
 )
 
 // Subscriber is something that wants River jobs for events of some types.
-// Register it with [Relay.Subscribe]. Exactly one of Map and Handle is set.
+// Register it with [Relay.Subscribe]. Exactly one of Map, Handle and
+// HandleTx is set.
 type Subscriber struct {
 	// Name identifies the subscriber. It is the key under which an event's
 	// fanout records the subscriber's job, so keep it stable across releases.
@@ -48,7 +51,9 @@ type Subscriber struct {
 	// Map is called inside the relay's transaction for every matching event,
 	// including ones a coalescing subscriber then folds, so keep it a cheap,
 	// pure function of the event. An error or a panic counts as a failed
-	// attempt for that event alone (see [Config.MaxAttempts]).
+	// attempt for this subscriber and that event alone (see
+	// [Config.MaxAttempts]): the event's other subscribers get their jobs,
+	// and this one's is retried with the backoff.
 	Map func(ctx context.Context, e Event) (river.JobArgs, *river.InsertOpts, error)
 
 	// Handle is called with the full event from a River job of kind
@@ -56,7 +61,20 @@ type Subscriber struct {
 	// registers. An error is retried by River's retry policy, like any job.
 	Handle func(ctx context.Context, e Event) error
 
-	// InsertOpts are the River insert options of a Handle subscriber's jobs
+	// HandleTx is Handle for a handler whose effects are writes to the same
+	// database: it runs inside a transaction, begun on the relay's pool, in
+	// which the library also completes the River job
+	// (river.JobCompleteTx), so the handler's writes and the job's
+	// completion commit together or not at all. An error or a panic rolls
+	// both back and River retries the job; a crash before the commit leaves
+	// the job to River's rescuer, which runs it again, and its effects were
+	// never committed. So each effect exists if and only if its job
+	// completed, once. Keep the transaction short; the job's handler jobs
+	// are worked by the worker [Relay.AddWorkers] registers, like Handle's.
+	HandleTx func(ctx context.Context, tx pgx.Tx, e Event) error
+
+	// InsertOpts are the River insert options of a Handle or HandleTx
+	// subscriber's jobs
 	// (queue, priority, max attempts, …). Ignored for Map subscribers. Nil
 	// means River's defaults.
 	InsertOpts *river.InsertOpts
@@ -88,8 +106,14 @@ func newSubscription(s Subscriber) (*subscription, error) {
 	if len(s.Types) == 0 {
 		return nil, bad("Types", "is empty; give at least one pattern, such as \"**\" for every event")
 	}
-	if (s.Map == nil) == (s.Handle == nil) {
-		return nil, bad("Map/Handle", "exactly one must be set")
+	set := 0
+	for _, f := range []bool{s.Map != nil, s.Handle != nil, s.HandleTx != nil} {
+		if f {
+			set++
+		}
+	}
+	if set != 1 {
+		return nil, bad("Map/Handle", "exactly one of Map, Handle and HandleTx must be set")
 	}
 	sub := &subscription{Subscriber: s, tags: []string{tagSubscriber + s.Name},
 		metricAttrs: metric.WithAttributes(attribute.String(attrSubscriber, s.Name), attribute.String(attrMessagingSystem, "river"))}
@@ -103,6 +127,17 @@ func newSubscription(s Subscriber) (*subscription, error) {
 	return sub, nil
 }
 
+// registryTypes returns the subscriber's globs as the registry stores them
+// (comma-separated: a glob has no comma) and one regular expression for all
+// of them, matched in SQL against '.' || type.
+func (s *subscription) registryTypes() (types, re string) {
+	res := make([]string, len(s.patterns))
+	for i, p := range s.patterns {
+		res[i] = p.Regexp()
+	}
+	return strings.Join(s.Types, ","), strings.Join(res, "|")
+}
+
 func (s *subscription) matches(eventType string) bool {
 	for _, p := range s.patterns {
 		if p.Match(eventType) {
@@ -114,7 +149,7 @@ func (s *subscription) matches(eventType string) bool {
 
 // jobFor maps e to the subscriber's job, turning a panic into an error.
 func (s *subscription) jobFor(ctx context.Context, e Event) (args river.JobArgs, opts *river.InsertOpts, err error) {
-	if s.Handle != nil {
+	if s.Handle != nil || s.HandleTx != nil {
 		return HandleArgs{Subscriber: s.Name, Event: e}, s.InsertOpts, nil
 	}
 	defer func() {

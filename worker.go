@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 )
 
 // HandleArgs are the args of the River jobs the relay inserts for Handle
@@ -49,6 +50,20 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 	sub := w.relay.subscription(job.Args.Subscriber)
 	if sub != nil && sub.Handle != nil {
 		return sub.Handle(ctx, job.Args.Event)
+	}
+	if sub != nil && sub.HandleTx != nil {
+		// The handler's writes and the job's completion in one transaction:
+		// both commit, or neither (a panic rolls back too, and River
+		// recovers it).
+		return pgx.BeginFunc(ctx, w.relay.pool, func(tx pgx.Tx) error {
+			if err := sub.HandleTx(ctx, tx, job.Args.Event); err != nil {
+				return err
+			}
+			if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
+				return fmt.Errorf("events: completing the job of subscriber %q: %w", job.Args.Subscriber, err)
+			}
+			return nil
+		})
 	}
 	// No process may know it any more (removed and retired), or only the
 	// other release does (a rolling deploy). Ask the registry.

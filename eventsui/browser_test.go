@@ -266,8 +266,12 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	b.screenshot("confirm-discard")
 	b.do(chromedp.Click(chromedp.ID("confirm")), chromedp.WaitVisible(chromedp.CSS(".flash")))
 	require.Contains(t, b.text(".flash"), "discarded")
-	_, err = events.Inspect(ctx, pool, discarded.ID)
-	require.ErrorIs(t, err, events.ErrNotFound)
+	// Its poisoned delivery is dropped; the row (fanned out to nobody else)
+	// stays for retention.
+	info, err := events.Inspect(ctx, pool, discarded.ID)
+	require.NoError(t, err)
+	require.False(t, info.Poisoned())
+	require.Empty(t, info.Deliveries)
 
 	// Requeue the ledger entries in bulk: filter, confirm the count, confirm.
 	b.do(chromedp.SendKeys(chromedp.CSS(`form.filters input[name="type"]`), "ledger.*"),
@@ -283,8 +287,8 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	require.Eventually(t, func() bool {
 		a, err1 := events.Inspect(ctx, pool, ledger1.ID)
 		c, err2 := events.Inspect(ctx, pool, ledger2.ID)
-		return err1 == nil && err2 == nil && !a.FannedOutAt.IsZero() && !c.FannedOutAt.IsZero()
-	}, 20*time.Second, 20*time.Millisecond, "the relay fans the requeued entries out")
+		return err1 == nil && err2 == nil && len(a.Fanout) > 0 && len(c.Fanout) > 0 && len(a.Deliveries)+len(c.Deliveries) == 0
+	}, 20*time.Second, 20*time.Millisecond, "the relay delivers the requeued entries")
 
 	b.do(chromedp.Navigate(srv.URL + "/outbox/?range=24h"))
 	b.screenshot("overview-24h")

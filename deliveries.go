@@ -1,0 +1,429 @@
+package events
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/standmeet/events/internal/backoff"
+	"github.com/standmeet/events/internal/glob"
+	"github.com/standmeet/events/internal/safetext"
+)
+
+// maxPairErrorLength bounds each stored error of a pair, in bytes.
+const maxPairErrorLength = 2000
+
+// queueDeliveryCharges queues, in b, one failed attempt for each failed
+// pair: the pair is written owed (or counted up), with its error in its
+// history, its next attempt's time, and poisoned_at once its attempts reach
+// MaxAttempts. After b is sent, the returned function lists the pairs this
+// call poisoned.
+func (r *Relay) queueDeliveryCharges(b *pgx.Batch, failures []pairFailure) func() []pairFailure {
+	if len(failures) == 0 {
+		return func() []pairFailure { return nil }
+	}
+	r.retryCheck.Store(true)
+	var (
+		seqs   = make([]int64, len(failures))
+		subs   = make([]string, len(failures))
+		errs   = make([]string, len(failures))
+		delays = make([]int64, len(failures))
+		index  = map[[2]any]int{}
+	)
+	for i, f := range failures {
+		msg := safetext.Clip(f.err.Error(), maxPairErrorLength)
+		delay := backoff.Delay(f.attempts+1, r.config.RetryBackoff, r.config.MaxRetryBackoff)
+		seqs[i], subs[i], errs[i], delays[i] = f.row.Seq, f.sub.Name, msg, delay.Microseconds()
+		index[[2]any{f.row.Seq, f.sub.Name}] = i
+		r.metrics.failures.Add(context.Background(), 1)
+		if r.hooks.charged != nil {
+			r.hooks.charged(f.row.Seq, f.attempts+1, delay)
+		}
+		r.logger.Warn("events: delivering an event to a subscriber failed",
+			slog.String("event_id", f.row.ID.String()), slog.Int64("seq", f.row.Seq), slog.String("type", f.row.Type),
+			slog.String("subscriber", f.sub.Name), slog.Int("attempt", f.attempts+1), slog.Duration("next_in", delay),
+			slog.String("err", msg))
+	}
+	poisoned := make([]bool, len(failures))
+	b.Queue(r.sql.ChargeDeliveries, seqs, subs, errs, delays, r.config.MaxAttempts).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var (
+				seq int64
+				sub string
+				p   bool
+			)
+			if err := rows.Scan(&seq, &sub, &p, nil); err != nil {
+				return err
+			}
+			if i, ok := index[[2]any{seq, sub}]; ok {
+				poisoned[i] = p
+			}
+		}
+		return rows.Err()
+	})
+	return func() []pairFailure {
+		var out []pairFailure
+		for i, p := range poisoned {
+			if p {
+				out = append(out, failures[i])
+			}
+		}
+		return out
+	}
+}
+
+// alertPair reports a pair this relay just poisoned: an error log at once,
+// and OnPoison off the loop (see Config.OnPoison), with the event and the
+// subscriber's error as it returned it.
+func (r *Relay) alertPair(ctx context.Context, f pairFailure) {
+	e := f.row.Event
+	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.Int64("seq", e.Seq), slog.String("type", e.Type),
+		slog.String("subject", e.Subject), slog.String("subscriber", f.sub.Name), slog.String("err", safetext.Clip(f.err.Error(), maxPairErrorLength))}
+	r.logger.LogAttrs(ctx, slog.LevelError,
+		"events: delivery poisoned: this subscriber will not receive the event until it is requeued", attrs...)
+	r.metrics.poisoned.Add(ctx, 1)
+	if onPoison := r.config.OnPoison; onPoison != nil {
+		err := f.err
+		r.callbacks.Go("OnPoison", attrs, func(ctx context.Context) { onPoison(ctx, e, err) })
+	}
+}
+
+// DeliveryInfo is an (event, subscriber) pair still owed or poisoned, as
+// [ListDeliveries] and [Inspect] report it. Pairs delivered have no state
+// of their own: the event's Fanout names their job.
+type DeliveryInfo struct {
+	// EventID, Seq, Type and Subject are the event's.
+	EventID uuid.UUID
+	Seq     int64
+	Type    string
+	Subject string
+	// Subscriber is the subscriber the event is owed to.
+	Subscriber string
+	// Attempts counts failed attempts since the pair was owed or last
+	// requeued.
+	Attempts int
+	// LastError is the error of the last failed attempt; empty if none.
+	LastError string
+	// Errors is the history of the last 10 failed attempts, oldest first,
+	// kept across requeues.
+	Errors []AttemptError
+	// NextAttemptAt is when a relay that knows the subscriber tries next.
+	NextAttemptAt time.Time
+	// PoisonedAt is when the pair was set aside; zero unless poisoned.
+	PoisonedAt time.Time
+	// OwedSince is when the pair was first owed.
+	OwedSince time.Time
+}
+
+// Poisoned reports whether the pair is set aside until [RequeueDelivery].
+func (d *DeliveryInfo) Poisoned() bool { return !d.PoisonedAt.IsZero() }
+
+// AttemptError is one failed attempt of a pair.
+type AttemptError struct {
+	At    time.Time `json:"at"`
+	Error string    `json:"error"`
+}
+
+func scanDelivery(row pgx.CollectableRow) (DeliveryInfo, error) {
+	var (
+		d         DeliveryInfo
+		lastError *string
+		poisoned  *time.Time
+		history   []byte
+	)
+	err := row.Scan(&d.Seq, &d.EventID, &d.Type, &d.Subject, &d.Subscriber, &d.Attempts, &lastError, &history,
+		&d.NextAttemptAt, &poisoned, &d.OwedSince)
+	if err != nil {
+		return d, err
+	}
+	if lastError != nil {
+		d.LastError = *lastError
+	}
+	d.PoisonedAt = deref(poisoned)
+	if len(history) > 0 {
+		if err := json.Unmarshal(history, &d.Errors); err != nil {
+			return d, fmt.Errorf("error history: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// DeliveryState selects the pairs [ListDeliveries] lists.
+type DeliveryState string
+
+// The states of [ListDeliveriesParams].
+const (
+	// DeliveryOwed: still to be delivered (retrying, or owed to a
+	// subscriber no relay has served yet, or paused).
+	DeliveryOwed DeliveryState = "owed"
+	// DeliveryPoisoned: set aside until requeued or discarded.
+	DeliveryPoisoned DeliveryState = "poisoned"
+)
+
+// ListDeliveriesParams selects and pages the pairs [ListDeliveries] lists.
+type ListDeliveriesParams struct {
+	// State selects the pairs. Defaults to DeliveryPoisoned.
+	State DeliveryState
+	// Type filters by event type with a glob, as [Subscriber.Types]. Empty
+	// means every type.
+	Type string
+	// Subscriber filters by subscriber name. Empty means every subscriber.
+	Subscriber string
+	// Limit is the page size. Defaults to ListLimitDefault (50); at most
+	// 1000.
+	Limit int
+	// After is the Next cursor of the previous page; empty for the first.
+	After string
+}
+
+// ListDeliveriesResult is one page of pairs.
+type ListDeliveriesResult struct {
+	Deliveries []DeliveryInfo
+	// Next is the cursor of the following page; empty on the last page.
+	Next string
+}
+
+// DeliveryFilter selects poisoned pairs for [RequeueDeliveries] and
+// [DiscardDeliveries]. The zero value selects every poisoned pair.
+type DeliveryFilter struct {
+	// Type is a glob on the event type; empty means every type.
+	Type string
+	// Subscriber is a subscriber name; empty means every subscriber.
+	Subscriber string
+}
+
+// ListDeliveries lists (event, subscriber) pairs that are owed or poisoned,
+// by event and subscriber, a page at a time.
+func ListDeliveries(ctx context.Context, db DB, params ListDeliveriesParams) (ListDeliveriesResult, error) {
+	return Outbox{}.ListDeliveries(ctx, db, params)
+}
+
+// ListDeliveries is [ListDeliveries] in o's schema.
+func (o Outbox) ListDeliveries(ctx context.Context, db DB, params ListDeliveriesParams) (ListDeliveriesResult, error) {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return ListDeliveriesResult{}, err
+	}
+	state := cmp.Or(params.State, DeliveryPoisoned)
+	if state != DeliveryOwed && state != DeliveryPoisoned {
+		return ListDeliveriesResult{}, invalidf(ErrInvalidArgument, "State", "%q: use owed or poisoned", params.State)
+	}
+	limit := cmp.Or(params.Limit, ListLimitDefault)
+	if limit < 1 || limit > 1000 {
+		return ListDeliveriesResult{}, invalidf(ErrInvalidArgument, "Limit", "%d: must be between 1 and 1000", params.Limit)
+	}
+	typeRE, err := typeRegexp(params.Type)
+	if err != nil {
+		return ListDeliveriesResult{}, err
+	}
+	var (
+		subscriber, afterSub *string
+		afterSeq             *int64
+	)
+	if params.Subscriber != "" {
+		subscriber = &params.Subscriber
+	}
+	if params.After != "" {
+		seqStr, sub, ok := strings.Cut(params.After, ".")
+		seq, err := strconv.ParseInt(seqStr, 10, 64)
+		if !ok || err != nil {
+			return ListDeliveriesResult{}, invalidf(ErrInvalidArgument, "After", "%q: not a cursor from a previous page", params.After)
+		}
+		afterSeq, afterSub = &seq, &sub
+	}
+	rows, err := db.Query(ctx, sql.ListDeliveries, limit+1, string(state), typeRE, subscriber, afterSeq, afterSub)
+	if err != nil {
+		return ListDeliveriesResult{}, fmt.Errorf("events: list deliveries: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, scanDelivery)
+	if err != nil {
+		return ListDeliveriesResult{}, fmt.Errorf("events: list deliveries: %w", err)
+	}
+	var res ListDeliveriesResult
+	if len(list) > limit {
+		list = list[:limit]
+		last := list[limit-1]
+		res.Next = fmt.Sprintf("%d.%s", last.Seq, last.Subscriber)
+	}
+	res.Deliveries = list
+	return res, nil
+}
+
+// typeRegexp compiles an optional type glob to its SQL regular expression.
+func typeRegexp(glb string) (*string, error) {
+	if glb == "" {
+		return nil, nil
+	}
+	p, err := glob.Compile(glb)
+	if err != nil {
+		return nil, invalidf(ErrInvalidArgument, "Type", "%v", err)
+	}
+	re := p.Regexp()
+	return &re, nil
+}
+
+// RequeueDelivery puts one poisoned (event, subscriber) pair back in the
+// queue: its attempts start again (its error history is kept) and the
+// relays are woken; a relay that knows the subscriber delivers it, once. It
+// returns an error wrapping [ErrNotFound] when the event owes the
+// subscriber nothing and [ErrNotPoisoned] when the pair is owed but not
+// poisoned.
+func RequeueDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
+	return Outbox{}.RequeueDelivery(ctx, db, eventID, subscriber)
+}
+
+// RequeueDelivery is [RequeueDelivery] in o's schema.
+func (o Outbox) RequeueDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return err
+	}
+	var exists, done bool
+	if err := db.QueryRow(ctx, sql.RequeueDelivery, eventID, subscriber).Scan(&exists, &done, nil); err != nil {
+		return fmt.Errorf("events: requeue %s for %q: %w", eventID, subscriber, err)
+	}
+	return pairOutcome(exists, done, eventID, subscriber)
+}
+
+// DiscardDelivery gives up one poisoned (event, subscriber) pair for good:
+// that pair alone is dropped; the event row, and every other subscriber's
+// fanout record on it, stays. Errors as [RequeueDelivery].
+func DiscardDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
+	return Outbox{}.DiscardDelivery(ctx, db, eventID, subscriber)
+}
+
+// DiscardDelivery is [DiscardDelivery] in o's schema.
+func (o Outbox) DiscardDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return err
+	}
+	var exists, done bool
+	if err := db.QueryRow(ctx, sql.DiscardDelivery, eventID, subscriber).Scan(&exists, &done); err != nil {
+		return fmt.Errorf("events: discard %s for %q: %w", eventID, subscriber, err)
+	}
+	return pairOutcome(exists, done, eventID, subscriber)
+}
+
+func pairOutcome(exists, done bool, id uuid.UUID, subscriber string) error {
+	switch {
+	case !exists:
+		return fmt.Errorf("%w: %s owes %q nothing", ErrNotFound, id, subscriber)
+	case !done:
+		return fmt.Errorf("%w: %s for %q", ErrNotPoisoned, id, subscriber)
+	}
+	return nil
+}
+
+// filterBatch is how many pairs one statement of RequeueDeliveries or
+// DiscardDeliveries changes.
+const filterBatch = 1000
+
+// RequeueDeliveries requeues every poisoned pair that filter selects, in
+// batches of 1,000 (each its own statement: with a pool, its own
+// transaction), and returns how many.
+func RequeueDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
+	return Outbox{}.RequeueDeliveries(ctx, db, filter)
+}
+
+// RequeueDeliveries is [RequeueDeliveries] in o's schema.
+func (o Outbox) RequeueDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
+	return o.byFilter(ctx, db, filter, true)
+}
+
+// DiscardDeliveries drops every poisoned pair that filter selects, in
+// batches of 1,000, and returns how many. Event rows stay (see
+// [DiscardDelivery]).
+func DiscardDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
+	return Outbox{}.DiscardDeliveries(ctx, db, filter)
+}
+
+// DiscardDeliveries is [DiscardDeliveries] in o's schema.
+func (o Outbox) DiscardDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
+	return o.byFilter(ctx, db, filter, false)
+}
+
+func (o Outbox) byFilter(ctx context.Context, db DB, filter DeliveryFilter, requeue bool) (int64, error) {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return 0, err
+	}
+	typeRE, err := typeRegexp(filter.Type)
+	if err != nil {
+		return 0, err
+	}
+	var subscriber *string
+	if filter.Subscriber != "" {
+		subscriber = &filter.Subscriber
+	}
+	var total int64
+	for {
+		var n int64
+		if requeue {
+			err = db.QueryRow(ctx, sql.RequeueDeliveries, typeRE, subscriber, filterBatch).Scan(&n, nil)
+		} else {
+			err = db.QueryRow(ctx, sql.DiscardDeliveries, typeRE, subscriber, filterBatch).Scan(&n)
+		}
+		if err != nil {
+			return total, fmt.Errorf("events: deliveries by filter: %w", err)
+		}
+		total += n
+		if n < filterBatch {
+			return total, nil
+		}
+	}
+}
+
+// PauseSubscriber pauses one subscriber: from the next round on, no relay
+// maps or inserts anything for it; its events stay owed to it (as pairs),
+// while every other subscriber's flow. [ResumeSubscriber] lets the relays
+// deliver what it is owed. It returns an error wrapping
+// [ErrUnknownSubscriber] for a name not registered (or retired).
+func PauseSubscriber(ctx context.Context, db DB, name string) error {
+	return Outbox{}.PauseSubscriber(ctx, db, name)
+}
+
+// PauseSubscriber is [PauseSubscriber] in o's schema.
+func (o Outbox) PauseSubscriber(ctx context.Context, db DB, name string) error {
+	return o.pause(ctx, db, name, true)
+}
+
+// ResumeSubscriber resumes a paused subscriber and wakes the relays. Resuming
+// one that is not paused is not an error.
+func ResumeSubscriber(ctx context.Context, db DB, name string) error {
+	return Outbox{}.ResumeSubscriber(ctx, db, name)
+}
+
+// ResumeSubscriber is [ResumeSubscriber] in o's schema.
+func (o Outbox) ResumeSubscriber(ctx context.Context, db DB, name string) error {
+	return o.pause(ctx, db, name, false)
+}
+
+func (o Outbox) pause(ctx context.Context, db DB, name string, pause bool) error {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return err
+	}
+	var got string
+	if pause {
+		err = db.QueryRow(ctx, sql.Pause, name).Scan(&got)
+	} else {
+		err = db.QueryRow(ctx, sql.Resume, name).Scan(&got, nil)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %q", ErrUnknownSubscriber, name)
+	}
+	if err != nil {
+		return fmt.Errorf("events: pause or resume %q: %w", name, err)
+	}
+	return nil
+}

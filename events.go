@@ -87,7 +87,7 @@ type Outbox struct {
 	// through its WAL flush, so notifying in every transaction serialises
 	// every writer's commit; relays do not depend on the notification (they
 	// re-check shortly after each wake-up and poll when idle). Defaults to
-	// NotifyIntervalDefault (10 ms); NotifyEveryTransaction notifies in
+	// NotifyIntervalDefault (2 ms); NotifyEveryTransaction notifies in
 	// every transaction; a negative value never notifies.
 	NotifyInterval time.Duration
 
@@ -100,7 +100,7 @@ type Outbox struct {
 
 // Notification throttling of [Outbox.NotifyInterval].
 const (
-	NotifyIntervalDefault  = 10 * time.Millisecond
+	NotifyIntervalDefault  = 2 * time.Millisecond
 	NotifyEveryTransaction = time.Duration(1) // shorter than any transaction
 	NotifyNever            = time.Duration(-1)
 )

@@ -227,7 +227,7 @@ const busyTurnInterval = 250 * time.Millisecond
 
 // After draining what a wake-up announced, a relay keeps looking for a short
 // while: notifications are throttled (one transaction per
-// Outbox.NotifyInterval, 10 ms by default, sends one), so transactions that
+// Outbox.NotifyInterval, 2 ms by default, sends one), so transactions that
 // commit just after the one that notified send none. For trailingWindow after
 // each wake-up (or each look that found rows) the idle relay polls every
 // trailingRecheck (one query on a small partial index), so those are found

@@ -26,3 +26,5 @@ BEGIN
 END
 $$;
 DROP SEQUENCE IF EXISTS outbox_notify_slot;
+ALTER TABLE outbox_settings ALTER COLUMN notify_interval SET DEFAULT '10 milliseconds';
+UPDATE outbox_settings SET notify_interval = '10 milliseconds' WHERE notify_interval = '2 milliseconds';

@@ -32,7 +32,16 @@ func startRelay(ctx context.Context, pool *pgxpool.Pool, batch int) (*events.Rel
 			return nil, err
 		}
 	}
-	return r, r.Start(ctx, client)
+	if err := r.Start(ctx, client); err != nil {
+		return nil, err
+	}
+	select {
+	case <-r.Ready():
+		return r, nil
+	case <-time.After(30 * time.Second):
+		_ = r.Stop(ctx)
+		return nil, fmt.Errorf("the relay never got ready")
+	}
 }
 
 // roundTrips counts the statements a function sends on conn.
@@ -290,7 +299,10 @@ func measureLatencySection(ctx context.Context, pool *pgxpool.Pool, o Options, r
 	listening := make(chan struct{})
 	go func() { defer close(listening); fl.run(lctx, conn) }()
 
-	total := int(o.LatencyFor.Seconds() * float64(rate))
+	// A steady rate: the first half second (connections dialled, statements
+	// prepared, plans cached, on both sides) is sent but not counted.
+	warm := rate / 2
+	total := warm + int(o.LatencyFor.Seconds()*float64(rate))
 	var next atomic.Int64
 	start := time.Now()
 	var g errgroup.Group
@@ -304,7 +316,7 @@ func measureLatencySection(ctx context.Context, pool *pgxpool.Pool, o Options, r
 				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 					e, err := outboxFor(suffix).Record(ctx, tx, events.Event{Type: "order.placed", Subject: fmt.Sprintf("order:%d", i)})
-					if err == nil {
+					if err == nil && i >= int64(warm) {
 						fl.committing(e.ID, time.Now()) // the commit is next
 					}
 					return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -59,7 +61,9 @@ func TestChaosSoak(t *testing.T) {
 // for ledger.* events: those pairs, and only those, must end poisoned, while
 // the other subscribers of ledger.* events get their jobs. "ghost" is
 // registered, with note.* types, and never run: an orphan, owed every
-// note.* event.
+// note.* event. "history" is added partway through, on some of the relays,
+// and given the events since a mid-run time by a Backfill that runs (and is
+// interrupted and resumed) while the chaos goes on.
 var soakTypes = []string{"order.placed", "order.paid", "note.changed", "supplier.connected", "ledger.entry"}
 
 type soak struct {
@@ -86,6 +90,15 @@ type soak struct {
 	deploying  atomic.Bool
 	auditSince time.Time
 	auditMu    sync.Mutex
+
+	// The backfill phase: relays other than the first one restarted from
+	// historyOn on have the subscriber "history"; historySince is when the
+	// first of them had registered it (Start returned), historyFrom the since
+	// its Backfill was given. bf is what the Backfill calls did.
+	historyOn    atomic.Bool
+	historySince time.Time
+	historyFrom  time.Time
+	bf           backfillRun
 
 	mailFailed sync.Map // event ID -> true once mail's Map failed for it
 	faults     map[string]int
@@ -131,8 +144,12 @@ func (s *soak) fault(kind string) {
 	s.faultsMu.Unlock()
 }
 
-// subscribers are the subscribers of a release: the new one adds "audit".
-func (s *soak) subscribers(newRelease bool) []Subscriber {
+// historyTypes are the type globs of "history": some of the workload's.
+var historyTypes = []string{"order.paid", "supplier.**"}
+
+// subscribers are the subscribers of a release: the new one adds "audit";
+// history adds "history".
+func (s *soak) subscribers(newRelease, history bool) []Subscriber {
 	mapTo := func(name string) func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
 		return func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
 			switch name {
@@ -158,6 +175,9 @@ func (s *soak) subscribers(newRelease bool) []Subscriber {
 	if newRelease {
 		subs = append(subs, Subscriber{Name: "audit", Types: []string{"order.*", "supplier.**"}, Map: mapTo("audit")})
 	}
+	if history {
+		subs = append(subs, Subscriber{Name: "history", Types: historyTypes, Map: mapTo("history")})
+	}
 	return subs
 }
 
@@ -169,6 +189,8 @@ type relaySlot struct {
 	relay      *Relay
 	cancel     context.CancelFunc
 	newRelease bool
+	index      int  // slot 0 never gets "history"
+	history    bool // the relay has "history"
 }
 
 func (s *soak) startSlot(slot *relaySlot) {
@@ -179,7 +201,10 @@ func (s *soak) startSlot(slot *relaySlot) {
 	require.NoError(s.t, err)
 	// Once the deploy began, a restarted process runs the new release.
 	slot.newRelease = s.deploying.Load()
-	for _, sub := range s.subscribers(slot.newRelease) {
+	// Once the backfill phase began, a restarted process other than the
+	// first one has "history".
+	slot.history = s.historyOn.Load() && slot.index != 0
+	for _, sub := range s.subscribers(slot.newRelease, slot.history) {
 		require.NoError(s.t, relay.Subscribe(sub))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -189,6 +214,13 @@ func (s *soak) startSlot(slot *relaySlot) {
 		s.auditMu.Lock()
 		if s.auditSince.IsZero() {
 			s.auditSince = time.Now()
+		}
+		s.auditMu.Unlock()
+	}
+	if slot.history {
+		s.auditMu.Lock()
+		if s.historySince.IsZero() {
+			s.historySince = time.Now()
 		}
 		s.auditMu.Unlock()
 	}
@@ -207,11 +239,11 @@ func (s *soak) stopSlot(slot *relaySlot, abrupt bool) {
 func (s *soak) run(duration time.Duration) {
 	t := s.t
 	var slots []*relaySlot
-	for range 3 {
+	for i := range 3 {
 		pool := testdb.Pool(t, s.cluster.URL)
 		client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()})
 		require.NoError(t, err)
-		slot := &relaySlot{pool: pool, client: client}
+		slot := &relaySlot{pool: pool, client: client, index: i}
 		s.startSlot(slot)
 		slots = append(slots, slot)
 	}
@@ -234,9 +266,20 @@ func (s *soak) run(duration time.Duration) {
 
 	// Chaos: a fault every 100–600 ms, and one full restart mid-run. After a
 	// quarter of the run a rolling deploy begins: relays restarted from then
-	// on run the new release, side by side with the old one.
+	// on run the new release, side by side with the old one. At three
+	// eighths the backfill phase begins: the second relay restarts with
+	// "history" (relays other than the first restarted afterwards have it
+	// too), and a Backfill from an eighth of the run begins; interrupted
+	// after its first batch, it is resumed at five eighths, past the
+	// postgres restart, while the chaos goes on.
 	restartAt := time.Now().Add(duration / 2)
 	deployAt := time.Now().Add(duration / 4)
+	backfillAt := time.Now().Add(duration * 3 / 8)
+	resumeAt := time.Now().Add(duration * 5 / 8)
+	s.historyFrom = time.Now().Add(duration / 8)
+	var backfilled <-chan struct{}
+	resume := make(chan struct{})
+	resumed := false
 	restarted := false
 	deadline := time.Now().Add(duration)
 	for time.Now().Before(deadline) {
@@ -246,6 +289,20 @@ func (s *soak) run(duration time.Duration) {
 			s.fault("rolling deploy began")
 			s.stopSlot(slots[0], false)
 			s.startSlot(slots[0])
+			continue
+		}
+		if !s.historyOn.Load() && time.Now().After(backfillAt) {
+			s.historyOn.Store(true)
+			s.fault("backfill began")
+			s.stopSlot(slots[1], false)
+			s.startSlot(slots[1])
+			backfilled = s.backfill(resume)
+			continue
+		}
+		if backfilled != nil && !resumed && time.Now().After(resumeAt) {
+			resumed = true
+			s.fault("backfill resumed")
+			close(resume)
 			continue
 		}
 		if !restarted && time.Now().After(restartAt) {
@@ -277,6 +334,12 @@ func (s *soak) run(duration time.Duration) {
 	}
 	close(stop)
 	wg.Wait()
+	if backfilled != nil {
+		if !resumed {
+			close(resume)
+		}
+		<-backfilled
+	}
 
 	// The deploy ends: the old release's relays that are left are replaced.
 	for _, slot := range slots {
@@ -322,6 +385,121 @@ func (s *soak) run(duration time.Duration) {
 	for _, slot := range slots {
 		s.stopSlot(slot, false)
 	}
+}
+
+// backfillRun is what the soak's Backfill calls did.
+type backfillRun struct {
+	calls       int
+	owed        int64          // pairs the calls wrote, as they reported them
+	interrupted int64          // the seq progress had reached when the first call was interrupted; 0 if it never was
+	final       BackfillResult // the call that finished
+	finished    bool
+}
+
+// backfill runs Backfill(ctx, db, "history", s.historyFrom) in a goroutine,
+// while the chaos goes on, until a call finishes; the returned channel is
+// closed then. The first call is interrupted (its context cancelled) once a
+// batch of it committed; the next one is made when resume is closed, later
+// in the run, and must go on from there: by then the events stamped since
+// the registration have their history jobs, and the resumed Backfill must
+// owe them nothing. A call the chaos breaks (a connection terminated, the
+// server restarting) is made again, as an operator would.
+func (s *soak) backfill(resume <-chan struct{}) <-chan struct{} {
+	pool := testdb.Pool(s.t, s.cluster.URL)
+	sql, err := statementsFor("")
+	require.NoError(s.t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		giveUp := time.Now().Add(2 * time.Minute)
+		for {
+			ctx, cancel := context.WithCancel(context.Background())
+			var db DB = pool
+			var ir *interruptAfterBatch
+			if s.bf.interrupted == 0 {
+				ir = &interruptAfterBatch{DB: pool, batch: sql.BackfillBatch, cancel: cancel}
+				db = ir
+			}
+			res, err := Backfill(ctx, db, "history", s.historyFrom)
+			cancel()
+			s.bf.calls++
+			s.bf.owed += res.Owed
+			if ir != nil && ir.fired {
+				s.bf.interrupted = ir.progress
+				s.fault("backfill interrupted")
+				<-resume
+				giveUp = time.Now().Add(2 * time.Minute)
+				continue
+			}
+			switch {
+			case err == nil:
+				s.bf.final, s.bf.finished = res, true
+				return
+			case errors.Is(err, ErrUnknownSubscriber):
+				s.t.Errorf("backfill: %v", err)
+				return
+			case time.Now().After(giveUp):
+				s.t.Errorf("backfill: still failing after 2 minutes: %v", err)
+				return
+			}
+			time.Sleep(20 * time.Millisecond) // a retry's backoff: the server may be restarting
+		}
+	}()
+	return done
+}
+
+// interruptAfterBatch is a DB for Backfill that cancels its context once a
+// batch statement returned: the statement after it fails.
+type interruptAfterBatch struct {
+	DB
+	batch    string
+	cancel   context.CancelFunc
+	batched  bool
+	fired    bool
+	progress int64 // the seq the batch that returned went up to
+}
+
+func (d *interruptAfterBatch) interrupt() {
+	if d.batched {
+		d.fired = true
+		d.cancel()
+	}
+}
+
+func (d *interruptAfterBatch) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	d.interrupt()
+	return d.DB.Exec(ctx, sql, args...)
+}
+
+func (d *interruptAfterBatch) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	d.interrupt()
+	return d.DB.Query(ctx, sql, args...)
+}
+
+func (d *interruptAfterBatch) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	d.interrupt()
+	row := d.DB.QueryRow(ctx, sql, args...)
+	if sql != d.batch {
+		return row
+	}
+	return scanHook{row, func() {
+		d.batched = true
+		d.progress, _ = args[3].(int64)
+	}}
+}
+
+// scanHook calls scanned after a successful Scan.
+type scanHook struct {
+	pgx.Row
+	scanned func()
+}
+
+func (r scanHook) Scan(dest ...any) error {
+	err := r.Row.Scan(dest...)
+	if err == nil {
+		r.scanned()
+	}
+	return err
 }
 
 // terminate kills one random backend of the soak's database matching where.
@@ -472,6 +650,22 @@ func (s *soak) check() {
 		}
 	}
 	t.Logf("chaos soak: %d events reached the subscriber added by the rolling deploy", audited)
+	// The backfill phase happened, and its interrupted Backfill resumed.
+	backfillPhase := !s.historySince.IsZero()
+	if backfillPhase {
+		t.Logf("chaos soak: backfill of history since %v (registered %v): %d calls, %d pairs owed, interrupted at seq %d, the call that finished resumed after seq %d",
+			s.historyFrom.Format(time.StampMicro), s.historySince.Format(time.StampMicro), s.bf.calls, s.bf.owed, s.bf.interrupted, s.bf.final.ResumedAt)
+		require.True(t, s.bf.finished, "the backfill never finished")
+		require.NotZero(t, s.bf.interrupted, "the backfill was never interrupted after a batch")
+		require.GreaterOrEqual(t, s.bf.final.ResumedAt, s.bf.interrupted, "the backfill did not resume where it was interrupted")
+		subs, err := ListSubscribers(context.Background(), s.admin)
+		require.NoError(t, err)
+		i := slices.IndexFunc(subs, func(sub SubscriberInfo) bool { return sub.Name == "history" })
+		require.GreaterOrEqual(t, i, 0, "history is not registered")
+		require.False(t, subs[i].BackfillDoneAt.IsZero(), "the registry does not show history's backfill done: %+v", subs[i])
+	} else {
+		t.Logf("chaos soak: the run was too short for the backfill phase")
+	}
 	t.Logf("chaos soak: %d transactions, %d events (%d committed, %d unknown outcome, %d rolled back), %d jobs, %d poisoned, %d receipts (%d poisoned); faults: %s",
 		s.writes.Load(), len(rows), len(s.committed), len(s.unknown), len(s.rolledBack), len(jobs), poisoned, len(s.receipts), len(s.poisonRcpt), strings.Join(faults, ", "))
 
@@ -490,7 +684,7 @@ func (s *soak) check() {
 		}
 	}
 	var subscriptions []*subscription
-	for _, sub := range s.subscribers(true) {
+	for _, sub := range s.subscribers(true, true) {
 		c, err := newSubscription(sub)
 		require.NoError(t, err)
 		subscriptions = append(subscriptions, c)
@@ -503,6 +697,9 @@ func (s *soak) check() {
 		jobsOf[j.Subscriber][j.EventID] = append(jobsOf[j.Subscriber][j.EventID], j.ID)
 	}
 	pairs := loadPairs(t, s.admin)
+	history := subscriptions[slices.IndexFunc(subscriptions, func(c *subscription) bool { return c.Name == "history" })]
+	since := s.historyFrom.Truncate(time.Microsecond) // as Backfill compares it
+	historyJobs := 0
 	ghostOwed := 0
 	named := map[int64]bool{}
 	for id, r := range rows {
@@ -545,7 +742,7 @@ func (s *soak) check() {
 				fail("event %s (%s): %s has both a job and an owed pair", id, r.Type, sub.Name)
 			case sub.Name == "ledger" && sub.matches(r.Type) && !owed:
 				fail("event %s (%s): the always-failing ledger pair is not poisoned", id, r.Type)
-			case !has && !owed && sub.matches(r.Type) && sub.Name != "audit":
+			case !has && !owed && sub.matches(r.Type) && sub.Name != "audit" && sub.Name != "history":
 				fail("event %s (%s): fanout %v lacks %s", id, r.Type, r.Fanout, sub.Name)
 			case !has && sub.matches(r.Type) && sub.Name == "audit" && !s.auditSince.IsZero() && s.committedAt[id].After(s.auditSince):
 				fail("event %s (%s) committed %v after audit's registration (%v) never reached it: fanout %v",
@@ -576,6 +773,23 @@ func (s *soak) check() {
 				fail("event %s (seq %d, %s): coalesced into job %d carrying event %s (seq %d, %s)", id, r.Seq, r.Subject, jobID, job.EventID, carried.Seq, carried.Subject)
 			}
 		}
+		// history: one job for every matching event it is owed, the ones
+		// fanned out before its backfill created since historyFrom and the
+		// ones committed after its registration; at most one for the other
+		// matching events (created before since but fanned out after the
+		// registration); none for an event that does not match.
+		switch got := jobsOf["history"][id]; {
+		case !history.matches(r.Type) && len(got) > 0:
+			fail("event %s (%s) does not match history's types %v but has history jobs %v", id, r.Type, historyTypes, got)
+		case len(got) > 1:
+			fail("event %s (%s) has %d history jobs: %v", id, r.Type, len(got), got)
+		case backfillPhase && history.matches(r.Type) && len(got) == 0 &&
+			(!r.CreatedAt.Before(since) || s.committedAt[id].After(s.historySince)):
+			fail("event %s (%s, seq %d, created %v, committed %v) is owed to history (backfilled since %v, registered %v) but has no history job: fanout %v",
+				id, r.Type, r.Seq, r.CreatedAt.Format(time.StampMicro), s.committedAt[id].Format(time.StampMicro),
+				since.Format(time.StampMicro), s.historySince.Format(time.StampMicro), r.Fanout)
+		}
+		historyJobs += len(jobsOf["history"][id])
 		if want, ok := s.receipts[id]; ok {
 			// A receipt is read when the event's round committed: every job
 			// it names is the row's; a subscriber it lists as owed or
@@ -597,7 +811,7 @@ func (s *soak) check() {
 			}
 		}
 	}
-	t.Logf("chaos soak: %d events owed to the orphan", ghostOwed)
+	t.Logf("chaos soak: %d events owed to the orphan, %d history jobs", ghostOwed, historyJobs)
 	for jobID, j := range jobs {
 		if !named[jobID] {
 			fail("job %d (%s, event %s) is named by no fanout", jobID, j.Subscriber, j.EventID)

@@ -44,12 +44,23 @@ commands:
                              (--watch: again every N seconds until interrupted)
   list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
                              STATE: pending, retrying, poisoned or recent
-  inspect ID                 one event in full
-  requeue ID...              put poisoned events back in the queue
-  requeue --all-poisoned [--type GLOB] [--yes]
-  discard ID...              delete poisoned events for good
+  inspect ID                 one event in full, with its owed and poisoned subscribers and their errors
+  requeue ID...              put poisoned events back in the queue (every poisoned subscriber of each)
+  requeue ID... --subscriber S
+                             requeue the event for subscriber S only
+  requeue --all-poisoned [--type GLOB] [--subscriber S] [--yes]
+                             (with --subscriber: every poisoned pair of S, of type GLOB)
+  discard ID... [--subscriber S]
+                             give poisoned events up for good (with --subscriber: for S only)
+  deliveries [poisoned|owed] [--subscriber S] [--type GLOB] [--limit N] [--after CURSOR]
+                             the (event, subscriber) pairs poisoned (default) or still owed
+  subscribers [--orphan-after D]
+                             the registry: state, owed, oldest owed, poisoned, last served and by
+                             which relay, backfill; orphaned ones (unserved for D, 15m) are warned of
+  relays                     the relays of the last day: host, PID, version, subscribers, running,
+                             stopped or dead, listening or polling, failures, last round
+  pause S / resume S         hold subscriber S's deliveries back (they stay owed), or let them go
   watch list                 the installed table watches
-  subscribers                the subscriber registry
   webhooks [--limit N] [--after ID]
                              webhook endpoints: state, breaker, success and latency over the last hour
   webhooks inspect ID [--limit N] [--failures] [--before N]
@@ -136,7 +147,7 @@ func (c *cli) run(args []string) error {
 	commands := map[string]func([]string) error{
 		"migrate": c.migrate, "stats": c.stats, "list": c.list, "inspect": c.inspect,
 		"requeue": c.requeue, "discard": c.discard, "watch": c.watch, "subscribers": c.subscribers,
-		"webhooks": c.webhooks,
+		"webhooks": c.webhooks, "relays": c.relays, "deliveries": c.deliveries, "pause": c.pause, "resume": c.resume,
 	}
 	f, ok := commands[cmd]
 	if !ok {
@@ -333,17 +344,13 @@ type eventJSON struct {
 	LastError     string           `json:"last_error,omitempty"`
 	NextAttemptAt *time.Time       `json:"next_attempt_at"`
 	PoisonedAt    *time.Time       `json:"poisoned_at"`
+	// Deliveries are the owed and poisoned pairs; inspect only.
+	Deliveries []deliveryJSON `json:"deliveries,omitempty"`
 }
 
 func toJSON(e events.EventInfo) eventJSON {
-	opt := func(t time.Time) *time.Time {
-		if t.IsZero() {
-			return nil
-		}
-		return &t
-	}
 	return eventJSON{e.ID, e.Seq, e.Type, e.Subject, e.Payload, e.CreatedAt, opt(e.FannedOutAt), e.Fanout,
-		e.Attempts, e.LastError, opt(e.NextAttemptAt), opt(e.PoisonedAt)}
+		e.Attempts, e.LastError, opt(e.NextAttemptAt), opt(e.PoisonedAt), nil}
 }
 
 func (c *cli) list(args []string) error {
@@ -400,7 +407,9 @@ func (c *cli) inspect(args []string) error {
 	if err != nil {
 		return err
 	}
-	return c.output(toJSON(e), func(w *tabwriter.Writer) {
+	v := toJSON(e)
+	v.Deliveries = deliveriesJSON(e.Deliveries)
+	return c.output(v, func(w *tabwriter.Writer) {
 		state := "pending"
 		switch {
 		case e.Poisoned():
@@ -422,6 +431,7 @@ func (c *cli) inspect(args []string) error {
 		for _, name := range sortedKeys(e.Fanout) {
 			fmt.Fprintf(w, "job\t%s → %d\n", clean(name), e.Fanout[name])
 		}
+		printDeliveries(w, e.Deliveries)
 		var pretty bytes.Buffer
 		if err := json.Indent(&pretty, e.Payload, "", "  "); err != nil {
 			pretty.Reset()
@@ -433,17 +443,33 @@ func (c *cli) inspect(args []string) error {
 
 func (c *cli) requeue(args []string) error {
 	var all, yes bool
-	var typ string
+	var typ, subscriber string
 	pos, err := flags("requeue", args, func(fs *flag.FlagSet) {
 		fs.BoolVar(&all, "all-poisoned", false, "")
 		fs.BoolVar(&yes, "yes", false, "")
 		fs.StringVar(&typ, "type", "", "")
+		fs.StringVar(&subscriber, "subscriber", "", "")
 	})
 	if err != nil {
 		return err
 	}
 	ids, err := c.ids("requeue", pos)
 	switch {
+	case subscriber != "" && all:
+		if len(pos) > 0 {
+			return usagef("requeue: give IDs or --all-poisoned, not both")
+		}
+		return c.requeuePairs(events.DeliveryFilter{Type: typ, Subscriber: subscriber}, yes)
+	case subscriber != "":
+		if typ != "" {
+			return usagef("requeue: --type goes with --all-poisoned")
+		}
+		if err != nil {
+			return err
+		}
+		return c.eachPair("requeued", subscriber, ids, func(id uuid.UUID, s string) error {
+			return c.outbox.RequeueDelivery(c.ctx, c.pool, id, s)
+		})
 	case all && len(pos) > 0:
 		return usagef("requeue: give IDs or --all-poisoned, not both")
 	case !all && typ != "":
@@ -465,9 +491,19 @@ func (c *cli) requeue(args []string) error {
 }
 
 func (c *cli) discard(args []string) error {
-	ids, err := c.ids("discard", args)
+	var subscriber string
+	pos, err := flags("discard", args, func(fs *flag.FlagSet) { fs.StringVar(&subscriber, "subscriber", "", "") })
 	if err != nil {
 		return err
+	}
+	ids, err := c.ids("discard", pos)
+	if err != nil {
+		return err
+	}
+	if subscriber != "" {
+		return c.eachPair("discarded", subscriber, ids, func(id uuid.UUID, s string) error {
+			return c.outbox.DiscardDelivery(c.ctx, c.pool, id, s)
+		})
 	}
 	return c.each("discarded", ids, func(id uuid.UUID) error { return c.outbox.Discard(c.ctx, c.pool, id) })
 }
@@ -592,39 +628,6 @@ func (c *cli) watch(args []string) error {
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", clean(r.Table), clean(r.Name), op, clean(typ), clean(r.Subject), clean(r.Payload))
 				}
 			}
-		}
-	})
-}
-
-func (c *cli) subscribers(args []string) error {
-	if len(args) > 0 {
-		return usagef("subscribers takes no arguments")
-	}
-	subs, err := c.outbox.ListSubscribers(c.ctx, c.pool)
-	if err != nil {
-		return err
-	}
-	type row struct {
-		Name         string     `json:"name"`
-		RegisteredAt time.Time  `json:"registered_at"`
-		RetiredAt    *time.Time `json:"retired_at"`
-	}
-	rows := []row{}
-	for _, s := range subs {
-		r := row{Name: s.Name, RegisteredAt: s.RegisteredAt}
-		if !s.RetiredAt.IsZero() {
-			r.RetiredAt = &s.RetiredAt
-		}
-		rows = append(rows, r)
-	}
-	return c.output(rows, func(w *tabwriter.Writer) {
-		fmt.Fprintln(w, "NAME\tREGISTERED\tRETIRED")
-		for _, r := range rows {
-			retired := "-"
-			if r.RetiredAt != nil {
-				retired = r.RetiredAt.UTC().Format(time.RFC3339)
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\n", clean(r.Name), r.RegisteredAt.UTC().Format(time.RFC3339), retired)
 		}
 	})
 }

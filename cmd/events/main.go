@@ -11,7 +11,9 @@
 //
 //	migrate [--dry-run]            apply River's and the library's migrations (--dry-run prints the SQL)
 //	migrate list                   the migrations, applied or not
-//	stats [--watch N]              pending, lag, retrying, poisoned, catching up, fanned out in the last minute;
+//	stats [--watch N] [--orphan-after D]
+//	                               pending, lag, retrying, poisoned, catching up, fanned out in the last minute,
+//	                               owed and poisoned deliveries, paused and orphaned subscribers;
 //	                               with --watch, again every N seconds until interrupted
 //	list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
 //	                               STATE is pending, retrying, poisoned or recent

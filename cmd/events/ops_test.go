@@ -75,6 +75,7 @@ func TestPairTables(t *testing.T) {
 		args []string
 	}{
 		{"pairs_subscribers", []string{"subscribers"}},
+		{"pairs_stats", []string{"stats"}},
 		{"pairs_relays", []string{"relays"}},
 		{"pairs_deliveries", []string{"deliveries"}},
 		{"pairs_deliveries_owed", []string{"deliveries", "owed", "--subscriber", "search", "--type", "order.*"}},
@@ -132,6 +133,23 @@ func TestPairJSON(t *testing.T) {
 	require.NotNil(t, evil.LastServedBy)
 	require.Equal(t, *evil.LastServedBy, *mail.LastServedBy)
 	require.Equal(t, *search.LastServedBy, *mail.LastServedBy, "search is named with the relay seen last, not the dead or the stopped one")
+
+	var st struct {
+		Owed               int64    `json:"owed"`
+		PoisonedDeliveries int64    `json:"poisoned_deliveries"`
+		Orphaned, Paused   []string
+	}
+	code, out, errOut = runCLI(t, url, "", "--json", "stats")
+	require.Equal(t, exitOK, code, errOut)
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Equal(t, int64(2), st.Owed)
+	require.Equal(t, int64(1), st.PoisonedDeliveries)
+	require.Equal(t, []string{"ghost"}, st.Orphaned)
+	require.Equal(t, []string{"mail"}, st.Paused)
+	code, out, errOut = runCLI(t, url, "", "--json", "stats", "--orphan-after", "2h")
+	require.Equal(t, exitOK, code, errOut)
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Empty(t, st.Orphaned, "ghost was served an hour ago")
 
 	var relays []struct {
 		Host        string   `json:"host"`

@@ -40,7 +40,9 @@ const usage = `usage: events [--database-url URL] [--schema S] [--json] <command
 commands:
   migrate [--dry-run]        apply River's and the library's migrations
   migrate list               the migrations, applied or not
-  stats [--watch N]          pending, lag, retrying, poisoned, fanned out in the last minute
+  stats [--watch N] [--orphan-after D]
+                             pending, lag, retrying, poisoned, fanned out in the last minute,
+                             owed and poisoned deliveries, paused and orphaned subscribers
                              (--watch: again every N seconds until interrupted)
   list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
                              STATE: pending, retrying, poisoned or recent
@@ -268,11 +270,20 @@ type statsJSON struct {
 	Poisoned            int64   `json:"poisoned"`
 	CatchingUp          int64   `json:"catching_up"`
 	FannedOutLastMinute int64   `json:"fanned_out_last_minute"`
+	// The (event, subscriber) pairs still owed and poisoned, and the
+	// subscribers orphaned and paused.
+	Owed               int64    `json:"owed"`
+	PoisonedDeliveries int64    `json:"poisoned_deliveries"`
+	Orphaned           []string `json:"orphaned"`
+	Paused             []string `json:"paused"`
 }
 
 func (c *cli) stats(args []string) error {
 	var every float64
-	pos, err := flags("stats", args, func(fs *flag.FlagSet) { fs.Float64Var(&every, "watch", 0, "") })
+	pos, err := flags("stats", args, func(fs *flag.FlagSet) {
+		fs.Float64Var(&every, "watch", 0, "")
+		fs.DurationVar(&c.outbox.OrphanAfter, "orphan-after", events.OrphanAfterDefault, "")
+	})
 	if err != nil {
 		return err
 	}
@@ -310,7 +321,8 @@ func (c *cli) statsOnce(watching bool) error {
 	if err != nil {
 		return err
 	}
-	v := statsJSON{st.Pending, st.Lag.Seconds(), st.Retrying, st.Poisoned, st.CatchingUp, st.FannedOutLastMinute}
+	v := statsJSON{st.Pending, st.Lag.Seconds(), st.Retrying, st.Poisoned, st.CatchingUp, st.FannedOutLastMinute,
+		st.Owed, st.PoisonedDeliveries, nonNil(st.Orphaned), nonNil(st.Paused)}
 	if watching && c.json {
 		return json.NewEncoder(c.stdout).Encode(v)
 	}
@@ -324,6 +336,15 @@ func (c *cli) statsOnce(watching bool) error {
 		fmt.Fprintf(w, "poisoned\t%d\n", st.Poisoned)
 		fmt.Fprintf(w, "catching up\t%d\n", st.CatchingUp)
 		fmt.Fprintf(w, "fanned out, last minute\t%d\n", st.FannedOutLastMinute)
+		fmt.Fprintf(w, "owed deliveries\t%d\n", st.Owed)
+		fmt.Fprintf(w, "poisoned deliveries\t%d\n", st.PoisonedDeliveries)
+		fmt.Fprintf(w, "paused\t%s\n", cell(dash(strings.Join(st.Paused, ",")), subjectWidth))
+		orphaned := "-"
+		if len(st.Orphaned) > 0 {
+			orphaned = cell(strings.Join(st.Orphaned, ","), subjectWidth) + "  (unserved for " + c.outbox.OrphanAfter.String() +
+				": deploy a release that has them, or retire them; see events subscribers)"
+		}
+		fmt.Fprintf(w, "orphaned\t%s\n", orphaned)
 		if watching {
 			fmt.Fprintln(w)
 		}

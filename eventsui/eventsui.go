@@ -295,7 +295,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, title
 }
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
-	o := events.Outbox{Schema: h.opts.Schema}
+	o := h.outbox()
 	st, err := o.Stats(r.Context(), h.db)
 	if err != nil {
 		h.dbError(w, r, err)
@@ -318,8 +318,9 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		Range          string
 		Fanned, Lag    chart
 		RefreshChoices []int
+		OrphanAfter    time.Duration
 	}{p, st, map[bool]string{true: "24h", false: "1h"}[span > time.Hour], fannedChart(minutes), lagChart(minutes),
-		[]int{0, 10, 30, 60}})
+		[]int{0, 10, 30, 60}, cmp.Or(h.opts.OrphanAfter, events.OrphanAfterDefault)})
 }
 
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -86,6 +87,18 @@ func TestRelaysPage(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `<a href="/outbox/relays" id="nav-relays"`)
 	require.Contains(t, body, `<a href="/outbox/subscribers" id="nav-subscribers"`)
+
+	// The overview names the orphan and sends to the subscribers page; it
+	// counts the owed and poisoned pairs.
+	require.Contains(t, body, `<div class="warning orphan" id="orphaned"><strong>Orphaned: ghost.</strong>`)
+	require.Contains(t, body, `see <a href="/outbox/subscribers">Subscribers</a>`)
+	require.Contains(t, body, `<div class="n" id="owed">2</div><div class="l">owed deliveries (1 paused)</div>`)
+	require.Contains(t, body, `<div class="n" id="poisoned-deliveries">1</div>`)
+	later := serve(t, pool, eventsui.Options{Prefix: "/outbox", Authorize: allowAll, OrphanAfter: 2 * time.Hour})
+	_, body = get(t, later.URL+"/outbox/")
+	require.NotContains(t, body, "Orphaned:", "with OrphanAfter 2h, ghost (served an hour ago) is not orphaned")
+	_, body = get(t, later.URL+"/outbox/subscribers")
+	require.NotContains(t, body, `class="warning orphan"`)
 
 	code, body = get(t, srv.URL+"/outbox/relays")
 	require.Equal(t, http.StatusOK, code)

@@ -135,8 +135,8 @@ func TestPairJSON(t *testing.T) {
 	require.Equal(t, *search.LastServedBy, *mail.LastServedBy, "search is named with the relay seen last, not the dead or the stopped one")
 
 	var st struct {
-		Owed               int64    `json:"owed"`
-		PoisonedDeliveries int64    `json:"poisoned_deliveries"`
+		Owed               int64 `json:"owed"`
+		PoisonedDeliveries int64 `json:"poisoned_deliveries"`
 		Orphaned, Paused   []string
 	}
 	code, out, errOut = runCLI(t, url, "", "--json", "stats")

@@ -150,3 +150,95 @@ func fanoutByMinuteSQL(sql *statements.Set) string {
 	  LEFT JOIN m USING (minute)
 	 ORDER BY g.minute`
 }
+
+// SubscriberDeliveries is how one subscriber's pairs stand, as
+// [DeliveriesBySubscriber] reports them.
+type SubscriberDeliveries struct {
+	// Subscriber is the subscriber's name.
+	Subscriber string
+	// Owed counts its pairs still to be delivered (retrying, paused, or
+	// owed to a subscriber no running relay has); OldestOwedSince is when
+	// the oldest of them was first owed, zero when none is.
+	Owed            int64
+	OldestOwedSince time.Time
+	// Poisoned counts its pairs set aside until [RequeueDelivery] or
+	// [DiscardDelivery].
+	Poisoned int64
+}
+
+// DeliveriesBySubscriber counts each subscriber's owed and poisoned pairs,
+// with the age of its oldest owed one, in one query over the deliveries
+// table (which holds only pairs that still owe something: it is empty when
+// every subscriber is keeping up). A subscriber with no such pair is not in
+// the map.
+func DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]SubscriberDeliveries, error) {
+	return Outbox{}.DeliveriesBySubscriber(ctx, db)
+}
+
+// DeliveriesBySubscriber is [DeliveriesBySubscriber] in o's schema.
+func (o Outbox) DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]SubscriberDeliveries, error) {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `SELECT subscriber, count(*) FILTER (WHERE poisoned_at IS NULL),
+			min(created_at) FILTER (WHERE poisoned_at IS NULL), count(*) FILTER (WHERE poisoned_at IS NOT NULL)
+		  FROM `+opsTable(sql, statements.DeliveriesTable)+`
+		 GROUP BY subscriber`)
+	if err != nil {
+		return nil, fmt.Errorf("events: deliveries by subscriber: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (SubscriberDeliveries, error) {
+		var s SubscriberDeliveries
+		var oldest *time.Time
+		err := row.Scan(&s.Subscriber, &s.Owed, &oldest, &s.Poisoned)
+		s.OldestOwedSince = deref(oldest)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: deliveries by subscriber: %w", err)
+	}
+	out := make(map[string]SubscriberDeliveries, len(list))
+	for _, s := range list {
+		out[s.Subscriber] = s
+	}
+	return out, nil
+}
+
+// PoisonedSubscribers names, for each of the events ids, the subscribers
+// for which it is poisoned (its poisoned pairs), by name, in one query; an
+// event with none (poisoned as a whole, or not poisoned) is not in the map.
+// It is what a list of poisoned events shows beside each.
+func PoisonedSubscribers(ctx context.Context, db DB, ids []uuid.UUID) (map[uuid.UUID][]string, error) {
+	return Outbox{}.PoisonedSubscribers(ctx, db, ids)
+}
+
+// PoisonedSubscribers is [PoisonedSubscribers] in o's schema.
+func (o Outbox) PoisonedSubscribers(ctx context.Context, db DB, ids []uuid.UUID) (map[uuid.UUID][]string, error) {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return nil, err
+	}
+	out := map[uuid.UUID][]string{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := db.Query(ctx, `SELECT e.id, d.subscriber
+		  FROM `+opsTable(sql, statements.EventsTable)+` e
+		  JOIN `+opsTable(sql, statements.DeliveriesTable)+` d ON d.event_seq = e.seq
+		 WHERE e.id = ANY($1) AND d.poisoned_at IS NOT NULL
+		 ORDER BY e.id, d.subscriber`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("events: poisoned subscribers: %w", err)
+	}
+	var id uuid.UUID
+	var name string
+	_, err = pgx.ForEachRow(rows, []any{&id, &name}, func() error {
+		out[id] = append(out[id], name)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: poisoned subscribers: %w", err)
+	}
+	return out, nil
+}

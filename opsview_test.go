@@ -175,3 +175,45 @@ func TestOpsviewFanoutByMinuteUsesTheFannedIndex(t *testing.T) {
 	}
 	require.Equal(t, int64(10), total)
 }
+
+func TestOpsviewDeliveriesBySubscriberAndPoisonedSubscribers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.URL(t))
+	var o Outbox
+
+	empty, err := o.DeliveriesBySubscriber(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, empty)
+
+	a, b, c := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	opsviewExec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout) VALUES
+		($1, 'note.changed', now(), '{"audit": 1}'), ($2, 'note.changed', now(), '{}'), ($3, 'note.changed', NULL, NULL)`, a, b, c)
+	seq := func(id uuid.UUID) int64 {
+		var s int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT seq FROM outbox_events WHERE id = $1`, id).Scan(&s))
+		return s
+	}
+	opsviewExec(t, pool, `INSERT INTO outbox_deliveries (event_seq, subscriber, created_at, poisoned_at) VALUES
+		($1, 'search', now() - interval '2 hours', NULL),
+		($2, 'search', now() - interval '1 hour', NULL),
+		($1, 'mail', now(), now()),
+		($2, 'mail', now(), now()),
+		($2, 'ledger', now(), now())`, seq(a), seq(b))
+
+	got, err := o.DeliveriesBySubscriber(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, got, 3)
+	require.Equal(t, int64(2), got["search"].Owed)
+	require.Zero(t, got["search"].Poisoned)
+	require.WithinDuration(t, time.Now().Add(-2*time.Hour), got["search"].OldestOwedSince, time.Minute)
+	require.Equal(t, SubscriberDeliveries{Subscriber: "mail", Poisoned: 2}, got["mail"])
+	require.Equal(t, SubscriberDeliveries{Subscriber: "ledger", Poisoned: 1}, got["ledger"])
+
+	names, err := o.PoisonedSubscribers(ctx, pool, []uuid.UUID{a, b, c, uuid.Must(uuid.NewV7())})
+	require.NoError(t, err)
+	require.Equal(t, map[uuid.UUID][]string{a: {"mail"}, b: {"ledger", "mail"}}, names)
+	none, err := o.PoisonedSubscribers(ctx, pool, nil)
+	require.NoError(t, err)
+	require.Empty(t, none)
+}

@@ -114,7 +114,8 @@ func (b *browser) reloadUntil(what string, ok func() (bool, string)) {
 // a poisoned event is opened and requeued, and its page then shows each
 // subscriber's River job with River's state and error; another is discarded
 // after the confirmation page; a filtered set is requeued in bulk after its
-// confirmation. Every page is screenshotted into the test's temp dir (and
+// confirmation; the relays page shows this process's relay running, and the
+// subscribers page an orphan's warning and Pause and Resume. Every page is screenshotted into the test's temp dir (and
 // $EVENTSUI_SCREENSHOTS when set, to look at them).
 func TestBrowserOperatorFlows(t *testing.T) {
 	t.Parallel()
@@ -241,6 +242,12 @@ func TestBrowserOperatorFlows(t *testing.T) {
 
 	// Requeue one; once fanned out, its page shows each job as River has it.
 	b.do(chromedp.Click(chromedp.CSS(`a[href="/outbox/events/`+requeued.ID.String()+`"]`)), chromedp.WaitVisible(chromedp.ID("requeue")))
+	// Per subscriber: delivered to audit, poisoned for search, with the
+	// error history and the pair's own buttons.
+	require.Equal(t, "delivered", b.text(`#deliveries tr[data-subscriber="audit"] .delivery-state`))
+	require.Equal(t, "poisoned", b.text(`#deliveries tr[data-subscriber="search"] .delivery-state`))
+	require.Contains(t, b.text(`table.history[data-subscriber="search"]`), "search index is read-only")
+	b.do(chromedp.WaitVisible(chromedp.CSS(`#deliveries tr[data-subscriber="search"] button.pair-requeue`)))
 	b.screenshot("event-poisoned")
 	b.do(chromedp.Click(chromedp.ID("requeue")), chromedp.WaitVisible(chromedp.CSS(".flash")))
 	b.reloadUntil("each job's final state", func() (bool, string) {
@@ -250,12 +257,14 @@ func TestBrowserOperatorFlows(t *testing.T) {
 			info, _ := events.Inspect(ctx, pool, requeued.ID)
 			return false, fmt.Sprintf("%s, %d rows, fanout %v", b.text("#state"), len(rows), info.Fanout)
 		}
-		search, audit := b.text(`tr[data-subscriber="search"] .job-state`), b.text(`tr[data-subscriber="audit"] .job-state`)
+		search, audit := b.text(`#jobs tr[data-subscriber="search"] .job-state`), b.text(`#jobs tr[data-subscriber="audit"] .job-state`)
 		return search == "completed" && audit == "discarded", search + ", " + audit
 	})
 	require.Equal(t, "fanned out", b.text("#state"))
-	require.Contains(t, b.text(`tr[data-subscriber="audit"]`), "audit log full", "River's last error of the job")
-	require.Contains(t, b.text(`tr[data-subscriber="audit"]`), "1 / 1")
+	require.Contains(t, b.text(`#jobs tr[data-subscriber="audit"]`), "audit log full", "River's last error of the job")
+	require.Contains(t, b.text(`#jobs tr[data-subscriber="audit"]`), "1 / 1")
+	// Delivered to both now.
+	require.Equal(t, "delivered", b.text(`#deliveries tr[data-subscriber="search"] .delivery-state`))
 	b.screenshot("event-jobs")
 
 	// Discard another, through its confirmation page.
@@ -275,7 +284,9 @@ func TestBrowserOperatorFlows(t *testing.T) {
 
 	// Requeue the ledger entries in bulk: filter, confirm the count, confirm.
 	b.do(chromedp.SendKeys(chromedp.CSS(`form.filters input[name="type"]`), "ledger.*"),
-		chromedp.Click(chromedp.CSS("form.filters button")), chromedp.WaitVisible(chromedp.ID("bulk-requeue")))
+		// The unfiltered page has a bulk-requeue link too: wait for the
+		// filtered one.
+		chromedp.Click(chromedp.CSS("form.filters button")), chromedp.WaitVisible(chromedp.CSS(`#bulk-requeue[href*="type=ledger"]`)))
 	b.screenshot("poisoned-filtered")
 	b.do(chromedp.Click(chromedp.ID("bulk-requeue")), chromedp.WaitVisible(chromedp.ID("confirm")))
 	require.Equal(t, "Requeue 2 poisoned events of type ledger.*?", b.text("#question"))
@@ -289,6 +300,43 @@ func TestBrowserOperatorFlows(t *testing.T) {
 		c, err2 := events.Inspect(ctx, pool, ledger2.ID)
 		return err1 == nil && err2 == nil && len(a.Fanout) > 0 && len(c.Fanout) > 0 && len(a.Deliveries)+len(c.Deliveries) == 0
 	}, 20*time.Second, 20*time.Millisecond, "the relay delivers the requeued entries")
+
+	// The relays page, from the nav: this process's relay, running.
+	b.do(chromedp.Click(chromedp.ID("nav-relays")), chromedp.WaitVisible(chromedp.ID("relays")))
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	// Its first report comes before it listens; the next ones (every 5 s)
+	// say it listens and when it last fanned out.
+	b.reloadUntil("this process's relay running and listening", func() (bool, string) {
+		text := b.text("#relays tbody")
+		return strings.Contains(text, host) && strings.Contains(text, fmt.Sprintf("pid %d", os.Getpid())) &&
+			b.text("#relays tbody .relay-state") == "running" && b.text("#relays tbody .mode") == "listening" &&
+			!strings.Contains(text, "never"), text
+	})
+	require.Contains(t, b.text("#relays tbody .subscribers"), "search")
+	require.Contains(t, b.text("#relays tbody .subscribers"), "audit")
+	b.screenshot("relays")
+
+	// The subscribers page: a subscriber no relay serves any more is
+	// orphaned, with the fix named; pause and resume audit with a click.
+	_, err = pool.Exec(ctx, `INSERT INTO outbox_subscribers (name, registered_at, types, last_served_at)
+		VALUES ('ghost', now() - interval '1 day', '{ledger.*}', now() - interval '1 hour')`)
+	require.NoError(t, err)
+	b.do(chromedp.Click(chromedp.ID("nav-subscribers")), chromedp.WaitVisible(chromedp.ID("subscribers")))
+	require.Contains(t, b.text(`.warning.orphan[data-subscriber="ghost"]`), "Deploy a release that has it, or retire it")
+	require.Equal(t, "orphaned", b.text(`tr[data-subscriber="ghost"] .sub-state`))
+	require.Contains(t, b.text(`tr[data-subscriber="search"] .served-by`), host)
+	b.do(chromedp.Click(chromedp.CSS(`tr[data-subscriber="audit"] button.pause`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-subscriber="audit"] button.resume`)))
+	require.Equal(t, "Subscriber audit paused.", b.text(".flash"))
+	require.Equal(t, "paused", b.text(`tr[data-subscriber="audit"] .sub-state`))
+	b.screenshot("subscribers")
+	// The page after the post has the pause button again (the flash is on
+	// both pages, so it cannot tell them apart).
+	b.do(chromedp.Click(chromedp.CSS(`tr[data-subscriber="audit"] button.resume`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-subscriber="audit"] button.pause`)))
+	require.Equal(t, "Subscriber audit resumed.", b.text(".flash"))
+	require.Equal(t, "active", b.text(`tr[data-subscriber="audit"] .sub-state`))
 
 	b.do(chromedp.Navigate(srv.URL + "/outbox/?range=24h"))
 	b.screenshot("overview-24h")

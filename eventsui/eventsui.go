@@ -8,7 +8,19 @@
 // confirmation page; on the poisoned list, requeue or discard of every event
 // matching the filter, after a confirmation page that says how many; and
 // charts of the events fanned out per minute and their lag over the last
-// hour or day, drawn on the server as inline SVG. With Options.Webhooks,
+// hour or day, drawn on the server as inline SVG.
+//
+// Delivery state is per (event, subscriber): the poisoned list says for
+// which subscribers each event is poisoned; an event's page shows each
+// subscriber's delivery (delivered with its job, owed, or poisoned) with its
+// error history, kept across requeues, and Requeue and Discard (behind a
+// confirmation page) of one pair. The relays page lists the relays of the
+// last day (host, PID, version, subscribers, running, stopped or dead,
+// listening or polling, failures, last round); the subscribers page each
+// subscriber's state, owed and poisoned pairs, oldest owed, when and by
+// which relay it was last served, backfill, a warning naming the fix for an
+// orphaned one (deploy it, or retire it), and Pause and Resume
+// (ActionPause, ActionResume). With Options.Webhooks,
 // the webhook endpoints (package webhook): each one's state and why, its
 // breaker, success rate and latency over the last hour, its recent
 // attempts, and Enable, Disable behind a confirmation page, Replay and
@@ -104,6 +116,12 @@ type Options struct {
 	// Defaults to off.
 	Refresh time.Duration
 
+	// OrphanAfter is how long a registered, active subscriber may go
+	// unserved by every running relay before the subscribers page warns of
+	// it as orphaned: the relays' Config.OrphanAfter. Defaults to
+	// events.OrphanAfterDefault (15 min).
+	OrphanAfter time.Duration
+
 	// Webhooks, when set, adds the webhook endpoints pages (package
 	// webhook): each endpoint's state, breaker, success rate and latency
 	// over the last hour, its recent attempts, and Enable, Disable (behind a
@@ -157,9 +175,10 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 		"time": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
 		"lag":  formatLag,
 		"sub":  func(a, b int) int { return a - b },
+		"ago":  formatAgo,
 	}
 	maps.Copy(funcs, webhookFuncs)
-	for _, page := range []string{"overview", "list", "event", "confirm", "error", "webhooks", "webhook", "webhook-disable"} {
+	for _, page := range []string{"overview", "list", "event", "confirm", "error", "webhooks", "webhook", "webhook-disable", "relays", "subscribers"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("eventsui: %w", err)
@@ -181,6 +200,7 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 	h.mux.HandleFunc("POST "+p+"/events/{id}/discard", h.change(ActionDiscard, "discarded", h.discard))
 	h.mux.HandleFunc("GET "+p+"/bulk/{action}", h.confirmBulk)
 	h.mux.HandleFunc("POST "+p+"/bulk/{action}", h.bulk)
+	h.subscriberRoutes()
 	if h.opts.Webhooks != nil {
 		h.webhookRoutes()
 	}
@@ -275,7 +295,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, title
 }
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
-	o := events.Outbox{Schema: h.opts.Schema}
+	o := h.outbox()
 	st, err := o.Stats(r.Context(), h.db)
 	if err != nil {
 		h.dbError(w, r, err)
@@ -298,8 +318,9 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		Range          string
 		Fanned, Lag    chart
 		RefreshChoices []int
+		OrphanAfter    time.Duration
 	}{p, st, map[bool]string{true: "24h", false: "1h"}[span > time.Hour], fannedChart(minutes), lagChart(minutes),
-		[]int{0, 10, 30, 60}})
+		[]int{0, 10, 30, 60}, cmp.Or(h.opts.OrphanAfter, events.OrphanAfterDefault)})
 }
 
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
@@ -338,6 +359,10 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	if len(filter) > 0 {
 		query = "?" + filter.Encode()
 	}
+	var poisonedFor map[uuid.UUID][]string
+	if params.State == events.StatePoisoned {
+		poisonedFor = h.poisonedFor(r, res.Events)
+	}
 	p := h.page(string(params.State)+" events", string(params.State), r)
 	p.Refresh = h.refresh(r)
 	h.render(w, http.StatusOK, "list", struct {
@@ -347,8 +372,11 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		NextURL             string
 		Filter              string // the filter as a query, "?type=…", for the bulk actions
 		Events              []events.EventInfo
+		// PoisonedFor names, on the poisoned list, the subscribers each
+		// event is poisoned for (none: poisoned as a whole).
+		PoisonedFor map[uuid.UUID][]string
 	}{p, params.State, params.Type, params.Subject, res.Next,
-		h.opts.Prefix + "/events?" + next.Encode(), query, res.Events})
+		h.opts.Prefix + "/events?" + next.Encode(), query, res.Events, poisonedFor})
 }
 
 // job is a fanout entry with River's state of its job and its River UI link.
@@ -406,7 +434,8 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		Jobs                  []job
 		JobsUnknown           bool
 		Payload               string
-	}{h.page(e.Type, "", r), &e, name, class, jobs, jobsErr != nil, pretty.String()})
+		Deliveries            []delivery
+	}{h.page(e.Type, "", r), &e, name, class, jobs, jobsErr != nil, pretty.String(), h.deliveries(&e, jobs)})
 }
 
 // confirm is a confirmation page: what is about to happen, and the form
@@ -449,9 +478,20 @@ func (h *handler) confirmDiscard(w http.ResponseWriter, r *http.Request) {
 		h.dbError(w, r, events.ErrNotPoisoned)
 		return
 	}
+	detail := "It is deleted and never fanned out; this cannot be undone."
+	if !e.FannedOutAt.IsZero() {
+		var names []string
+		for _, d := range e.Deliveries {
+			if d.Poisoned() {
+				names = append(names, d.Subscriber)
+			}
+		}
+		detail = fmt.Sprintf("Its poisoned deliveries (for %s) are given up for good; the subscribers that got their jobs keep them, and the event stays until retention. This cannot be undone.",
+			strings.Join(names, ", "))
+	}
 	h.render(w, http.StatusOK, "confirm", confirm{page: h.page("Discard event?", "", r),
 		Question: "Discard this poisoned event for good?",
-		Detail:   "It is deleted and never fanned out; this cannot be undone.",
+		Detail:   detail,
 		Action:   h.opts.Prefix + "/events/" + id.String() + "/discard", Button: "Discard", Danger: true,
 		Shown: []events.EventInfo{e}, Cancel: h.opts.Prefix + "/events/" + id.String()})
 }
@@ -506,9 +546,9 @@ func (h *handler) confirmBulk(w http.ResponseWriter, r *http.Request) {
 	c.Question = fmt.Sprintf("%s %d poisoned events%s?", titleCase(string(action)), len(res.Events), of)
 	switch action {
 	case ActionRequeue:
-		c.Detail = "They go back in the queue and are fanned out as usual; their attempts and last errors are cleared."
+		c.Detail = "They go back in the queue, each for every subscriber it is poisoned for, and are delivered as usual; attempts start again (each delivery's error history is kept)."
 	case ActionDiscard:
-		c.Detail = "They are deleted and never fanned out; this cannot be undone."
+		c.Detail = "Their poisoned deliveries are given up (events poisoned as a whole are deleted); this cannot be undone."
 	}
 	if len(res.Events) == 0 {
 		c.Question, c.Detail = fmt.Sprintf("No poisoned events%s.", of), ""

@@ -1,7 +1,8 @@
 // Command events is the operator's tool for the outbox of
 // github.com/standmeet/events: migrations, stats, listing, inspecting,
-// requeuing and discarding events, the installed watches, and the webhook
-// endpoints with their attempts.
+// requeuing and discarding events or single (event, subscriber) pairs, the
+// subscribers and relays, pausing a subscriber, the installed watches, and
+// the webhook endpoints with their attempts.
 //
 //	go install github.com/standmeet/events/cmd/events@latest
 //	events [--database-url URL] [--schema S] [--json] <command> [arguments]
@@ -10,16 +11,28 @@
 //
 //	migrate [--dry-run]            apply River's and the library's migrations (--dry-run prints the SQL)
 //	migrate list                   the migrations, applied or not
-//	stats [--watch N]              pending, lag, retrying, poisoned, catching up, fanned out in the last minute;
+//	stats [--watch N] [--orphan-after D]
+//	                               pending, lag, retrying, poisoned, catching up, fanned out in the last minute,
+//	                               owed and poisoned deliveries, paused and orphaned subscribers;
 //	                               with --watch, again every N seconds until interrupted
 //	list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
 //	                               STATE is pending, retrying, poisoned or recent
-//	inspect ID                     one event: fields, payload, attempts, fanout
-//	requeue ID...                  put poisoned events back in the queue
-//	requeue --all-poisoned [--type GLOB] [--yes]
-//	discard ID...                  delete poisoned events for good
+//	inspect ID                     one event: fields, payload, attempts, fanout, and the
+//	                               subscribers it is still owed or poisoned for, with their errors
+//	requeue ID... [--subscriber S] put poisoned events back in the queue: every poisoned
+//	                               subscriber of each, or only S
+//	requeue --all-poisoned [--type GLOB] [--subscriber S] [--yes]
+//	                               every poisoned event (of type GLOB), or every poisoned pair of S
+//	discard ID... [--subscriber S] give poisoned events up for good (for S only)
+//	deliveries [poisoned|owed] [--subscriber S] [--type GLOB] [--limit N] [--after CURSOR]
+//	                               the (event, subscriber) pairs poisoned or still owed
+//	subscribers [--orphan-after D] the registry: state (active, paused, retired, ORPHANED), types,
+//	                               owed, oldest owed, poisoned, last served and by which relay,
+//	                               backfill progress; a warning for each orphan naming the fix
+//	relays                         the relays of the last day: host, PID, version, subscribers,
+//	                               running/stopped/dead, listening or polling, failures, last round
+//	pause S, resume S              hold one subscriber's deliveries back, or let them go
 //	watch list                     the installed table watches
-//	subscribers                    the subscriber registry
 //	webhooks [--limit N] [--after ID]
 //	                               webhook endpoints: enabled or not and why, breaker, success
 //	                               rate and latency (p50, p95) over the last hour

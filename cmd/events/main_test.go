@@ -112,12 +112,12 @@ func TestTables(t *testing.T) {
 func TestJSON(t *testing.T) {
 	t.Parallel()
 	url, poisoned, fanned := fixture(t)
-	var st map[string]float64
+	var st map[string]any
 	code, out, _ := runCLI(t, url, "", "--json", "stats")
 	require.Equal(t, exitOK, code)
 	require.NoError(t, json.Unmarshal([]byte(out), &st))
-	require.Equal(t, map[string]float64{"pending": 2, "retrying": 0, "poisoned": 1, "catching_up": 0, "fanned_out_last_minute": 1,
-		"lag_seconds": st["lag_seconds"]}, st)
+	require.Equal(t, map[string]any{"pending": 2.0, "retrying": 0.0, "poisoned": 1.0, "catching_up": 0.0, "fanned_out_last_minute": 1.0,
+		"lag_seconds": st["lag_seconds"], "owed": 0.0, "poisoned_deliveries": 0.0, "orphaned": []any{}, "paused": []any{}}, st)
 
 	var page struct {
 		Events []struct {
@@ -333,7 +333,7 @@ func TestStatsWatchRepeatsUntilInterrupted(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	require.Len(t, lines, 2, "one JSON object per line")
 	for _, l := range lines {
-		var st map[string]float64
+		var st map[string]any
 		require.NoError(t, json.Unmarshal([]byte(l), &st))
 		require.Equal(t, float64(1), st["poisoned"])
 	}

@@ -40,16 +40,29 @@ const usage = `usage: events [--database-url URL] [--schema S] [--json] <command
 commands:
   migrate [--dry-run]        apply River's and the library's migrations
   migrate list               the migrations, applied or not
-  stats [--watch N]          pending, lag, retrying, poisoned, fanned out in the last minute
+  stats [--watch N] [--orphan-after D]
+                             pending, lag, retrying, poisoned, fanned out in the last minute,
+                             owed and poisoned deliveries, paused and orphaned subscribers
                              (--watch: again every N seconds until interrupted)
   list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
                              STATE: pending, retrying, poisoned or recent
-  inspect ID                 one event in full
-  requeue ID...              put poisoned events back in the queue
-  requeue --all-poisoned [--type GLOB] [--yes]
-  discard ID...              delete poisoned events for good
+  inspect ID                 one event in full, with its owed and poisoned subscribers and their errors
+  requeue ID...              put poisoned events back in the queue (every poisoned subscriber of each)
+  requeue ID... --subscriber S
+                             requeue the event for subscriber S only
+  requeue --all-poisoned [--type GLOB] [--subscriber S] [--yes]
+                             (with --subscriber: every poisoned pair of S, of type GLOB)
+  discard ID... [--subscriber S]
+                             give poisoned events up for good (with --subscriber: for S only)
+  deliveries [poisoned|owed] [--subscriber S] [--type GLOB] [--limit N] [--after CURSOR]
+                             the (event, subscriber) pairs poisoned (default) or still owed
+  subscribers [--orphan-after D]
+                             the registry: state, owed, oldest owed, poisoned, last served and by
+                             which relay, backfill; orphaned ones (unserved for D, 15m) are warned of
+  relays                     the relays of the last day: host, PID, version, subscribers, running,
+                             stopped or dead, listening or polling, failures, last round
+  pause S / resume S         hold subscriber S's deliveries back (they stay owed), or let them go
   watch list                 the installed table watches
-  subscribers                the subscriber registry
   webhooks [--limit N] [--after ID]
                              webhook endpoints: state, breaker, success and latency over the last hour
   webhooks inspect ID [--limit N] [--failures] [--before N]
@@ -136,7 +149,7 @@ func (c *cli) run(args []string) error {
 	commands := map[string]func([]string) error{
 		"migrate": c.migrate, "stats": c.stats, "list": c.list, "inspect": c.inspect,
 		"requeue": c.requeue, "discard": c.discard, "watch": c.watch, "subscribers": c.subscribers,
-		"webhooks": c.webhooks,
+		"webhooks": c.webhooks, "relays": c.relays, "deliveries": c.deliveries, "pause": c.pause, "resume": c.resume,
 	}
 	f, ok := commands[cmd]
 	if !ok {
@@ -257,11 +270,20 @@ type statsJSON struct {
 	Poisoned            int64   `json:"poisoned"`
 	CatchingUp          int64   `json:"catching_up"`
 	FannedOutLastMinute int64   `json:"fanned_out_last_minute"`
+	// The (event, subscriber) pairs still owed and poisoned, and the
+	// subscribers orphaned and paused.
+	Owed               int64    `json:"owed"`
+	PoisonedDeliveries int64    `json:"poisoned_deliveries"`
+	Orphaned           []string `json:"orphaned"`
+	Paused             []string `json:"paused"`
 }
 
 func (c *cli) stats(args []string) error {
 	var every float64
-	pos, err := flags("stats", args, func(fs *flag.FlagSet) { fs.Float64Var(&every, "watch", 0, "") })
+	pos, err := flags("stats", args, func(fs *flag.FlagSet) {
+		fs.Float64Var(&every, "watch", 0, "")
+		fs.DurationVar(&c.outbox.OrphanAfter, "orphan-after", events.OrphanAfterDefault, "")
+	})
 	if err != nil {
 		return err
 	}
@@ -299,7 +321,8 @@ func (c *cli) statsOnce(watching bool) error {
 	if err != nil {
 		return err
 	}
-	v := statsJSON{st.Pending, st.Lag.Seconds(), st.Retrying, st.Poisoned, st.CatchingUp, st.FannedOutLastMinute}
+	v := statsJSON{st.Pending, st.Lag.Seconds(), st.Retrying, st.Poisoned, st.CatchingUp, st.FannedOutLastMinute,
+		st.Owed, st.PoisonedDeliveries, nonNil(st.Orphaned), nonNil(st.Paused)}
 	if watching && c.json {
 		return json.NewEncoder(c.stdout).Encode(v)
 	}
@@ -313,6 +336,15 @@ func (c *cli) statsOnce(watching bool) error {
 		fmt.Fprintf(w, "poisoned\t%d\n", st.Poisoned)
 		fmt.Fprintf(w, "catching up\t%d\n", st.CatchingUp)
 		fmt.Fprintf(w, "fanned out, last minute\t%d\n", st.FannedOutLastMinute)
+		fmt.Fprintf(w, "owed deliveries\t%d\n", st.Owed)
+		fmt.Fprintf(w, "poisoned deliveries\t%d\n", st.PoisonedDeliveries)
+		fmt.Fprintf(w, "paused\t%s\n", cell(dash(strings.Join(st.Paused, ",")), subjectWidth))
+		orphaned := "-"
+		if len(st.Orphaned) > 0 {
+			orphaned = cell(strings.Join(st.Orphaned, ","), subjectWidth) + "  (unserved for " + c.outbox.OrphanAfter.String() +
+				": deploy a release that has them, or retire them; see events subscribers)"
+		}
+		fmt.Fprintf(w, "orphaned\t%s\n", orphaned)
 		if watching {
 			fmt.Fprintln(w)
 		}
@@ -333,17 +365,13 @@ type eventJSON struct {
 	LastError     string           `json:"last_error,omitempty"`
 	NextAttemptAt *time.Time       `json:"next_attempt_at"`
 	PoisonedAt    *time.Time       `json:"poisoned_at"`
+	// Deliveries are the owed and poisoned pairs; inspect only.
+	Deliveries []deliveryJSON `json:"deliveries,omitempty"`
 }
 
 func toJSON(e events.EventInfo) eventJSON {
-	opt := func(t time.Time) *time.Time {
-		if t.IsZero() {
-			return nil
-		}
-		return &t
-	}
 	return eventJSON{e.ID, e.Seq, e.Type, e.Subject, e.Payload, e.CreatedAt, opt(e.FannedOutAt), e.Fanout,
-		e.Attempts, e.LastError, opt(e.NextAttemptAt), opt(e.PoisonedAt)}
+		e.Attempts, e.LastError, opt(e.NextAttemptAt), opt(e.PoisonedAt), nil}
 }
 
 func (c *cli) list(args []string) error {
@@ -400,7 +428,9 @@ func (c *cli) inspect(args []string) error {
 	if err != nil {
 		return err
 	}
-	return c.output(toJSON(e), func(w *tabwriter.Writer) {
+	v := toJSON(e)
+	v.Deliveries = deliveriesJSON(e.Deliveries)
+	return c.output(v, func(w *tabwriter.Writer) {
 		state := "pending"
 		switch {
 		case e.Poisoned():
@@ -422,6 +452,7 @@ func (c *cli) inspect(args []string) error {
 		for _, name := range sortedKeys(e.Fanout) {
 			fmt.Fprintf(w, "job\t%s → %d\n", clean(name), e.Fanout[name])
 		}
+		printDeliveries(w, e.Deliveries)
 		var pretty bytes.Buffer
 		if err := json.Indent(&pretty, e.Payload, "", "  "); err != nil {
 			pretty.Reset()
@@ -433,17 +464,33 @@ func (c *cli) inspect(args []string) error {
 
 func (c *cli) requeue(args []string) error {
 	var all, yes bool
-	var typ string
+	var typ, subscriber string
 	pos, err := flags("requeue", args, func(fs *flag.FlagSet) {
 		fs.BoolVar(&all, "all-poisoned", false, "")
 		fs.BoolVar(&yes, "yes", false, "")
 		fs.StringVar(&typ, "type", "", "")
+		fs.StringVar(&subscriber, "subscriber", "", "")
 	})
 	if err != nil {
 		return err
 	}
 	ids, err := c.ids("requeue", pos)
 	switch {
+	case subscriber != "" && all:
+		if len(pos) > 0 {
+			return usagef("requeue: give IDs or --all-poisoned, not both")
+		}
+		return c.requeuePairs(events.DeliveryFilter{Type: typ, Subscriber: subscriber}, yes)
+	case subscriber != "":
+		if typ != "" {
+			return usagef("requeue: --type goes with --all-poisoned")
+		}
+		if err != nil {
+			return err
+		}
+		return c.eachPair("requeued", subscriber, ids, func(id uuid.UUID, s string) error {
+			return c.outbox.RequeueDelivery(c.ctx, c.pool, id, s)
+		})
 	case all && len(pos) > 0:
 		return usagef("requeue: give IDs or --all-poisoned, not both")
 	case !all && typ != "":
@@ -465,9 +512,19 @@ func (c *cli) requeue(args []string) error {
 }
 
 func (c *cli) discard(args []string) error {
-	ids, err := c.ids("discard", args)
+	var subscriber string
+	pos, err := flags("discard", args, func(fs *flag.FlagSet) { fs.StringVar(&subscriber, "subscriber", "", "") })
 	if err != nil {
 		return err
+	}
+	ids, err := c.ids("discard", pos)
+	if err != nil {
+		return err
+	}
+	if subscriber != "" {
+		return c.eachPair("discarded", subscriber, ids, func(id uuid.UUID, s string) error {
+			return c.outbox.DiscardDelivery(c.ctx, c.pool, id, s)
+		})
 	}
 	return c.each("discarded", ids, func(id uuid.UUID) error { return c.outbox.Discard(c.ctx, c.pool, id) })
 }
@@ -592,39 +649,6 @@ func (c *cli) watch(args []string) error {
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", clean(r.Table), clean(r.Name), op, clean(typ), clean(r.Subject), clean(r.Payload))
 				}
 			}
-		}
-	})
-}
-
-func (c *cli) subscribers(args []string) error {
-	if len(args) > 0 {
-		return usagef("subscribers takes no arguments")
-	}
-	subs, err := c.outbox.ListSubscribers(c.ctx, c.pool)
-	if err != nil {
-		return err
-	}
-	type row struct {
-		Name         string     `json:"name"`
-		RegisteredAt time.Time  `json:"registered_at"`
-		RetiredAt    *time.Time `json:"retired_at"`
-	}
-	rows := []row{}
-	for _, s := range subs {
-		r := row{Name: s.Name, RegisteredAt: s.RegisteredAt}
-		if !s.RetiredAt.IsZero() {
-			r.RetiredAt = &s.RetiredAt
-		}
-		rows = append(rows, r)
-	}
-	return c.output(rows, func(w *tabwriter.Writer) {
-		fmt.Fprintln(w, "NAME\tREGISTERED\tRETIRED")
-		for _, r := range rows {
-			retired := "-"
-			if r.RetiredAt != nil {
-				retired = r.RetiredAt.UTC().Format(time.RFC3339)
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\n", clean(r.Name), r.RegisteredAt.UTC().Format(time.RFC3339), retired)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/url"
 	"sync"
@@ -79,7 +80,8 @@ func pipe(dst, src net.Conn, silent <-chan struct{}) {
 			}
 		}
 		if err != nil {
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
 			return // io.EOF or a reset: the other side closed

@@ -713,13 +713,13 @@ func (s *soak) check() {
 			fail("event %s is neither fanned out nor poisoned", id)
 		}
 		for sub, p := range pairs[id] {
-			switch {
-			case sub == "ghost":
+			switch sub {
+			case "ghost":
 				if p.Poisoned || !strings.HasPrefix(r.Type, "note.") {
 					fail("event %s (%s): ghost's pair %+v", id, r.Type, p)
 				}
 				ghostOwed++
-			case sub == "ledger":
+			case "ledger":
 				if !p.Poisoned || !strings.HasPrefix(r.Type, "ledger.") || p.Attempts != 5 || p.Errors != 5 {
 					fail("event %s (%s): ledger's pair %+v", id, r.Type, p)
 				}

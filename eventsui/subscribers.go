@@ -133,7 +133,7 @@ func (h *handler) subscribers(w http.ResponseWriter, r *http.Request) {
 	var orphans []string
 	for _, s := range subs {
 		v := subscriberView{SubscriberInfo: s, SubscriberDeliveries: counts[s.Name], Orphaned: slices.Contains(st.Orphaned, s.Name)}
-		v.SubscriberDeliveries.Subscriber = s.Name
+		v.Subscriber = s.Name
 		base := h.opts.Prefix + "/subscribers/" + url.PathEscape(s.Name)
 		v.PauseURL, v.ResumeURL = base+"/pause", base+"/resume"
 		for i := range relays {

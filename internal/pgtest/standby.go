@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -83,8 +84,11 @@ func (c *Cluster) Standby(ctx context.Context) (*Cluster, error) {
 			return s, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
+			if err == nil {
+				err = errors.New("pg_stat_replication shows no synchronous standby")
+			}
 			s.Close()
-			return nil, fmt.Errorf("pgtest: the standby never became synchronous (%v); log:\n%s", err, s.logTail())
+			return nil, fmt.Errorf("pgtest: the standby never became synchronous (%w); log:\n%s", err, s.logTail())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

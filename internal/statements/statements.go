@@ -270,13 +270,22 @@ func build(schema string) *Set {
 
 	// The registry. $1 names, $2 their type globs (comma-separated: a glob
 	// has no comma), $3 the globs' regular expression.
-	s.Register = `WITH u AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS u(name, types, re)),
+	// Registering locks nothing that exists unless its types changed: an
+	// INSERT … ON CONFLICT DO UPDATE would lock every existing row, and
+	// FanOutTx registers inside the caller's transaction, where a lock on a
+	// shared row would hold every other relay's Start until that commits.
+	// last_served_at is the heartbeat's (it beats at once on Start).
+	s.Register = `WITH u AS (SELECT name, string_to_array(types, ',') AS types, re
+			FROM unnest($1::text[], $2::text[], $3::text[]) AS u(name, types, re)),
 		ins AS (
-			INSERT INTO ` + subscribers + ` AS s (name, types, types_regexp, last_served_at)
-			SELECT name, string_to_array(types, ','), re, now() FROM u
-			ON CONFLICT (name) DO UPDATE SET types = coalesce(EXCLUDED.types, s.types),
-				types_regexp = coalesce(EXCLUDED.types_regexp, s.types_regexp), last_served_at = now()
-			 WHERE s.retired_at IS NULL)
+			INSERT INTO ` + subscribers + ` (name, types, types_regexp, last_served_at)
+			SELECT name, types, re, now() FROM u
+			ON CONFLICT (name) DO NOTHING),
+		upd AS (
+			UPDATE ` + subscribers + ` AS s SET types = coalesce(u.types, s.types), types_regexp = coalesce(u.re, s.types_regexp)
+			  FROM u
+			 WHERE s.name = u.name AND s.retired_at IS NULL
+			   AND (coalesce(u.types, s.types) IS DISTINCT FROM s.types OR coalesce(u.re, s.types_regexp) IS DISTINCT FROM s.types_regexp))
 		SELECT name FROM ` + subscribers + ` WHERE name = ANY($1::text[]) AND retired_at IS NOT NULL ORDER BY name`
 	// The row is locked FOR UPDATE first: that waits for every stamp that
 	// read it (FOR KEY SHARE) and makes later ones see it retired.

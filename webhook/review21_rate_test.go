@@ -81,5 +81,10 @@ func TestRateLimitHoldsWithRiverDefaultPolling(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT round(extract(epoch FROM next_slot - $2::timestamptz) * $3)::int FROM webhook_endpoint_health
 		WHERE endpoint_id = $1`, ep.ID, start, limit).Scan(&reservations))
 	t.Logf("%.1f requests/s (limit %.0f); the schedule moved %d slots for %d requests", rate, limit, reservations, n)
-	require.Less(t, math.Abs(rate-limit)/limit, 0.10, "%.1f requests/s", rate)
+	// What broke was slots dropped and reserved again (107 for 60 requests,
+	// 5.8/s): the schedule must move about once per request. The rate over
+	// these 6 s moves with River's 1 s poll at either end, so its bound is
+	// looser (the two-process test holds the 10 %).
+	require.LessOrEqual(t, reservations, n+n/10, "slots wasted: %d reserved for %d requests", reservations, n)
+	require.Less(t, math.Abs(rate-limit)/limit, 0.20, "%.1f requests/s", rate)
 }

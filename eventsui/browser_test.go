@@ -188,31 +188,8 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	srv := httptest.NewServer(mux) // loopback only
 	defer srv.Close()
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium(t)),
-		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	bctx, cancelTimeout := context.WithTimeout(bctx, 120*time.Second)
-	defer cancelTimeout()
-	b := &browser{t: t, ctx: bctx, dir: t.TempDir(), origin: srv.URL}
-	defer func() {
-		t.Logf("screenshots in %s: %v", b.dir, b.shots)
-		if out := os.Getenv("EVENTSUI_SCREENSHOTS"); out != "" {
-			for _, name := range b.shots {
-				png, err := os.ReadFile(filepath.Join(b.dir, name+".png"))
-				if err == nil {
-					err = os.WriteFile(filepath.Join(out, name+".png"), png, 0o644)
-				}
-				if err != nil {
-					t.Errorf("keeping screenshot %s: %v", name, err)
-				}
-			}
-		}
-	}()
+	b := newBrowser(ctx, t, srv.URL)
+	bctx := b.ctx
 
 	// The overview: four poisoned, and both charts drawn.
 	b.do(chromedp.Navigate(srv.URL + "/outbox/"))
@@ -340,4 +317,38 @@ func TestBrowserOperatorFlows(t *testing.T) {
 
 	b.do(chromedp.Navigate(srv.URL + "/outbox/?range=24h"))
 	b.screenshot("overview-24h")
+}
+
+// newBrowser starts a headless Chromium (flags for a machine without a
+// network beyond loopback) for a page served at origin. Its screenshots are
+// written to a temporary directory and, when EVENTSUI_SCREENSHOTS names a
+// directory, kept there when t ends.
+func newBrowser(ctx context.Context, t *testing.T, origin string) *browser {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium(t)),
+		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
+	bctx, cancelTimeout := context.WithTimeout(bctx, 120*time.Second)
+	b := &browser{t: t, ctx: bctx, dir: t.TempDir(), origin: origin}
+	t.Cleanup(func() {
+		cancelTimeout()
+		cancelBrowser()
+		cancelAlloc()
+		t.Logf("screenshots in %s: %v", b.dir, b.shots)
+		if out := os.Getenv("EVENTSUI_SCREENSHOTS"); out != "" {
+			for _, name := range b.shots {
+				png, err := os.ReadFile(filepath.Join(b.dir, name+".png"))
+				if err == nil {
+					err = os.WriteFile(filepath.Join(out, name+".png"), png, 0o644)
+				}
+				if err != nil {
+					t.Errorf("keeping screenshot %s: %v", name, err)
+				}
+			}
+		}
+	})
+	return b
 }

@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -96,31 +94,8 @@ func TestBrowserWebhookEndpoints(t *testing.T) {
 	srv := httptest.NewServer(mux) // loopback only
 	defer srv.Close()
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium(t)),
-		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	bctx, cancelTimeout := context.WithTimeout(bctx, 120*time.Second)
-	defer cancelTimeout()
-	b := &browser{t: t, ctx: bctx, dir: t.TempDir(), origin: srv.URL}
-	defer func() {
-		t.Logf("screenshots in %s: %v", b.dir, b.shots)
-		if out := os.Getenv("EVENTSUI_SCREENSHOTS"); out != "" {
-			for _, name := range b.shots {
-				png, err := os.ReadFile(filepath.Join(b.dir, name+".png"))
-				if err == nil {
-					err = os.WriteFile(filepath.Join(out, name+".png"), png, 0o644)
-				}
-				if err != nil {
-					t.Errorf("keeping screenshot %s: %v", name, err)
-				}
-			}
-		}
-	}()
+	b := newBrowser(ctx, t, srv.URL)
+	bctx := b.ctx
 	scripts := func() int {
 		nodes, err := chromedp.Run(bctx, chromedp.Nodes(chromedp.CSSAll("script"), chromedp.AtLeast(0)))
 		require.NoError(t, err)

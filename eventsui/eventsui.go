@@ -649,9 +649,15 @@ func (h *handler) refuse(w http.ResponseWriter, r *http.Request, action Action) 
 }
 
 func (h *handler) id(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
+	return h.pathID(w, r, "an event")
+}
+
+// pathID parses the request's {id}, answering 400 (naming what it should
+// have been, such as "an event") when it is not a UUID.
+func (h *handler) pathID(w http.ResponseWriter, r *http.Request, what string) (uuid.UUID, bool) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, "Bad request", "That is not an event ID.")
+		h.fail(w, r, http.StatusBadRequest, "Bad request", "That is not "+what+" ID.")
 		return uuid.Nil, false
 	}
 	return id, true

@@ -398,12 +398,7 @@ func parseFormTime(s string) (time.Time, error) {
 }
 
 func (h *handler) endpointID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
-	id, err := uuid.Parse(r.PathValue("id"))
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, "Bad request", "That is not an endpoint ID.")
-		return uuid.Nil, false
-	}
-	return id, true
+	return h.pathID(w, r, "an endpoint")
 }
 
 // webhookError answers for an error of the endpoints pages: the request's

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -146,11 +147,14 @@ func migrateStep(ctx context.Context, step func(func(pgx.Tx) error) error, m mig
 				applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 				return fmt.Errorf("events: migrate: %w", err)
 			}
-			var current int
-			if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM outbox_migration").Scan(&current); err != nil {
+			// Each version the database lacks is applied, not only those above
+			// its highest: versions may land out of number order (008 before
+			// 007), and one applied later must not be skipped.
+			var applied bool
+			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox_migration WHERE version = $1)", m.version).Scan(&applied); err != nil {
 				return fmt.Errorf("events: migrate: %w", err)
 			}
-			if m.version <= current {
+			if applied {
 				return nil
 			}
 			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", migrateLockTimeout.Milliseconds())); err != nil {
@@ -271,17 +275,17 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts)
 	if err != nil {
 		return nil, err
 	}
-	current := 0
+	var have []int
 	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(opts.Schema, "outbox_migration")).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("events: migration status: %w", err)
 	}
 	if exists {
-		if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+schemaTable(opts.Schema, "outbox_migration")).Scan(&current); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT coalesce(array_agg(version), '{}') FROM "+schemaTable(opts.Schema, "outbox_migration")).Scan(&have); err != nil {
 			return nil, fmt.Errorf("events: migration status: %w", err)
 		}
 	}
 	for _, f := range files {
-		out = append(out, MigrationInfo{Line: "events", Version: f.version, Name: f.name, Applied: f.version <= current, SQL: f.up})
+		out = append(out, MigrationInfo{Line: "events", Version: f.version, Name: f.name, Applied: slices.Contains(have, f.version), SQL: f.up})
 	}
 	return out, nil
 }

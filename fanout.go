@@ -1,6 +1,7 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -73,6 +74,9 @@ func collectClaimed(rows pgx.Rows, l lane) ([]claimedRow, error) {
 		}
 		batch[i].owed = append(batch[i].owed, p)
 	}
+	// In seq order, as in the pending lane: coalescing keeps the latest
+	// event, and ordered subscribers append in seq order.
+	slices.SortFunc(batch, func(a, b claimedRow) int { return cmp.Compare(a.Seq, b.Seq) })
 	return batch, rows.Err()
 }
 
@@ -172,21 +176,41 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 	if err != nil {
 		return nil, err
 	}
-	results := make([]*rivertype.JobInsertResult, len(p.jobs))
+	// Ordered subscribers' jobs take their places in their chains (a no-op
+	// without any); a job that must wait for an earlier event is taken out
+	// and its pairs deferred.
+	chains, err := r.orderChains(ctx, tx, l, batch, &p)
+	if err != nil {
+		return nil, err
+	}
+	results := chains.replaced(p.jobs) // a replaced pending tail is not inserted
 	if len(p.jobs) > 0 && !isolate {
-		params := make([]river.InsertManyParams, len(p.jobs))
+		params := make([]river.InsertManyParams, 0, len(p.jobs))
+		at := make([]int, 0, len(p.jobs))
 		for i, j := range p.jobs {
-			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)}
+			if results[i] == nil {
+				params = append(params, river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)})
+				at = append(at, i)
+			}
 		}
-		if results, err = r.client.InsertManyTx(ctx, tx, params); err != nil {
-			return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
-		}
-		if len(results) != len(params) {
-			return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(results))
+		if len(params) > 0 {
+			inserted, err := r.client.InsertManyTx(ctx, tx, params)
+			if err != nil {
+				return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
+			}
+			if len(inserted) != len(params) {
+				return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(inserted))
+			}
+			for k, i := range at {
+				results[i] = inserted[k]
+			}
 		}
 	}
 	if isolate {
 		for i, j := range p.jobs {
+			if results[i] != nil {
+				continue
+			}
 			res, err := r.insertIsolated(ctx, tx, j, batch[j.event].traceContext)
 			if err == nil {
 				results[i] = res
@@ -237,7 +261,7 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 				docs = append(docs, encodeFanout(fanout[i]))
 			}
 			for _, o := range c.owed {
-				if !failed[[2]any{c.Seq, o.sub}] {
+				if !failed[[2]any{c.Seq, o.sub}] && !chains.isDeferred(c.Seq, o.sub) {
 					doneSeqs = append(doneSeqs, c.Seq)
 					doneSubs = append(doneSubs, o.sub)
 				}
@@ -269,6 +293,9 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 			sendBuf.Queue(r.sql.NotifyFanned, payload)
 		}
 	}
+	if err := chains.queue(&sendBuf, batch, p.jobs, results); err != nil {
+		return nil, err
+	}
 	poisonedAt := r.queueDeliveryCharges(&sendBuf, p.failed)
 	if err := tx.SendBatch(ctx, &sendBuf).Close(); err != nil {
 		return nil, fmt.Errorf("stamping %d events: %w", len(batch), err)
@@ -280,6 +307,11 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 	}
 	for i, j := range p.jobs {
 		if results[i] == nil {
+			continue
+		}
+		if j.chain.replacing() {
+			// No job inserted: the waiting one took this job's events.
+			r.metrics.coalesced.Add(ctx, int64(len(j.covers)), j.sub.metricAttrs)
 			continue
 		}
 		r.metrics.jobs.Add(ctx, 1, j.sub.metricAttrs)

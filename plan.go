@@ -18,6 +18,9 @@ type plannedJob struct {
 	// job: the event itself, plus, for a coalescing subscriber, the earlier
 	// events of the same subject.
 	covers []int
+	// chain is the job's place in its chain, for an ordered subscriber's
+	// job with a subject; nil otherwise.
+	chain *chainJob
 }
 
 // mapped is one subscriber's job for one event, before coalescing.
@@ -127,6 +130,9 @@ func (j *plannedJob) insertOpts(traceContext []byte) *river.InsertOpts {
 	}
 	if traceContext != nil {
 		opts.Metadata = withTraceMetadata(opts.Metadata, traceContext)
+	}
+	if j.chain != nil && !j.chain.head {
+		opts.Pending = true // released when the job before it completes
 	}
 	own := opts.Tags
 	if own == nil {

@@ -423,6 +423,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	rounds.Go(func() { r.loop(runCtx) })
 	rounds.Go(func() { r.pruner(runCtx) })
 	rounds.Go(func() { r.heartbeater(runCtx) })
+	rounds.Go(func() { r.chainSweeper(runCtx) })
 	for range r.config.MaxRoundsInFlight - 1 {
 		rounds.Go(func() { r.helper(runCtx) })
 	}

@@ -45,6 +45,11 @@ type OutboxStats struct {
 	Paused []string
 	// FannedOutLastMinute counts events fanned out in the last minute.
 	FannedOutLastMinute int64
+	// BlockedChains counts the subjects of ordered subscribers that are
+	// blocked: the job at the head ended discarded, cancelled or deleted,
+	// and the jobs behind it wait for [Outbox.ResumeChain] or
+	// [Outbox.SkipChain] (see [Subscriber.Ordered]).
+	BlockedChains int64
 }
 
 // Stats reports how the outbox stands, in one query whose every figure comes
@@ -56,7 +61,7 @@ func Stats(ctx context.Context, db DB) (OutboxStats, error) {
 
 // Stats is [Stats] in o's schema.
 func (o Outbox) Stats(ctx context.Context, db DB) (OutboxStats, error) {
-	sql, err := statementsFor(o.Schema)
+	sql, err := orderedStatementsFor(o.Schema) // the stats, and the blocked chains
 	if err != nil {
 		return OutboxStats{}, err
 	}
@@ -66,7 +71,7 @@ func (o Outbox) Stats(ctx context.Context, db DB) (OutboxStats, error) {
 	)
 	if err := db.QueryRow(ctx, sql.Stats, cmp.Or(o.OrphanAfter, OrphanAfterDefault).Microseconds()).Scan(
 		&st.Pending, &st.Retrying, &st.Poisoned, &st.CatchingUp, &st.FannedOutLastMinute, &lag,
-		&st.Owed, &st.PoisonedDeliveries, &st.Orphaned, &st.Paused); err != nil {
+		&st.Owed, &st.PoisonedDeliveries, &st.Orphaned, &st.Paused, &st.BlockedChains); err != nil {
 		return OutboxStats{}, fmt.Errorf("events: stats: %w", err)
 	}
 	if len(st.Orphaned) == 0 {

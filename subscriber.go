@@ -73,6 +73,51 @@ type Subscriber struct {
 	// are worked by the worker [Relay.AddWorkers] registers, like Handle's.
 	HandleTx func(ctx context.Context, tx pgx.Tx, e Event) error
 
+	// Ordered asks for one subject's events to be handled one at a time, in
+	// order, while different subjects run in parallel: for this subscriber
+	// and one subject, a job (of Map, Handle or HandleTx alike) starts only
+	// once the one before it has completed. Every job is still a River job
+	// of its own, retried by River; the jobs of a subject form a chain, only
+	// its head is released, and the ones behind it wait in River's pending
+	// state until the head's completion releases the next, in the same
+	// transaction. Events with an empty Subject are not ordered.
+	//
+	// The order is the order in which the relays append the subject's events
+	// to the chain. A relay appends in the transaction that fans the events
+	// out, and never while an earlier event of the subject (a lower Seq) is
+	// still owed to the subscriber elsewhere — being fanned out by another
+	// relay, retrying, or owed during a rolling deploy, a pause or a
+	// backfill: it waits for it, or leaves its own to follow it. So the
+	// order is Seq order among the events visible when they are appended,
+	// and it is commit order whenever the producers of a subject serialise
+	// their writes (they lock the same row), which is the usual case.
+	// Events a producer commits late, after a later event of the subject
+	// was appended, come after it.
+	//
+	// A job that fails is retried by River while the ones behind it wait.
+	// When River discards it (its attempts spent) or it is cancelled or
+	// deleted, OrderedOnDiscard decides: by default the subject blocks until
+	// an operator resumes or skips it ([Outbox.ResumeChain],
+	// [Outbox.SkipChain]); a stuck subject never holds back another.
+	//
+	// With Coalesce, the events of a subject in one relay batch share one
+	// job, as for any coalescing subscriber, and a job whose subject's last
+	// job is still waiting replaces that job's event with its own (the
+	// waiting job runs once, with the latest event); a job already released
+	// is never replaced.
+	//
+	// Map subscribers' jobs are worked by the host's workers: list
+	// [OrderedMiddleware] in the River config of every client that works
+	// them, so their completion releases the next job. See the README's
+	// "Ordered subscribers".
+	Ordered bool
+
+	// OrderedOnDiscard is what an Ordered subscriber's subject does when the
+	// job at its head is discarded, cancelled or deleted: OrderedBlock (the
+	// default: it waits for an operator) or OrderedContinue (it goes on with
+	// the next job). Only with Ordered.
+	OrderedOnDiscard OrderedDiscard
+
 	// InsertOpts are the River insert options of a Handle or HandleTx
 	// subscriber's jobs
 	// (queue, priority, max attempts, …). Ignored for Map subscribers. Nil
@@ -115,6 +160,9 @@ func newSubscription(s Subscriber) (*subscription, error) {
 	if set != 1 {
 		return nil, bad("Map/Handle", "exactly one of Map, Handle and HandleTx must be set")
 	}
+	if err := validateOrdered(s, bad); err != nil {
+		return nil, err
+	}
 	sub := &subscription{Subscriber: s, tags: []string{tagSubscriber + s.Name},
 		metricAttrs: metric.WithAttributes(attribute.String(attrSubscriber, s.Name), attribute.String(attrMessagingSystem, "river"))}
 	for _, t := range s.Types {
@@ -123,6 +171,9 @@ func newSubscription(s Subscriber) (*subscription, error) {
 			return nil, bad("Types", "%v", err)
 		}
 		sub.patterns = append(sub.patterns, p)
+	}
+	if s.Ordered {
+		sub.tags = append(sub.tags, tagOrdered)
 	}
 	return sub, nil
 }

@@ -48,26 +48,47 @@ const unknownSubscriberSnooze = time.Minute
 
 func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) error {
 	sub := w.relay.subscription(job.Args.Subscriber)
+	// An ordered subscriber's job (tagged so by the relay that inserted it)
+	// completes in its chain: the next job of its subject is released in
+	// the transaction that completes it (see ordered.go).
+	ordered := isOrderedJob(job.JobRow)
+	schema := ""
+	if ordered {
+		if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
+			schema = c.Schema()
+		}
+	}
 	if sub != nil && sub.Handle != nil {
-		return sub.Handle(ctx, job.Args.Event)
+		if err := sub.Handle(ctx, job.Args.Event); err != nil || !ordered {
+			return err
+		}
+		return completeOrdered(ctx, w.relay.pool.Begin, schema, job.JobRow)
 	}
 	if sub != nil && sub.HandleTx != nil {
 		// The handler's writes and the job's completion in one transaction:
 		// both commit, or neither (a panic rolls back too, and River
 		// recovers it).
-		return pgx.BeginFunc(ctx, w.relay.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, w.relay.pool, func(tx pgx.Tx) error {
 			if err := sub.HandleTx(ctx, tx, job.Args.Event); err != nil {
 				return err
+			}
+			if ordered {
+				if err := advanceChain(ctx, tx, schema, job.JobRow); err != nil {
+					return err // refused: the handler's writes roll back too
+				}
 			}
 			if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
 				return fmt.Errorf("events: completing the job of subscriber %q: %w", job.Args.Subscriber, err)
 			}
 			return nil
 		})
+		if ordered {
+			return settleRefusal(ctx, w.relay.pool.Begin, schema, job.JobRow, err)
+		}
+		return err
 	}
 	// No process may know it any more (removed and retired), or only the
 	// other release does (a rolling deploy). Ask the registry.
-	schema := ""
 	if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
 		schema = c.Schema()
 	}

@@ -64,29 +64,24 @@ CREATE TABLE outbox_chain_jobs (
 -- doubles with each deferral, counted here; a deferral is not a failure.
 ALTER TABLE outbox_deliveries ADD COLUMN deferrals integer NOT NULL DEFAULT 0;
 
--- outbox_chain_prepare is the first step of a round that appends jobs of
--- ordered subscribers: for each chain (subs[i], subjects[i]) whose events in
--- the round go up to max_seqs[i], it reports the lowest seq of an earlier
--- event of that subject that is still owed to the subscriber elsewhere — an
--- event not fanned out yet (whose type matches res[i]), or an owed pair
--- (poisoned ones only where blocks[i]) — leaving out the round's own rows
--- (claimed) and pairs (pair_seqs, pair_subs); and it locks the chain's row,
--- creating it if need be and reserving counts[i] positions, and returns it,
--- with the kind of its tail job while that is pending. Locks are taken in
--- (subscriber, subject) order, so rounds never deadlock on them.
---
--- Reads come from small partial indexes (pending events, due and poisoned
--- pairs) whatever the planner's statistics say: sequential scans are off.
-CREATE FUNCTION outbox_chain_prepare(subs text[], subjects text[], max_seqs bigint[], res text[], blocks boolean[],
-    counts bigint[], claimed bigint[], pair_seqs bigint[], pair_subs text[])
-RETURNS TABLE (subscriber text, subject text, head_job bigint, tail_job bigint, next_pos bigint, blocked boolean,
-    blocker_seq bigint, tail_kind text)
+-- outbox_chain_blockers reports, for each chain (subs[i], subjects[i])
+-- whose events in a round go up to max_seqs[i], the lowest seq of an
+-- earlier event of that subject still owed to the subscriber elsewhere: an
+-- event not fanned out yet whose type matches res[i], or an owed pair
+-- (a poisoned one only where blocks[i]), leaving out the round's own rows
+-- (claimed) and pairs (pair_seqs, pair_subs). Reads come from small partial
+-- indexes (pending events; due and poisoned pairs) whatever the planner's
+-- statistics say: sequential scans are off.
+CREATE FUNCTION outbox_chain_blockers(subs text[], subjects text[], max_seqs bigint[], res text[], blocks boolean[],
+    claimed bigint[], pair_seqs bigint[], pair_subs text[])
+RETURNS TABLE (subscriber text, subject text, blocker_seq bigint)
 LANGUAGE sql
+STABLE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $$
 WITH ch AS MATERIALIZED (
-    SELECT * FROM unnest(subs, subjects, max_seqs, res, blocks, counts) AS c(sub, subj, max_seq, re, block, n)),
+    SELECT * FROM unnest(subs, subjects, max_seqs, res, blocks) AS c(sub, subj, max_seq, re, block)),
 ev AS MATERIALIZED (
     SELECT e.seq, e.subject, e.type FROM outbox_events e
      WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL
@@ -100,19 +95,59 @@ pr AS MATERIALIZED (
          WHERE poisoned_at IS NOT NULL AND subscriber = ANY(subs)) d
       JOIN outbox_events e ON e.seq = d.event_seq
      WHERE e.subject = ANY(subjects)
-       AND NOT EXISTS (SELECT 1 FROM unnest(pair_seqs, pair_subs) AS p(seq, sub) WHERE p.seq = d.event_seq AND p.sub = d.subscriber)),
-up AS (
-    INSERT INTO outbox_chains AS c (subscriber, subject, next_pos)
-    SELECT sub, subj, n FROM ch ORDER BY sub, subj
-    ON CONFLICT (subscriber, subject) DO UPDATE SET next_pos = c.next_pos + EXCLUDED.next_pos
-    RETURNING c.subscriber, c.subject, c.head_job, c.tail_job, c.next_pos, c.blocked_at IS NOT NULL AS blocked)
-SELECT up.subscriber, up.subject, up.head_job, up.tail_job, up.next_pos, up.blocked,
-    least(
+       AND NOT EXISTS (SELECT 1 FROM unnest(pair_seqs, pair_subs) AS p(seq, sub) WHERE p.seq = d.event_seq AND p.sub = d.subscriber))
+SELECT ch.sub, ch.subj, least(
         (SELECT min(ev.seq) FROM ev WHERE ev.subject = ch.subj AND ev.seq < ch.max_seq AND ('.' || ev.type) ~ ch.re),
         (SELECT min(pr.seq) FROM pr WHERE pr.sub = ch.sub AND pr.subject = ch.subj AND pr.seq < ch.max_seq
-            AND (ch.block OR NOT pr.poisoned))),
-    (SELECT j.kind FROM river_job j WHERE j.id = up.tail_job AND up.tail_job IS DISTINCT FROM up.head_job AND j.state = 'pending')
-  FROM ch JOIN up ON up.subscriber = ch.sub AND up.subject = ch.subj
+            AND (ch.block OR NOT pr.poisoned)))
+  FROM ch
+$$;
+
+-- outbox_chain_prepare is the first step of a round that appends jobs of
+-- ordered subscribers. An earlier event that blocks a chain (see
+-- outbox_chain_blockers) is most often being fanned out by another round at
+-- that very moment: the round waits for it, at most wait_ms (a lock wait on
+-- the blocker's event row, which that round holds FOR UPDATE; one that
+-- nobody holds costs nothing), and looks again. Then it locks each chain's
+-- row, creating it if need be and reserving counts[i] positions, and
+-- returns it with its remaining blocker and the kind of its tail job while
+-- that is pending. Chain rows are locked in (subscriber, subject) order, and
+-- only after the wait, so rounds never deadlock on them.
+CREATE FUNCTION outbox_chain_prepare(subs text[], subjects text[], max_seqs bigint[], res text[], blocks boolean[],
+    counts bigint[], claimed bigint[], pair_seqs bigint[], pair_subs text[], wait_ms integer)
+RETURNS TABLE (subscriber text, subject text, head_job bigint, tail_job bigint, next_pos bigint, blocked boolean,
+    blocker_seq bigint, tail_kind text)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    seqs bigint[];
+    old_timeout text;
+BEGIN
+    SELECT array_agg(b.blocker_seq) INTO seqs
+      FROM outbox_chain_blockers(subs, subjects, max_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
+     WHERE b.blocker_seq IS NOT NULL;
+    IF seqs IS NOT NULL AND wait_ms > 0 THEN
+        old_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+            PERFORM 1 FROM outbox_events WHERE seq = ANY(seqs) FOR KEY SHARE;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL; -- still held: the blocker stays a blocker
+        END;
+    END IF;
+    RETURN QUERY
+    WITH up AS (
+        INSERT INTO outbox_chains AS c (subscriber, subject, next_pos)
+        SELECT u.sub, u.subj, u.n FROM unnest(subs, subjects, counts) AS u(sub, subj, n) ORDER BY u.sub, u.subj
+        ON CONFLICT ON CONSTRAINT outbox_chains_pkey DO UPDATE SET next_pos = c.next_pos + EXCLUDED.next_pos
+        RETURNING c.subscriber, c.subject, c.head_job, c.tail_job, c.next_pos, c.blocked_at IS NOT NULL AS blocked)
+    SELECT up.subscriber, up.subject, up.head_job, up.tail_job, up.next_pos, up.blocked, b.blocker_seq,
+        (SELECT j.kind FROM river_job j WHERE j.id = up.tail_job AND up.tail_job IS DISTINCT FROM up.head_job AND j.state = 'pending')
+      FROM up JOIN outbox_chain_blockers(subs, subjects, max_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
+        ON b.subscriber = up.subscriber AND b.subject = up.subject;
+END
 $$;
 
 -- outbox_chain_advance moves a chain on past its head p_job: the job's link

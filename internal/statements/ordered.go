@@ -1,0 +1,121 @@
+package statements
+
+import "sync"
+
+// Tables of ordered subscribers (migration 008), unqualified.
+const (
+	ChainsTable    = "outbox_chains"
+	ChainJobsTable = "outbox_chain_jobs"
+)
+
+// Ordered is the statements of ordered subscribers' chains in one schema.
+// Every field is read-only. The chain logic itself lives in SQL functions
+// (migration 008); these call them.
+//
+// Where River's insert notification is sent ($channel arguments), the
+// statements name River's channel as River does: the schema (or, for the
+// search_path, current_schema()) and ".river_insert".
+type Ordered struct {
+	// Prepare locks (creating if need be) the chains a round appends to and
+	// reports, for each, the earliest event of its subject still owed to
+	// the subscriber elsewhere, after waiting at most $10 ms for such an
+	// event that another round is fanning out: outbox_chain_prepare's
+	// arguments, in order.
+	Prepare string
+	// Append, sent with the round's stamp: links ($1 subscribers, $2
+	// subjects, $3 positions, $4 job IDs, $5 event seqs, $6 event IDs, $7
+	// event types; a link whose job exists already, a replaced tail, is
+	// updated to the newer event), chains' heads and tails ($8 subscribers,
+	// $9 subjects, $10 first job appended, $11 last), and the args of
+	// pending tails replaced by a coalescing subscriber's newer event ($12
+	// job IDs, $13 args).
+	Append string
+	// Defer owes pairs that could not be appended yet ($1 seqs, $2
+	// subscribers), or counts up the deferral of pairs already owed; each
+	// waits $3 µs doubled by its deferrals so far, at most $4 µs.
+	Defer string
+	// Advance is outbox_chain_advance ($1 job, $2 attempt or NULL, $3
+	// schema or NULL): outcome and next job.
+	Advance string
+	// Sweep is outbox_chain_sweep ($1 subscribers, $2 those that continue
+	// past a discarded head, $3 limit, $4 schema or NULL, $5 lock class).
+	Sweep string
+	// Resume and Skip act on a blocked chain ($1 subscriber, $2 subject, $3
+	// schema or NULL).
+	Resume, Skip string
+	// ListChains pages through chains: $1 limit, $2 subscriber or NULL, $3
+	// blocked only, $4 and $5 the cursor (subscriber, subject) or NULL.
+	ListChains string
+	// Stats is Set.Stats with the number of blocked chains as one more
+	// column.
+	Stats string
+	// JobState reads a job's state and attempt ($1 job ID).
+	JobState string
+}
+
+var orderedCache sync.Map // schema -> *Ordered
+
+// OrderedFor returns the ordered statements of schema ("" for the
+// search_path), built on first use and shared afterwards.
+func OrderedFor(schema string) (*Ordered, error) {
+	if o, ok := orderedCache.Load(schema); ok {
+		return o.(*Ordered), nil
+	}
+	set, err := For(schema)
+	if err != nil {
+		return nil, err
+	}
+	o, _ := orderedCache.LoadOrStore(schema, buildOrdered(set))
+	return o.(*Ordered), nil
+}
+
+func buildOrdered(set *Set) *Ordered {
+	schema := set.Schema
+	fn := func(name string) string { return qualify(schema, name) }
+	chains, links := fn(ChainsTable), fn(ChainJobsTable)
+	deliveries, jobs := fn(DeliveriesTable), fn("river_job")
+	// River's insert channel: "<schema>.river_insert", the schema being
+	// current_schema() when none is given (riverpgxv5's PGNotifyMany).
+	channel := "concat(coalesce($3::text, current_schema()), '.river_insert')"
+	o := &Ordered{
+		Prepare: "SELECT subscriber, subject, head_job, tail_job, next_pos, blocked, blocker_seq, tail_kind FROM " +
+			fn("outbox_chain_prepare") + "($1::text[], $2::text[], $3::bigint[], $4::text[], $5::boolean[], $6::bigint[]," +
+			" $7::bigint[], $8::bigint[], $9::text[], $10::integer)",
+		Append: `WITH ins AS (
+				INSERT INTO ` + links + ` AS l (subscriber, subject, pos, job_id, event_seq, event_id, event_type)
+				SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[]::uuid[], $7::text[])
+				ON CONFLICT (job_id) DO UPDATE SET event_seq = EXCLUDED.event_seq, event_id = EXCLUDED.event_id, event_type = EXCLUDED.event_type),
+			heads AS (
+				UPDATE ` + chains + ` AS c SET head_job = coalesce(c.head_job, u.first_job), tail_job = u.last_job
+				  FROM unnest($8::text[], $9::text[], $10::bigint[], $11::bigint[]) AS u(subscriber, subject, first_job, last_job)
+				 WHERE c.subscriber = u.subscriber AND c.subject = u.subject),
+			replaced AS (
+				UPDATE ` + jobs + ` AS j SET args = u.args::jsonb
+				  FROM unnest($12::bigint[], $13::text[]) AS u(id, args)
+				 WHERE j.id = u.id AND j.state = 'pending')
+			SELECT 1`,
+		Defer: `INSERT INTO ` + deliveries + ` AS d (event_seq, subscriber, next_attempt_at, deferrals)
+			SELECT seq, sub, now() + $3::bigint * interval '1 microsecond', 1 FROM unnest($1::bigint[], $2::text[]) AS u(seq, sub)
+			ON CONFLICT (event_seq, subscriber) DO UPDATE SET deferrals = d.deferrals + 1,
+				next_attempt_at = now() + least($3::bigint * power(2, least(d.deferrals, 30))::bigint, $4::bigint) * interval '1 microsecond'`,
+		Advance: "SELECT outcome, next_job FROM " + fn("outbox_chain_advance") + "($1::bigint, $2::integer, " + channel + ")",
+		Sweep: "SELECT subscriber, subject, job_id, action, state FROM " + fn("outbox_chain_sweep") +
+			"($1::text[], $2::text[], $3::integer, concat(coalesce($4::text, current_schema()), '.river_insert'), $5::integer)",
+		Resume: "SELECT " + fn("outbox_chain_resume") + "($1, $2, " + channel + ")",
+		Skip:   "SELECT " + fn("outbox_chain_skip") + "($1, $2, " + channel + ")",
+		ListChains: `SELECT c.subscriber, c.subject, c.head_job, c.blocked_at, coalesce(c.blocked_state, ''), coalesce(c.blocked_error, ''),
+				l.event_id, l.event_seq, l.event_type,
+				(SELECT count(*) FROM ` + links + ` w WHERE w.subscriber = c.subscriber AND w.subject = c.subject) AS jobs,
+				coalesce(j.state::text, ''), coalesce(j.attempt, 0), coalesce(j.max_attempts, 0),
+				coalesce(j.errors[array_upper(j.errors, 1)]->>'error', '')
+			  FROM ` + chains + ` c
+			  LEFT JOIN ` + links + ` l ON l.job_id = c.head_job
+			  LEFT JOIN ` + jobs + ` j ON j.id = c.head_job
+			 WHERE c.head_job IS NOT NULL AND ($2::text IS NULL OR c.subscriber = $2) AND (NOT $3::boolean OR c.blocked_at IS NOT NULL)
+			   AND ($4::text IS NULL OR (c.subscriber, c.subject) > ($4, $5::text))
+			 ORDER BY c.subscriber, c.subject LIMIT $1`,
+		Stats:    "SELECT s.*, (SELECT count(*) FROM " + chains + " WHERE blocked_at IS NOT NULL) FROM (" + set.Stats + ") s",
+		JobState: "SELECT state::text, attempt FROM " + jobs + " WHERE id = $1",
+	}
+	return o
+}

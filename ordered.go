@@ -1,0 +1,800 @@
+package events
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/standmeet/events/internal/statements"
+)
+
+// Ordered subscribers. For a subscriber with Ordered set, the jobs of one
+// subject form a chain: still one River job per (event, subscriber), so
+// River's retries, UI and metrics apply, but only the chain's head is
+// released; the jobs behind it are inserted in River's pending state, and
+// the next one is released in the transaction that completes the head
+// (outbox_chain_advance, migration 008).
+//
+// The order is the order in which relays append jobs to the chain: a round
+// appends while it holds the chain's row lock, in the transaction that
+// stamps the events, and a round never appends an event while an earlier
+// event of the subject is still owed to the subscriber elsewhere (not yet
+// fanned out, or an owed pair): it waits briefly for a round that is fanning
+// that event out, and otherwise defers its own (owes it as a pair, retried
+// shortly). So when the producers of a subject serialise their writes
+// (they lock the same row), the chain's order is their commit order.
+
+// OrderedDiscard is what an ordered subscriber's chain does when its head's
+// River job is discarded (its attempts spent) or cancelled, or deleted from
+// River: see [Subscriber.OrderedOnDiscard].
+type OrderedDiscard int
+
+const (
+	// OrderedBlock stops the subject's chain: the jobs behind the head wait
+	// (River's pending state) until an operator resumes the chain (the head
+	// is retried) or skips the head ([Outbox.ResumeChain],
+	// [Outbox.SkipChain], `events chains`, the web view). Other subjects
+	// flow. The default.
+	OrderedBlock OrderedDiscard = iota
+	// OrderedContinue moves the chain on to the next job; the head's job
+	// stays in River as River ended it.
+	OrderedContinue
+)
+
+// String returns "block" or "continue".
+func (d OrderedDiscard) String() string {
+	switch d {
+	case OrderedBlock:
+		return "block"
+	case OrderedContinue:
+		return "continue"
+	}
+	return fmt.Sprintf("OrderedDiscard(%d)", int(d))
+}
+
+// tagOrdered marks the jobs of ordered subscribers: the library's worker
+// and OrderedMiddleware complete them in their chain, whichever release
+// inserted them.
+const tagOrdered = "events-ordered"
+
+// Timings of ordered subscribers.
+const (
+	// orderedSweepInterval bounds how long a chain whose head River
+	// discarded or cancelled takes to be blocked (or moved on), and a head
+	// completed without the library's completion to be released.
+	orderedSweepInterval = time.Second
+	// orderedSweepBatch is how many chains of one subscriber one sweep
+	// statement handles.
+	orderedSweepBatch = 1000
+	// orderedSweepLockClass is the advisory lock class of the sweep: one
+	// relay at a time sweeps a subscriber's chains.
+	orderedSweepLockClass = 7365110
+	// orderedWait is how long a round waits for an earlier event of a chain
+	// that another round is fanning out, before deferring its own.
+	orderedWait = 250 * time.Millisecond
+	// deferBase and deferMax: a deferred pair is retried after deferBase,
+	// doubling with each deferral, at most deferMax. A deferral is not a
+	// failed attempt.
+	deferBase = 20 * time.Millisecond
+	deferMax  = 30 * time.Second
+	// outOfTurnSnooze is how long a job that was started before its turn
+	// (retried by hand while pending) waits before it runs again.
+	outOfTurnSnooze = time.Second
+	// fencedPoll is how often a fenced worker looks whether the run that
+	// superseded it has finished.
+	fencedPoll = 50 * time.Millisecond
+)
+
+// validateOrdered checks the ordered fields of a subscriber.
+func validateOrdered(s Subscriber, bad func(field, msg string, args ...any) error) error {
+	switch {
+	case s.OrderedOnDiscard != OrderedBlock && s.OrderedOnDiscard != OrderedContinue:
+		return bad("OrderedOnDiscard", "%v: use OrderedBlock or OrderedContinue", s.OrderedOnDiscard)
+	case s.OrderedOnDiscard != OrderedBlock && !s.Ordered:
+		return bad("OrderedOnDiscard", "is set, but Ordered is not")
+	}
+	return nil
+}
+
+func orderedStatementsFor(schema string) (*statements.Ordered, error) {
+	o, err := statements.OrderedFor(schema)
+	if err != nil {
+		return nil, invalidf(ErrInvalidConfig, "Schema", "%q: %v", schema, err)
+	}
+	return o, nil
+}
+
+// chainJob is a planned job's place in its chain.
+type chainJob struct {
+	pos int64
+	// head: the chain was empty, so the job is its head and is inserted
+	// available; every other job of a chain is inserted pending.
+	head bool
+	// replaces is the pending tail job that this job of a coalescing
+	// subscriber replaces (given the newer event) instead of being
+	// inserted; 0 for none.
+	replaces int64
+}
+
+func (c *chainJob) replacing() bool { return c != nil && c.replaces != 0 }
+
+// chainKey names a chain within a round.
+type chainKey struct {
+	sub     *subscription
+	subject string
+}
+
+// pairKey is an (event seq, subscriber) pair.
+type pairKey struct {
+	seq int64
+	sub string
+}
+
+// chainPlan is what a round does with the jobs of ordered subscribers: the
+// chains it appends to, and the pairs it defers.
+type chainPlan struct {
+	sql      *statements.Ordered
+	deferred map[pairKey]bool
+	defSeqs  []int64
+	defSubs  []string
+}
+
+// isDeferred reports whether the round defers the pair (seq, sub).
+func (cp *chainPlan) isDeferred(seq int64, sub string) bool {
+	return cp != nil && cp.deferred[pairKey{seq, sub}]
+}
+
+// orderChains places a round's jobs of ordered subscribers in their chains:
+// it locks the chains (outbox_chain_prepare), marks each job as the head or
+// pending, and takes out of p the jobs that must wait for an earlier event
+// of their subject (still owed elsewhere, or failed in this round): their
+// pairs are deferred. A job of a coalescing subscriber whose chain has a
+// pending tail replaces that tail. Without ordered jobs it does nothing and
+// costs nothing.
+func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []claimedRow, p *roundPlan) (*chainPlan, error) {
+	var (
+		keys  []chainKey
+		byKey = map[chainKey][]int{}
+	)
+	for i, j := range p.jobs {
+		if !j.sub.Ordered || batch[j.event].Subject == "" {
+			continue
+		}
+		k := chainKey{j.sub, batch[j.event].Subject}
+		if _, ok := byKey[k]; !ok {
+			keys = append(keys, k)
+		}
+		byKey[k] = append(byKey[k], i)
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	sql, err := orderedStatementsFor(r.sql.Schema)
+	if err != nil {
+		return nil, err
+	}
+	// A pair of this round whose mapping failed stays owed: it is an earlier
+	// event for the jobs of its chain that come after it.
+	failedAt := map[chainKey]int64{}
+	for _, f := range p.failed {
+		if !f.sub.Ordered || f.row.Subject == "" {
+			continue
+		}
+		k := chainKey{f.sub, f.row.Subject}
+		if cur, ok := failedAt[k]; !ok || f.row.Seq < cur {
+			failedAt[k] = f.row.Seq
+		}
+	}
+	var (
+		subs, subjects, res []string
+		maxSeqs, counts     []int64
+		blocks              []bool
+		claimed, pairSeqs   []int64
+		pairSubs            []string
+		index               = map[[2]string]chainKey{}
+		carried             = func(i int) int64 { return batch[p.jobs[i].event].Seq }
+		toRemove            = map[int]bool{}
+	)
+	for _, k := range keys {
+		idx := byKey[k]
+		slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(carried(a), carried(b)) })
+		_, re := k.sub.registryTypes()
+		subs = append(subs, k.sub.Name)
+		subjects = append(subjects, k.subject)
+		maxSeqs = append(maxSeqs, carried(idx[len(idx)-1]))
+		res = append(res, re)
+		blocks = append(blocks, k.sub.OrderedOnDiscard == OrderedBlock)
+		counts = append(counts, int64(len(idx)))
+		index[[2]string{k.sub.Name, k.subject}] = k
+	}
+	for _, c := range batch {
+		if l == lanePending {
+			claimed = append(claimed, c.Seq)
+			continue
+		}
+		for _, o := range c.owed {
+			pairSeqs, pairSubs = append(pairSeqs, c.Seq), append(pairSubs, o.sub)
+		}
+	}
+	rows, err := tx.Query(ctx, sql.Prepare, subs, subjects, maxSeqs, res, blocks, counts, claimed, pairSeqs, pairSubs,
+		int32(orderedWait.Milliseconds()))
+	if err != nil {
+		return nil, fmt.Errorf("preparing chains: %w", err)
+	}
+	cp := &chainPlan{sql: sql, deferred: map[pairKey]bool{}}
+	seen := 0
+	for rows.Next() {
+		var (
+			name, subject string
+			head, tail    *int64
+			nextPos       int64
+			blocked       bool
+			blocker       *int64
+			tailKind      *string
+		)
+		if err := rows.Scan(&name, &subject, &head, &tail, &nextPos, &blocked, &blocker, &tailKind); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("preparing chains: %w", err)
+		}
+		k, ok := index[[2]string{name, subject}]
+		if !ok {
+			continue
+		}
+		seen++
+		if f, ok := failedAt[k]; ok && (blocker == nil || f < *blocker) {
+			blocker = &f
+		}
+		idx := byKey[k]
+		// The jobs up to the first one that comes after the blocker are
+		// appended, in seq order; that one and every later one wait.
+		cut := len(idx)
+		for n, i := range idx {
+			if blocker != nil && *blocker < carried(i) {
+				cut = n
+				break
+			}
+		}
+		pos := nextPos - int64(len(idx))
+		for n, i := range idx[:cut] {
+			pos++
+			cj := &chainJob{pos: pos, head: n == 0 && head == nil}
+			if n == 0 && head != nil && k.sub.Coalesce && tail != nil && tailKind != nil && *tailKind == p.jobs[i].args.Kind() {
+				cj.replaces = *tail
+			}
+			p.jobs[i].chain = cj
+		}
+		for _, i := range idx[cut:] {
+			toRemove[i] = true
+			for _, ev := range p.jobs[i].covers {
+				pk := pairKey{batch[ev].Seq, k.sub.Name}
+				if !cp.deferred[pk] {
+					cp.deferred[pk] = true
+					cp.defSeqs, cp.defSubs = append(cp.defSeqs, pk.seq), append(cp.defSubs, pk.sub)
+				}
+			}
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("preparing chains: %w", err)
+	}
+	if seen != len(keys) {
+		return nil, fmt.Errorf("preparing chains: %d of %d chains came back", seen, len(keys))
+	}
+	if len(toRemove) > 0 {
+		kept := p.jobs[:0]
+		for i, j := range p.jobs {
+			if !toRemove[i] {
+				kept = append(kept, j)
+			}
+		}
+		p.jobs = kept
+	}
+	return cp, nil
+}
+
+// replaced returns the round's insert results with those of the jobs that
+// replace a pending tail filled in (they are not inserted: the tail is the
+// job their events' fanout names).
+func (cp *chainPlan) replaced(jobs []plannedJob) []*rivertype.JobInsertResult {
+	results := make([]*rivertype.JobInsertResult, len(jobs))
+	if cp == nil {
+		return results
+	}
+	for i, j := range jobs {
+		if j.chain.replacing() {
+			results[i] = &rivertype.JobInsertResult{Job: &rivertype.JobRow{ID: j.chain.replaces, Kind: j.args.Kind()}}
+		}
+	}
+	return results
+}
+
+// queue queues, in b (the round's stamp), the appends — links, heads and
+// tails, replaced tails' args — of the jobs inserted, and the deferrals.
+func (cp *chainPlan) queue(b *pgx.Batch, batch []claimedRow, jobs []plannedJob, results []*rivertype.JobInsertResult) error {
+	if cp == nil {
+		return nil
+	}
+	var (
+		lSubs, lSubjects, lTypes, lIDs []string
+		lPos, lJobs, lSeqs             []int64
+		cSubs, cSubjects               []string
+		cFirst, cLast                  []int64
+		rIDs                           []int64
+		rArgs                          []string
+		chainAt                        = map[[2]string]int{}
+	)
+	for i, j := range jobs {
+		if j.chain == nil || results[i] == nil {
+			continue
+		}
+		e := batch[j.event]
+		id := results[i].Job.ID
+		lSubs, lSubjects, lPos, lJobs = append(lSubs, j.sub.Name), append(lSubjects, e.Subject), append(lPos, j.chain.pos), append(lJobs, id)
+		lSeqs, lIDs, lTypes = append(lSeqs, e.Seq), append(lIDs, e.ID.String()), append(lTypes, e.Type)
+		key := [2]string{j.sub.Name, e.Subject}
+		if at, ok := chainAt[key]; ok {
+			cLast[at] = id
+		} else {
+			chainAt[key] = len(cSubs)
+			cSubs, cSubjects, cFirst, cLast = append(cSubs, j.sub.Name), append(cSubjects, e.Subject), append(cFirst, id), append(cLast, id)
+		}
+		if j.chain.replacing() {
+			args, err := json.Marshal(j.args)
+			if err != nil {
+				return fmt.Errorf("encoding the args that replace job %d: %w", id, err)
+			}
+			rIDs, rArgs = append(rIDs, id), append(rArgs, string(args))
+		}
+	}
+	if len(lJobs) > 0 {
+		b.Queue(cp.sql.Append, lSubs, lSubjects, lPos, lJobs, lSeqs, lIDs, lTypes, cSubs, cSubjects, cFirst, cLast, rIDs, rArgs)
+	}
+	if len(cp.defSeqs) > 0 {
+		b.Queue(cp.sql.Defer, cp.defSeqs, cp.defSubs, deferBase.Microseconds(), deferMax.Microseconds())
+	}
+	return nil
+}
+
+// chainRefusal is a completion of an ordered job that its chain refused.
+type chainRefusal struct {
+	jobID   int64
+	attempt int
+	outcome string
+}
+
+func (e *chainRefusal) Error() string {
+	switch e.outcome {
+	case "gone":
+		return fmt.Sprintf("events: ordered job %d is in no chain any more (skipped by an operator?): not completed", e.jobID)
+	case "waiting":
+		return fmt.Sprintf("events: ordered job %d ran before its turn (retried by hand while pending?): not completed, it waits for its turn", e.jobID)
+	}
+	return fmt.Sprintf("events: ordered job %d, attempt %d, was superseded (River gave the job to another worker, or it was finished meanwhile): its completion is refused and its chain left alone", e.jobID, e.attempt)
+}
+
+// advanceChain moves job's chain on, inside tx, in which the caller
+// completes job: a compare-and-set on the chain's head and on River running
+// the job in job.Attempt. A refusal is a *chainRefusal; tx must then be
+// rolled back.
+func advanceChain(ctx context.Context, tx pgx.Tx, schema string, job *rivertype.JobRow) error {
+	sql, err := orderedStatementsFor(schema)
+	if err != nil {
+		return err
+	}
+	var outcome string
+	if err := tx.QueryRow(ctx, sql.Advance, job.ID, job.Attempt, nilIfEmpty(schema)).Scan(&outcome, nil); err != nil {
+		return fmt.Errorf("events: moving the chain of job %d on: %w", job.ID, err)
+	}
+	if outcome != "advanced" {
+		return &chainRefusal{jobID: job.ID, attempt: job.Attempt, outcome: outcome}
+	}
+	return nil
+}
+
+func nilIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// isOrderedJob reports whether job belongs to a chain.
+func isOrderedJob(job *rivertype.JobRow) bool { return slices.Contains(job.Tags, tagOrdered) }
+
+// orderedArgs stands for any job's args where River's JobCompleteTx wants a
+// typed job: it decodes whatever the args are.
+type orderedArgs struct{ json.RawMessage }
+
+func (orderedArgs) Kind() string { return "" }
+
+// beginFunc begins a transaction: on the relay's pool, or on the River
+// client's driver.
+type beginFunc func(ctx context.Context) (pgx.Tx, error)
+
+// completeOrdered completes an ordered job whose handler succeeded, in a
+// transaction of its own that also moves its chain on (releasing the next
+// job), so that a crash does neither or both. A refused completion is
+// settled by settleRefusal.
+func completeOrdered(ctx context.Context, begin beginFunc, schema string, job *rivertype.JobRow) error {
+	err := func() error {
+		tx, err := begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if err := advanceChain(ctx, tx, schema, job); err != nil {
+			return err
+		}
+		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, &river.Job[orderedArgs]{JobRow: job}); err != nil {
+			return fmt.Errorf("events: completing ordered job %d: %w", job.ID, err)
+		}
+		return tx.Commit(ctx)
+	}()
+	return settleRefusal(ctx, begin, schema, job, err)
+}
+
+// settleRefusal turns a refused completion into what the worker returns to
+// River: a job in no chain any more is cancelled; one that ran out of turn
+// is snoozed; a superseded one (a zombie: River rescued its job and gave it
+// to another worker) first waits, within ctx, until the run that
+// superseded it has finished — River records a worker's outcome on the job
+// whichever run it came from, so returning at once would end the live run's
+// job under it — and then returns the refusal, an error that River records
+// against a job no longer running, which changes nothing. Other errors pass.
+func settleRefusal(ctx context.Context, begin beginFunc, schema string, job *rivertype.JobRow, err error) error {
+	var ref *chainRefusal
+	if !errors.As(err, &ref) {
+		return err
+	}
+	switch ref.outcome {
+	case "gone":
+		return river.JobCancel(ref)
+	case "waiting":
+		return river.JobSnooze(outOfTurnSnooze)
+	}
+	sql, serr := orderedStatementsFor(schema)
+	if serr != nil {
+		return ref
+	}
+	for ctx.Err() == nil {
+		var (
+			state   string
+			attempt int
+		)
+		qerr := func() error {
+			tx, err := begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			return tx.QueryRow(ctx, sql.JobState, job.ID).Scan(&state, &attempt)
+		}()
+		if qerr != nil || state != string(rivertype.JobStateRunning) || attempt <= job.Attempt {
+			break
+		}
+		t := time.NewTimer(fencedPoll)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	return ref
+}
+
+// OrderedMiddleware completes the jobs of ordered [Subscriber.Map]
+// subscribers in their chain: after the host's worker returns nil, it
+// completes the job (river.JobCompleteTx) in a transaction that also
+// releases the next job of the subject, fenced on the chain's head and on
+// the job's attempt, as the library's own worker does for Handle and
+// HandleTx. List it in river.Config.Middleware of every River client that
+// works an ordered Map subscriber's jobs; it leaves every other job alone.
+// Without it such a job completes as usual and its chain moves on only at
+// the relays' next sweep (about a second), with a warning.
+type OrderedMiddleware struct {
+	river.MiddlewareDefaults
+}
+
+var _ rivertype.WorkerMiddleware = (*OrderedMiddleware)(nil)
+
+// Work runs the job and, for an ordered Map subscriber's job that
+// succeeded, completes it in its chain.
+func (*OrderedMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
+	if job.Kind == (HandleArgs{}).Kind() || !isOrderedJob(job) {
+		return doInner(ctx)
+	}
+	if err := doInner(ctx); err != nil {
+		return err
+	}
+	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
+	if err != nil {
+		return fmt.Errorf("events: OrderedMiddleware: %w", err)
+	}
+	driver := client.Driver()
+	begin := func(ctx context.Context) (pgx.Tx, error) {
+		etx, err := driver.GetExecutor().Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return driver.UnwrapTx(etx), nil
+	}
+	return completeOrdered(ctx, begin, client.Schema(), job)
+}
+
+// orderedSubs returns the names of the run's ordered subscribers, and those
+// of them that continue past a discarded head.
+func (r *Relay) orderedSubs() (subs, cont []string) {
+	for _, s := range r.active {
+		if !s.Ordered {
+			continue
+		}
+		subs = append(subs, s.Name)
+		if s.OrderedOnDiscard == OrderedContinue {
+			cont = append(cont, s.Name)
+		}
+	}
+	return subs, cont
+}
+
+// chainSweeper sweeps the chains of the run's ordered subscribers every
+// orderedSweepInterval until the relay stops (see outbox_chain_sweep):
+// River tells no one when it discards a job after its last attempt.
+func (r *Relay) chainSweeper(ctx context.Context) {
+	subs, cont := r.orderedSubs()
+	if len(subs) == 0 {
+		return
+	}
+	t := time.NewTicker(orderedSweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-r.stopCh:
+			return
+		case <-ctx.Done():
+			return
+		}
+		if err := r.sweepChains(ctx, subs, cont); err != nil && ctx.Err() == nil && !r.stopping() {
+			r.logger.WarnContext(ctx, "events: sweeping ordered chains failed", slog.String("err", err.Error()))
+		}
+	}
+}
+
+// sweepChains runs one sweep, statement after statement while they come
+// back full.
+func (r *Relay) sweepChains(ctx context.Context, subs, cont []string) error {
+	sql, err := orderedStatementsFor(r.sql.Schema)
+	if err != nil {
+		return err
+	}
+	for !r.stopping() && ctx.Err() == nil {
+		n := 0
+		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, sql.Sweep, subs, cont, orderedSweepBatch, nilIfEmpty(r.sql.Schema), orderedSweepLockClass)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var (
+					sub, subject, action, state string
+					jobID                       int64
+				)
+				if err := rows.Scan(&sub, &subject, &jobID, &action, &state); err != nil {
+					return err
+				}
+				n++
+				r.logChainAction(ctx, sub, subject, jobID, action, state)
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return err
+		}
+		if n < orderedSweepBatch {
+			return nil
+		}
+	}
+	return nil
+}
+
+func (r *Relay) logChainAction(ctx context.Context, sub, subject string, jobID int64, action, state string) {
+	attrs := []slog.Attr{slog.String("subscriber", sub), slog.String("subject", subject), slog.Int64("job_id", jobID), slog.String("state", state)}
+	switch action {
+	case "blocked":
+		r.logger.LogAttrs(ctx, slog.LevelError, "events: an ordered subscriber's subject is blocked: the job at its head ended "+state+
+			"; resume or skip it (Outbox.ResumeChain, Outbox.SkipChain, `events chains`)", attrs...)
+	case "skipped":
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "events: an ordered subscriber's job ended "+state+"; its subject goes on with the next (OrderedContinue)", attrs...)
+	case "released":
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "events: an ordered job completed without moving its chain on; released the next now"+
+			" (is events.OrderedMiddleware in river.Config.Middleware of every client that works this subscriber's jobs?)", attrs...)
+	}
+}
+
+// ChainInfo is one ordered subscriber's chain of one subject — its jobs not
+// yet finished — as [Outbox.ListChains] reports it.
+type ChainInfo struct {
+	Subscriber, Subject string
+	// HeadJobID is the River job at the chain's head: the one released (or
+	// blocked); the others wait behind it in River's pending state.
+	HeadJobID int64
+	// HeadEventID, HeadEventSeq and HeadEventType are the event the head's
+	// job carries.
+	HeadEventID   uuid.UUID
+	HeadEventSeq  int64
+	HeadEventType string
+	// Jobs counts the chain's jobs, the head's included.
+	Jobs int64
+	// HeadState is River's state of the head's job (available, running,
+	// retryable, discarded, …); empty when River no longer has it. Attempt
+	// and MaxAttempts are its attempts, LastError its last attempt's error.
+	HeadState            string
+	Attempt, MaxAttempts int
+	LastError            string
+	// BlockedAt is when the chain was blocked, zero unless it is;
+	// BlockedState how its head's job ended then (discarded, cancelled, or
+	// deleted).
+	BlockedAt    time.Time
+	BlockedState string
+}
+
+// Blocked reports whether the chain waits for an operator.
+func (c *ChainInfo) Blocked() bool { return !c.BlockedAt.IsZero() }
+
+// ListChainsParams selects and pages the chains [Outbox.ListChains] lists.
+type ListChainsParams struct {
+	// Subscriber filters by subscriber name. Empty means every subscriber.
+	Subscriber string
+	// Blocked lists only blocked chains.
+	Blocked bool
+	// Limit is the page size. Defaults to ListLimitDefault (50); at most
+	// 1000.
+	Limit int
+	// After is the Next cursor of the previous page; empty for the first.
+	After string
+}
+
+// ListChainsResult is one page of chains.
+type ListChainsResult struct {
+	Chains []ChainInfo
+	// Next is the cursor of the following page; empty on the last page.
+	Next string
+}
+
+// ListChains lists the chains of ordered subscribers that have jobs not yet
+// finished, by subscriber and subject, a page at a time: each one's head
+// job with River's state of it, how many jobs wait, and whether it is
+// blocked.
+func (o Outbox) ListChains(ctx context.Context, db DB, params ListChainsParams) (ListChainsResult, error) {
+	sql, err := orderedStatementsFor(o.Schema)
+	if err != nil {
+		return ListChainsResult{}, err
+	}
+	limit := params.Limit
+	if limit == 0 {
+		limit = ListLimitDefault
+	}
+	if limit < 1 || limit > 1000 {
+		return ListChainsResult{}, invalidf(ErrInvalidArgument, "Limit", "%d: must be between 1 and 1000", params.Limit)
+	}
+	var subscriber, afterSub, afterSubject *string
+	if params.Subscriber != "" {
+		subscriber = &params.Subscriber
+	}
+	if params.After != "" {
+		var cur [2]string
+		if err := json.Unmarshal([]byte(params.After), &cur); err != nil {
+			return ListChainsResult{}, invalidf(ErrInvalidArgument, "After", "%q: not a cursor from a previous page", params.After)
+		}
+		afterSub, afterSubject = &cur[0], &cur[1]
+	}
+	rows, err := db.Query(ctx, sql.ListChains, limit+1, subscriber, params.Blocked, afterSub, afterSubject)
+	if err != nil {
+		return ListChainsResult{}, fmt.Errorf("events: list chains: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ChainInfo, error) {
+		var (
+			c            ChainInfo
+			blockedAt    *time.Time
+			blockedError string
+			eventID      *uuid.UUID
+			seq          *int64
+			typ          *string
+		)
+		err := row.Scan(&c.Subscriber, &c.Subject, &c.HeadJobID, &blockedAt, &c.BlockedState, &blockedError,
+			&eventID, &seq, &typ, &c.Jobs, &c.HeadState, &c.Attempt, &c.MaxAttempts, &c.LastError)
+		c.BlockedAt = deref(blockedAt)
+		c.LastError = cmp.Or(c.LastError, blockedError)
+		if eventID != nil {
+			c.HeadEventID, c.HeadEventSeq, c.HeadEventType = *eventID, *seq, *typ
+		}
+		return c, err
+	})
+	if err != nil {
+		return ListChainsResult{}, fmt.Errorf("events: list chains: %w", err)
+	}
+	var res ListChainsResult
+	if len(list) > limit {
+		list = list[:limit]
+		last := list[limit-1]
+		cur, _ := json.Marshal([2]string{last.Subscriber, last.Subject})
+		res.Next = string(cur)
+	}
+	res.Chains = list
+	return res, nil
+}
+
+// ErrNotBlocked is returned by [Outbox.ResumeChain] and [Outbox.SkipChain]
+// for a chain that is not blocked.
+var ErrNotBlocked = errors.New("events: chain not blocked")
+
+// ErrUnknownChain is returned by [Outbox.ResumeChain] and
+// [Outbox.SkipChain] when the subscriber has no chain of that subject
+// (nothing of it is waiting).
+var ErrUnknownChain = errors.New("events: no such chain")
+
+// ResumeChain resumes a blocked chain by retrying its head: the head's River
+// job is made available again, as River's JobRetry makes it (with one more
+// attempt if its attempts are spent), and the chain is unblocked; when that
+// attempt succeeds the jobs behind it follow, in order. If it fails for good
+// again, the chain blocks again. It returns an error wrapping
+// [ErrUnknownChain] or [ErrNotBlocked], or, when River no longer has the
+// head's job (its retention deleted it), one that says to skip it. With db a
+// transaction, all of it happens in that transaction.
+func (o Outbox) ResumeChain(ctx context.Context, db DB, subscriber, subject string) error {
+	return o.chainAction(ctx, db, subscriber, subject, true)
+}
+
+// SkipChain gives a blocked chain's head up for good: it leaves the chain
+// (its River job stays as River ended it), and the next job of the subject
+// is released. It returns an error wrapping [ErrUnknownChain] or
+// [ErrNotBlocked]. With db a transaction, all of it happens in that
+// transaction.
+func (o Outbox) SkipChain(ctx context.Context, db DB, subscriber, subject string) error {
+	return o.chainAction(ctx, db, subscriber, subject, false)
+}
+
+func (o Outbox) chainAction(ctx context.Context, db DB, subscriber, subject string, resume bool) error {
+	switch {
+	case subscriber == "":
+		return invalidf(ErrInvalidArgument, "subscriber", "is empty")
+	case subject == "":
+		return invalidf(ErrInvalidArgument, "subject", "is empty: events without a subject are not ordered")
+	}
+	sql, err := orderedStatementsFor(o.Schema)
+	if err != nil {
+		return err
+	}
+	stmt, verb := sql.Skip, "skip"
+	if resume {
+		stmt, verb = sql.Resume, "resume"
+	}
+	var outcome string
+	if err := db.QueryRow(ctx, stmt, subscriber, subject, nilIfEmpty(o.Schema)).Scan(&outcome); err != nil {
+		return fmt.Errorf("events: %s chain %q of %q: %w", verb, subject, subscriber, err)
+	}
+	switch outcome {
+	case "done":
+		return nil
+	case "unknown":
+		return fmt.Errorf("%w: %q has no chain of subject %q", ErrUnknownChain, subscriber, subject)
+	case "not_blocked":
+		return fmt.Errorf("%w: %q of subject %q", ErrNotBlocked, subscriber, subject)
+	case "gone":
+		return fmt.Errorf("events: resume chain %q of %q: River no longer has its head's job; skip it instead", subject, subscriber)
+	}
+	return fmt.Errorf("events: %s chain %q of %q: unexpected outcome %q", verb, subject, subscriber, outcome)
+}

@@ -34,6 +34,8 @@ type nodeOpts struct {
 	workers    func(*river.Workers)
 	clientID   string
 	middleware []rivertype.Middleware
+	// noMiddleware leaves OrderedMiddleware out.
+	noMiddleware bool
 	// noWork builds an insert-only client.
 	noWork bool
 }
@@ -79,7 +81,10 @@ func newOrderedClient(t *testing.T, pool *pgxpool.Pool, relay *Relay, opts nodeO
 		cfg.FetchCooldown = 5 * time.Millisecond
 		cfg.FetchPollInterval = 100 * time.Millisecond
 		cfg.RetryPolicy = immediateRetry{}
-		cfg.Middleware = append([]rivertype.Middleware{&OrderedMiddleware{}}, opts.middleware...)
+		cfg.Middleware = opts.middleware
+		if !opts.noMiddleware {
+			cfg.Middleware = append([]rivertype.Middleware{&OrderedMiddleware{}}, opts.middleware...)
+		}
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
 	require.NoError(t, err)
@@ -366,4 +371,266 @@ func TestOrderedZombieCompletionIsRefused(t *testing.T) {
 	mu.Lock()
 	require.Equal(t, 1, runs[es[1].ID], "the next job was released once")
 	mu.Unlock()
+}
+
+// blockedChains reads Stats.BlockedChains.
+func blockedChains(t *testing.T, pool *pgxpool.Pool) int64 {
+	t.Helper()
+	st, err := Stats(context.Background(), pool)
+	require.NoError(t, err)
+	return st.BlockedChains
+}
+
+// chainOf returns the chain of (subscriber, subject), or nil.
+func chainOf(t *testing.T, pool *pgxpool.Pool, sub, subject string) *ChainInfo {
+	t.Helper()
+	res, err := Outbox{}.ListChains(context.Background(), pool, ListChainsParams{Subscriber: sub, Limit: 1000})
+	require.NoError(t, err)
+	for i := range res.Chains {
+		if res.Chains[i].Subject == subject {
+			return &res.Chains[i]
+		}
+	}
+	return nil
+}
+
+// A head whose job River discards (its attempts spent) blocks its subject:
+// the jobs behind it wait, pending, visible in Stats and ListChains, while
+// other subjects flow. ResumeChain retries the head (which blocks again if
+// it fails again, and otherwise lets the rest follow in order); SkipChain
+// gives the head up and the next runs. A subscriber with OrderedContinue
+// goes on by itself. A head cancelled in River blocks too.
+func TestOrderedDiscardedHeadBlocksItsSubjectOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var broken sync.Map // payload -> still failing
+	log := newRunLog()
+	handle := func(ctx context.Context, e Event) error {
+		log.begin(e)
+		if failing, _ := broken.Load(string(e.Payload)); failing == true {
+			log.end(e, false)
+			return fmt.Errorf("event %d refused", e.Seq)
+		}
+		if e.Subject == "c" && string(e.Payload) == `{"hang": 1}` {
+			<-ctx.Done() // until cancelled in River
+			log.end(e, false)
+			return ctx.Err()
+		}
+		log.end(e, true)
+		return nil
+	}
+	ledger := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true, InsertOpts: &river.InsertOpts{MaxAttempts: 1}, Handle: handle}
+	feedLog := newRunLog()
+	feed := Subscriber{Name: "feed", Types: []string{"feed.*"}, Ordered: true, OrderedOnDiscard: OrderedContinue,
+		InsertOpts: &river.InsertOpts{MaxAttempts: 1},
+		Handle: func(ctx context.Context, e Event) error {
+			feedLog.begin(e)
+			if string(e.Payload) == `{"bad": 1}` {
+				feedLog.end(e, false)
+				return fmt.Errorf("event %d refused", e.Seq)
+			}
+			feedLog.end(e, true)
+			return nil
+		}}
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	n := startNode(t, url, nodeOpts{}, ledger, feed)
+	broken.Store(`{"bad": 1}`, true)
+	bad := Event{Type: "x", Subject: "a", Payload: []byte(`{"bad":1}`)}
+	ok := func(subject string, i int) Event {
+		return Event{Type: "x", Subject: subject, Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}
+	}
+	as := recordEach(t, pool, bad, ok("a", 1), ok("a", 2))
+	bs := recordEach(t, pool, ok("b", 0), ok("b", 1), ok("b", 2))
+
+	require.Eventually(t, func() bool { return blockedChains(t, pool) == 1 }, 20*time.Second, 10*time.Millisecond, "a's head is discarded: a blocks")
+	require.Eventually(t, func() bool { return len(log.handled("b")) == 3 }, 20*time.Second, 10*time.Millisecond, "b flows")
+	require.Equal(t, ids(bs), log.handled("b"))
+	require.Empty(t, log.handled("a"))
+	c := chainOf(t, pool, "ledger", "a")
+	require.NotNil(t, c)
+	require.True(t, c.Blocked())
+	require.Equal(t, "discarded", c.BlockedState)
+	require.Equal(t, as[0].ID, c.HeadEventID)
+	require.EqualValues(t, 3, c.Jobs)
+	require.Contains(t, c.LastError, "refused")
+	for _, e := range as[1:] {
+		_, state, _ := jobOf(t, pool, "ledger", e.ID)
+		require.Equal(t, "pending", state, "event %d waits behind the blocked head", e.Seq)
+	}
+	// A blocked subject still takes new events, behind the head.
+	as = append(as, recordEach(t, pool, ok("a", 3))...)
+	require.Eventually(t, func() bool { c := chainOf(t, pool, "ledger", "a"); return c != nil && c.Jobs == 4 }, 10*time.Second, 10*time.Millisecond)
+
+	o := Outbox{}
+	require.ErrorIs(t, o.ResumeChain(ctx, pool, "ledger", "b"), ErrUnknownChain, "b's chain finished")
+	var invalid *ValidationError
+	require.ErrorAs(t, o.SkipChain(ctx, pool, "ledger", ""), &invalid)
+	require.Equal(t, "subject", invalid.Field)
+
+	// Resume while it still fails: blocked again, after a second attempt.
+	require.NoError(t, o.ResumeChain(ctx, pool, "ledger", "a"))
+	require.ErrorIs(t, o.ResumeChain(ctx, pool, "ledger", "a"), ErrNotBlocked)
+	require.Eventually(t, func() bool {
+		c := chainOf(t, pool, "ledger", "a")
+		return c != nil && c.Blocked() && c.Attempt == 2
+	}, 20*time.Second, 10*time.Millisecond, "the retried head failed again: blocked again")
+	require.Empty(t, log.handled("a"))
+
+	// Resume once it works: the head and the rest, in order.
+	broken.Store(`{"bad": 1}`, false)
+	require.NoError(t, o.ResumeChain(ctx, pool, "ledger", "a"))
+	require.Eventually(t, func() bool { return len(log.handled("a")) == 4 }, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, ids(as), log.handled("a"))
+	require.Zero(t, blockedChains(t, pool))
+
+	// Skip: the head is given up, the next runs.
+	broken.Store(`{"bad": 2}`, true)
+	skipped := recordEach(t, pool, Event{Type: "x", Subject: "a", Payload: []byte(`{"bad":2}`)})
+	rest := recordEach(t, pool, ok("a", 5), ok("a", 6))
+	require.Eventually(t, func() bool { return blockedChains(t, pool) == 1 }, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, o.SkipChain(ctx, pool, "ledger", "a"))
+	require.Eventually(t, func() bool { return len(log.handled("a")) == 6 }, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, append(ids(as), ids(rest)...), log.handled("a"))
+	_, state, _ := jobOf(t, pool, "ledger", skipped[0].ID)
+	require.Equal(t, "discarded", state, "a skipped job stays as River ended it")
+
+	// OrderedContinue: the subject goes on past a discarded head.
+	fs := recordEach(t, pool, Event{Type: "feed.x", Subject: "f", Payload: []byte(`{"i":0}`)},
+		Event{Type: "feed.x", Subject: "f", Payload: []byte(`{"bad":1}`)}, Event{Type: "feed.x", Subject: "f", Payload: []byte(`{"i":2}`)})
+	require.Eventually(t, func() bool { return len(feedLog.handled("f")) == 2 }, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, []uuid.UUID{fs[0].ID, fs[2].ID}, feedLog.handled("f"))
+	require.Nil(t, chainOf(t, pool, "feed", "f"))
+
+	// A head cancelled in River blocks its subject as a discarded one does.
+	cs := recordEach(t, pool, Event{Type: "x", Subject: "c", Payload: []byte(`{"hang":1}`)}, ok("c", 1))
+	var head int64
+	require.Eventually(t, func() bool {
+		var state string
+		head, state, _ = jobOf(t, pool, "ledger", cs[0].ID)
+		return state == "running"
+	}, 20*time.Second, 10*time.Millisecond)
+	_, err := n.client.JobCancel(ctx, head)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		c := chainOf(t, pool, "ledger", "c")
+		return c != nil && c.Blocked() && c.BlockedState == "cancelled"
+	}, 20*time.Second, 10*time.Millisecond)
+	require.Empty(t, log.handled("c"))
+	require.NoError(t, o.SkipChain(ctx, pool, "ledger", "c"))
+	require.Eventually(t, func() bool { return len(log.handled("c")) == 1 }, 20*time.Second, 10*time.Millisecond)
+	require.Empty(t, log.overlaps)
+	require.Empty(t, feedLog.overlaps)
+}
+
+// Coalesce with Ordered: while a subject's head runs, each newer event
+// replaces the event of the job waiting behind it (one waiting job, carrying
+// the latest event; every folded event's fanout names it); the running head
+// is never replaced.
+func TestOrderedCoalesceReplacesTheWaitingJob(t *testing.T) {
+	t.Parallel()
+	log := newRunLog()
+	hold := newGate()
+	sub := Subscriber{Name: "index", Types: []string{"**"}, Ordered: true, Coalesce: true,
+		Handle: func(ctx context.Context, e Event) error {
+			log.begin(e)
+			if string(e.Payload) == `{"i": 0}` {
+				<-hold.c
+			}
+			log.end(e, true)
+			return nil
+		}}
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	startNode(t, url, nodeOpts{}, sub)
+	t.Cleanup(hold.open)
+	ev := func(i int) Event { return Event{Type: "note.changed", Subject: "n", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))} }
+	first := recordEach(t, pool, ev(0))[0]
+	require.Eventually(t, func() bool { _, s, _ := jobOf(t, pool, "index", first.ID); return s == "running" }, 20*time.Second, 5*time.Millisecond)
+	var later []Event
+	for i := 1; i <= 4; i++ {
+		e := recordEach(t, pool, ev(i))[0] // a batch each
+		later = append(later, e)
+		waitFannedOut(t, pool, 10*time.Second)
+	}
+	rows := loadRows(t, pool)
+	waiting := rows[later[0].ID].Fanout["index"]
+	require.NotZero(t, waiting)
+	for _, e := range later {
+		require.Equal(t, waiting, rows[e.ID].Fanout["index"], "event %d folded into the waiting job", e.Seq)
+	}
+	var carried string
+	var state string
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT args->'event'->>'id', state::text FROM river_job WHERE id = $1", waiting).Scan(&carried, &state))
+	require.Equal(t, later[3].ID.String(), carried, "the waiting job carries the latest event")
+	require.Equal(t, "pending", state)
+	require.Len(t, loadJobs(t, pool), 2, "the running head and one waiting job")
+
+	hold.open()
+	require.Eventually(t, func() bool { return len(log.handled("n")) == 2 }, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, []uuid.UUID{first.ID, later[3].ID}, log.handled("n"))
+	require.Empty(t, log.overlaps)
+}
+
+// mapOrderedArgs is a Map subscriber's own job args.
+type mapOrderedArgs struct {
+	EventID uuid.UUID `json:"event_id"`
+	Subject string    `json:"subject"`
+}
+
+func (mapOrderedArgs) Kind() string { return "test.ordered_map" }
+
+// A Map subscriber's jobs are worked by the host's worker: with
+// OrderedMiddleware in the River config they run one subject at a time, in
+// order, the whole batch's jobs of a subject inserted at once (all but the
+// first pending). Without the middleware they still run in order, moved on
+// by the relays' sweep.
+func TestOrderedMapSubscriberThroughMiddleware(t *testing.T) {
+	t.Parallel()
+	for _, middleware := range []bool{true, false} {
+		t.Run(fmt.Sprintf("middleware=%v", middleware), func(t *testing.T) {
+			t.Parallel()
+			log := newRunLog()
+			sub := Subscriber{Name: "sync", Types: []string{"**"}, Ordered: true,
+				Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+					return mapOrderedArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
+				}}
+			url := testdb.URL(t)
+			pool := testdb.Pool(t, url)
+			per := 30
+			if !middleware {
+				per = 3 // a second a job: the sweep's pace
+			}
+			var es []Event
+			for i := range per {
+				for _, s := range []string{"p", "q"} {
+					es = append(es, Event{Type: "x", Subject: s, Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})
+				}
+			}
+			recorded := recordEach(t, pool, es...) // before the relay starts: one batch
+			opts := nodeOpts{workers: func(w *river.Workers) {
+				river.AddWorker(w, river.WorkFunc(func(ctx context.Context, job *river.Job[mapOrderedArgs]) error {
+					e := Event{ID: job.Args.EventID, Subject: job.Args.Subject}
+					log.begin(e)
+					time.Sleep(time.Millisecond)
+					log.end(e, true)
+					return nil
+				}))
+			}}
+			if !middleware {
+				opts.noMiddleware = true
+			}
+			startNode(t, url, opts, sub)
+			require.Eventually(t, func() bool { return len(log.handled("p")) == per && len(log.handled("q")) == per },
+				30*time.Second, 10*time.Millisecond)
+			require.Empty(t, log.overlaps)
+			var want []uuid.UUID
+			for _, e := range recorded {
+				if e.Subject == "p" {
+					want = append(want, e.ID)
+				}
+			}
+			require.Equal(t, want, log.handled("p"))
+		})
+	}
 }

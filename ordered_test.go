@@ -1,8 +1,10 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/testdb"
@@ -73,6 +76,7 @@ func newOrderedClient(t *testing.T, pool *pgxpool.Pool, relay *Relay, opts nodeO
 	if !opts.noWork {
 		workers := river.NewWorkers()
 		require.NoError(t, relay.AddWorkers(workers))
+		river.AddWorker(workers, river.WorkFunc(func(context.Context, *river.Job[testArgs]) error { return nil }))
 		if opts.workers != nil {
 			opts.workers(workers)
 		}
@@ -633,4 +637,203 @@ func TestOrderedMapSubscriberThroughMiddleware(t *testing.T) {
 			require.Equal(t, want, log.handled("p"))
 		})
 	}
+}
+
+// An ordered subscriber keeps its order through what the deliveries lane
+// carries — a rolling deploy (a relay of the old release lacks it and owes
+// it the events it stamps), a Backfill of history, a pause — and through
+// retention deleting events as soon as they owe nothing, while one subject
+// is blocked for a while: per subject, the events are handled in commit
+// order (the producers write each subject in turn), each once.
+func TestOrderedThroughDeployBackfillPauseAndRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	retention := &Config{Retention: time.Millisecond, RetentionInterval: 20 * time.Millisecond, BatchSize: 7,
+		RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond}
+	subjects := []string{"s1", "s2", "s3", "s4"}
+	produce := func(round, per int) []Event {
+		var mu sync.Mutex
+		var out []Event
+		var wg sync.WaitGroup
+		for _, s := range subjects {
+			wg.Go(func() {
+				for i := range per {
+					e := recordEach(t, pool, Event{Type: "order.changed", Subject: s, Payload: []byte(fmt.Sprintf(`{"round":%d,"i":%d}`, round, i))})[0]
+					mu.Lock()
+					out = append(out, e)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		return out
+	}
+
+	// The old release: no audit. History accumulates. (Its River client
+	// works no jobs: an old release's worker snoozes a handler job of a
+	// subscriber it does not know for a minute, as for any subscriber.)
+	old := startNode(t, url, nodeOpts{config: retention, noWork: true}, mapSub("x", false, "**"))
+	since := time.Now()
+	history := produce(0, 10)
+	waitFannedOut(t, pool, 20*time.Second)
+
+	// The new release adds audit, ordered; the old one keeps running.
+	log := newRunLog()
+	var failOnce sync.Map
+	audit := Subscriber{Name: "audit", Types: []string{"order.*"}, Ordered: true, InsertOpts: &river.InsertOpts{MaxAttempts: 1},
+		Handle: func(ctx context.Context, e Event) error {
+			log.begin(e)
+			if e.Subject == "s2" && string(e.Payload) == `{"i": 3, "round": 1}` {
+				if _, failed := failOnce.LoadOrStore(e.ID, true); !failed {
+					log.end(e, false)
+					return fmt.Errorf("down for maintenance")
+				}
+			}
+			log.end(e, true)
+			return nil
+		}}
+	newer := startNode(t, url, nodeOpts{config: retention}, mapSub("x", false, "**"), audit)
+	res, err := Backfill(ctx, pool, "audit", since)
+	require.NoError(t, err)
+	require.EqualValues(t, len(history), res.Owed)
+
+	recent := produce(1, 15) // both releases stamp; s2's fourth blocks
+	if !assert.Eventually(t, func() bool { return blockedChains(t, pool) == 1 }, 20*time.Second, 10*time.Millisecond) {
+		dumpOrdered(t, pool)
+		for _, s := range subjects {
+			t.Logf("%s handled %d", s, len(log.handled(s)))
+		}
+		t.FailNow()
+	}
+	require.NoError(t, PauseSubscriber(ctx, pool, "audit"))
+	paused := produce(2, 5) // owed while paused, behind s2's block too
+	// Retention meanwhile deletes whatever owes nothing; s2's waiting jobs
+	// carry their events.
+	var left int
+	require.Eventually(t, func() bool {
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events").Scan(&left))
+		return left < len(history)+len(recent)+len(paused)-20
+	}, 20*time.Second, 20*time.Millisecond, "retention deletes events that owe nothing")
+	require.NoError(t, ResumeSubscriber(ctx, pool, "audit"))
+	require.NoError(t, Outbox{}.ResumeChain(ctx, pool, "audit", "s2"))
+
+	all := append(append(append([]Event{}, history...), recent...), paused...)
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, s := range subjects {
+			n += len(log.handled(s))
+		}
+		return n == len(all)
+	}, 60*time.Second, 20*time.Millisecond, "every event reaches audit")
+	require.Empty(t, log.overlaps)
+	// Each subject was written by one producer, each event in a transaction
+	// of its own: seq order is commit order.
+	bySubject := map[string][]Event{}
+	for _, e := range all {
+		bySubject[e.Subject] = append(bySubject[e.Subject], e)
+	}
+	for s, es := range bySubject {
+		slices.SortFunc(es, func(a, b Event) int { return cmp.Compare(a.Seq, b.Seq) })
+		require.Equal(t, ids(es), log.handled(s), "subject %s: handled in commit order", s)
+	}
+	waitDelivered(t, pool, 20*time.Second)
+	require.Zero(t, blockedChains(t, pool))
+	_, _ = old, newer
+}
+
+// dumpOrdered logs the chains, their jobs and the owed pairs, for a failing
+// test.
+func dumpOrdered(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	for _, q := range []string{
+		"SELECT subscriber, subject, head_job, tail_job, next_pos, blocked_at IS NOT NULL, coalesce(blocked_state, '') FROM outbox_chains",
+		"SELECT l.subscriber, l.subject, l.pos, l.job_id, l.event_seq, coalesce(j.state::text, 'gone'), coalesce(j.attempt, 0) FROM outbox_chain_jobs l LEFT JOIN river_job j ON j.id = l.job_id ORDER BY 1, 2, 3",
+		"SELECT d.event_seq, d.subscriber, d.attempts, d.deferrals, d.next_attempt_at - now(), d.poisoned_at IS NOT NULL, coalesce(d.last_error, '') FROM outbox_deliveries d ORDER BY 1",
+		"SELECT count(*) FILTER (WHERE fanned_out_at IS NULL), count(*) FROM outbox_events",
+		"SELECT j.id, j.state::text, j.attempt, j.scheduled_at - now(), j.created_at - now(), j.errors::text, j.metadata::text FROM river_job j JOIN outbox_chains c ON c.head_job = j.id",
+	} {
+		rows, err := pool.Query(context.Background(), q)
+		if err != nil {
+			t.Logf("%s: %v", q, err)
+			continue
+		}
+		for rows.Next() {
+			vals, _ := rows.Values()
+			t.Logf("%v", vals)
+		}
+		rows.Close()
+	}
+}
+
+// The rule that keeps the order when an earlier event of a subject is
+// still owed to the subscriber elsewhere: a later event is not appended
+// before it, but deferred, and follows it. (a) The earlier event's Map
+// failed and waits for its retry; (b) it was stamped by a relay that lacks
+// the subscriber (a rolling deploy) and waits in the deliveries lane while
+// the relay that has it claims the later one first.
+func TestOrderedLaterEventWaitsForAnEarlierOwedOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	newSub := func(log *runLog, failFirst *sync.Map) Subscriber {
+		return Subscriber{Name: "audit", Types: []string{"**"}, Ordered: true,
+			Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+				if failFirst != nil && string(e.Payload) == `{"i": 1}` {
+					if _, failed := failFirst.LoadOrStore(e.ID, true); !failed {
+						return nil, nil, fmt.Errorf("not yet")
+					}
+				}
+				return mapOrderedArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
+			}}
+	}
+	worker := func(log *runLog) func(*river.Workers) {
+		return func(w *river.Workers) {
+			river.AddWorker(w, river.WorkFunc(func(ctx context.Context, job *river.Job[mapOrderedArgs]) error {
+				e := Event{ID: job.Args.EventID, Subject: job.Args.Subject}
+				log.begin(e)
+				log.end(e, true)
+				return nil
+			}))
+		}
+	}
+	ev := func(i int) Event { return Event{Type: "x", Subject: "s", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))} }
+
+	t.Run("map failed", func(t *testing.T) {
+		t.Parallel()
+		log := newRunLog()
+		url := testdb.URL(t)
+		pool := testdb.Pool(t, url)
+		var failFirst sync.Map
+		startNode(t, url, nodeOpts{config: &Config{RetryBackoff: 500 * time.Millisecond}, workers: worker(log)}, newSub(log, &failFirst))
+		first := recordEach(t, pool, ev(1))[0]
+		require.Eventually(t, func() bool { return loadPairs(t, pool)[first.ID]["audit"].Attempts == 1 }, 10*time.Second, 5*time.Millisecond)
+		second := recordEach(t, pool, ev(2))[0] // while the first waits for its retry
+		require.Eventually(t, func() bool { return len(log.handled("s")) == 2 }, 20*time.Second, 10*time.Millisecond)
+		require.Equal(t, []uuid.UUID{first.ID, second.ID}, log.handled("s"))
+	})
+
+	t.Run("owed by a relay that lacks it", func(t *testing.T) {
+		t.Parallel()
+		log := newRunLog()
+		url := testdb.URL(t)
+		pool := testdb.Pool(t, url)
+		old := startNode(t, url, nodeOpts{noWork: true}, mapSub("x", false, "**"))
+		sub := newSub(log, nil)
+		b := &testBundle{pool: pool}
+		registerOther(t, b, sub) // as the new release's first start did
+		first := recordEach(t, pool, ev(1))[0]
+		waitFannedOut(t, pool, 10*time.Second)
+		require.Contains(t, loadPairs(t, pool)[first.ID], "audit", "the old relay owes it to audit")
+		old.stop(t)
+		// The new release starts: its first round claims the later event
+		// before its deliveries lane serves the earlier one.
+		second := recordEach(t, pool, ev(2))[0]
+		startNode(t, url, nodeOpts{workers: worker(log)}, mapSub("x", false, "**"), sub)
+		require.Eventually(t, func() bool { return len(log.handled("s")) == 2 }, 20*time.Second, 10*time.Millisecond)
+		require.Equal(t, []uuid.UUID{first.ID, second.ID}, log.handled("s"))
+		rows := loadRows(t, pool)
+		require.NotZero(t, rows[second.ID].Fanout["audit"])
+		_ = ctx
+	})
 }

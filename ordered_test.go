@@ -548,7 +548,9 @@ func TestOrderedCoalesceReplacesTheWaitingJob(t *testing.T) {
 	pool := testdb.Pool(t, url)
 	startNode(t, url, nodeOpts{}, sub)
 	t.Cleanup(hold.open)
-	ev := func(i int) Event { return Event{Type: "note.changed", Subject: "n", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))} }
+	ev := func(i int) Event {
+		return Event{Type: "note.changed", Subject: "n", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}
+	}
 	first := recordEach(t, pool, ev(0))[0]
 	require.Eventually(t, func() bool { _, s, _ := jobOf(t, pool, "index", first.ID); return s == "running" }, 20*time.Second, 5*time.Millisecond)
 	var later []Event

@@ -148,6 +148,9 @@ type chainPlan struct {
 	deferred map[pairKey]bool
 	defSeqs  []int64
 	defSubs  []string
+	// defDue is when each deferred pair is due: its blocker's next
+	// attempt, or nil (after the deferral backoff).
+	defDue []*time.Time
 }
 
 // isDeferred reports whether the round defers the pair (seq, sub).
@@ -200,11 +203,13 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 		subs, subjects, res []string
 		maxSeqs, counts     []int64
 		blocks              []bool
-		claimed, pairSeqs   []int64
-		pairSubs            []string
-		index               = map[[2]string]chainKey{}
-		carried             = func(i int) int64 { return batch[p.jobs[i].event].Seq }
-		toRemove            = map[int]bool{}
+		// Never nil: pgx sends a nil slice as NULL, and "seq <> ALL(NULL)"
+		// is NULL, not true.
+		claimed, pairSeqs = []int64{}, []int64{}
+		pairSubs          = []string{}
+		index             = map[[2]string]chainKey{}
+		carried           = func(i int) int64 { return batch[p.jobs[i].event].Seq }
+		toRemove          = map[int]bool{}
 	)
 	for _, k := range keys {
 		idx := byKey[k]
@@ -241,9 +246,10 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 			nextPos       int64
 			blocked       bool
 			blocker       *int64
+			due           *time.Time
 			tailKind      *string
 		)
-		if err := rows.Scan(&name, &subject, &head, &tail, &nextPos, &blocked, &blocker, &tailKind); err != nil {
+		if err := rows.Scan(&name, &subject, &head, &tail, &nextPos, &blocked, &blocker, &due, &tailKind); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("preparing chains: %w", err)
 		}
@@ -253,7 +259,7 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 		}
 		seen++
 		if f, ok := failedAt[k]; ok && (blocker == nil || f < *blocker) {
-			blocker = &f
+			blocker, due = &f, nil // its retry is charged in this round: due after the deferral backoff
 		}
 		idx := byKey[k]
 		// The jobs up to the first one that comes after the blocker are
@@ -280,7 +286,7 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 				pk := pairKey{batch[ev].Seq, k.sub.Name}
 				if !cp.deferred[pk] {
 					cp.deferred[pk] = true
-					cp.defSeqs, cp.defSubs = append(cp.defSeqs, pk.seq), append(cp.defSubs, pk.sub)
+					cp.defSeqs, cp.defSubs, cp.defDue = append(cp.defSeqs, pk.seq), append(cp.defSubs, pk.sub), append(cp.defDue, due)
 				}
 			}
 		}
@@ -362,7 +368,7 @@ func (cp *chainPlan) queue(b *pgx.Batch, batch []claimedRow, jobs []plannedJob, 
 		b.Queue(cp.sql.Append, lSubs, lSubjects, lPos, lJobs, lSeqs, lIDs, lTypes, cSubs, cSubjects, cFirst, cLast, rIDs, rArgs)
 	}
 	if len(cp.defSeqs) > 0 {
-		b.Queue(cp.sql.Defer, cp.defSeqs, cp.defSubs, deferBase.Microseconds(), deferMax.Microseconds())
+		b.Queue(cp.sql.Defer, cp.defSeqs, cp.defSubs, deferBase.Microseconds(), deferMax.Microseconds(), cp.defDue)
 	}
 	return nil
 }

@@ -65,16 +65,19 @@ CREATE TABLE outbox_chain_jobs (
 ALTER TABLE outbox_deliveries ADD COLUMN deferrals integer NOT NULL DEFAULT 0;
 
 -- outbox_chain_blockers reports, for each chain (subs[i], subjects[i])
--- whose events in a round go up to max_seqs[i], the lowest seq of an
--- earlier event of that subject still owed to the subscriber elsewhere: an
--- event not fanned out yet whose type matches res[i], or an owed pair
--- (a poisoned one only where blocks[i]), leaving out the round's own rows
--- (claimed) and pairs (pair_seqs, pair_subs). Reads come from small partial
+-- whose events in a round go up to max_seqs[i], the earliest event of that
+-- subject still owed to the subscriber elsewhere — an event not fanned out
+-- yet whose type matches res[i], or an owed pair (a poisoned one only where
+-- blocks[i]), leaving out the round's own rows (claimed) and pairs
+-- (pair_seqs, pair_subs) — with when it is due next, where that is known
+-- (an owed pair's or a retrying event's next attempt): a pair deferred
+-- behind it is due then too, so that the deliveries lane serves a chain's
+-- deferred pairs together, in seq order. Reads come from small partial
 -- indexes (pending events; due and poisoned pairs) whatever the planner's
 -- statistics say: sequential scans are off.
 CREATE FUNCTION outbox_chain_blockers(subs text[], subjects text[], max_seqs bigint[], res text[], blocks boolean[],
     claimed bigint[], pair_seqs bigint[], pair_subs text[])
-RETURNS TABLE (subscriber text, subject text, blocker_seq bigint)
+RETURNS TABLE (subscriber text, subject text, blocker_seq bigint, blocker_due timestamptz)
 LANGUAGE sql
 STABLE
 SET search_path FROM CURRENT
@@ -83,24 +86,28 @@ AS $$
 WITH ch AS MATERIALIZED (
     SELECT * FROM unnest(subs, subjects, max_seqs, res, blocks) AS c(sub, subj, max_seq, re, block)),
 ev AS MATERIALIZED (
-    SELECT e.seq, e.subject, e.type FROM outbox_events e
+    SELECT e.seq, e.subject, e.type, CASE WHEN e.attempts > 0 THEN e.next_attempt_at END AS due FROM outbox_events e
      WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL
-       AND e.seq < (SELECT max(max_seq) FROM ch) AND e.subject = ANY(subjects) AND e.seq <> ALL(claimed)),
+       AND e.seq < (SELECT max(max_seq) FROM ch) AND e.subject = ANY(subjects)
+       AND e.seq <> ALL(coalesce(claimed, '{}'))),
 pr AS MATERIALIZED (
-    SELECT d.event_seq AS seq, d.subscriber AS sub, e.subject, d.poisoned FROM (
-        SELECT event_seq, subscriber, false AS poisoned FROM outbox_deliveries
+    SELECT d.event_seq AS seq, d.subscriber AS sub, e.subject, d.poisoned, d.due FROM (
+        SELECT event_seq, subscriber, false AS poisoned, next_attempt_at AS due FROM outbox_deliveries
          WHERE subscriber = ANY(subs) AND poisoned_at IS NULL
         UNION ALL
-        SELECT event_seq, subscriber, true FROM outbox_deliveries
+        SELECT event_seq, subscriber, true, NULL FROM outbox_deliveries
          WHERE poisoned_at IS NOT NULL AND subscriber = ANY(subs)) d
       JOIN outbox_events e ON e.seq = d.event_seq
      WHERE e.subject = ANY(subjects)
        AND NOT EXISTS (SELECT 1 FROM unnest(pair_seqs, pair_subs) AS p(seq, sub) WHERE p.seq = d.event_seq AND p.sub = d.subscriber))
-SELECT ch.sub, ch.subj, least(
-        (SELECT min(ev.seq) FROM ev WHERE ev.subject = ch.subj AND ev.seq < ch.max_seq AND ('.' || ev.type) ~ ch.re),
-        (SELECT min(pr.seq) FROM pr WHERE pr.sub = ch.sub AND pr.subject = ch.subj AND pr.seq < ch.max_seq
-            AND (ch.block OR NOT pr.poisoned)))
-  FROM ch
+SELECT ch.sub, ch.subj, b.seq, b.due
+  FROM ch LEFT JOIN LATERAL (
+    SELECT x.seq, x.due FROM (
+        SELECT ev.seq, ev.due FROM ev WHERE ev.subject = ch.subj AND ev.seq < ch.max_seq AND ('.' || ev.type) ~ ch.re
+        UNION ALL
+        SELECT pr.seq, pr.due FROM pr WHERE pr.sub = ch.sub AND pr.subject = ch.subj AND pr.seq < ch.max_seq
+           AND (ch.block OR NOT pr.poisoned)) x
+     ORDER BY x.seq LIMIT 1) b ON true
 $$;
 
 -- outbox_chain_prepare is the first step of a round that appends jobs of
@@ -110,13 +117,13 @@ $$;
 -- the blocker's event row, which that round holds FOR UPDATE; one that
 -- nobody holds costs nothing), and looks again. Then it locks each chain's
 -- row, creating it if need be and reserving counts[i] positions, and
--- returns it with its remaining blocker and the kind of its tail job while
--- that is pending. Chain rows are locked in (subscriber, subject) order, and
+-- returns it with its remaining blocker (and when that is due) and the kind
+-- of its tail job while that is pending. Chain rows are locked in (subscriber, subject) order, and
 -- only after the wait, so rounds never deadlock on them.
 CREATE FUNCTION outbox_chain_prepare(subs text[], subjects text[], max_seqs bigint[], res text[], blocks boolean[],
     counts bigint[], claimed bigint[], pair_seqs bigint[], pair_subs text[], wait_ms integer)
 RETURNS TABLE (subscriber text, subject text, head_job bigint, tail_job bigint, next_pos bigint, blocked boolean,
-    blocker_seq bigint, tail_kind text)
+    blocker_seq bigint, blocker_due timestamptz, tail_kind text)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -143,7 +150,7 @@ BEGIN
         SELECT u.sub, u.subj, u.n FROM unnest(subs, subjects, counts) AS u(sub, subj, n) ORDER BY u.sub, u.subj
         ON CONFLICT ON CONSTRAINT outbox_chains_pkey DO UPDATE SET next_pos = c.next_pos + EXCLUDED.next_pos
         RETURNING c.subscriber, c.subject, c.head_job, c.tail_job, c.next_pos, c.blocked_at IS NOT NULL AS blocked)
-    SELECT up.subscriber, up.subject, up.head_job, up.tail_job, up.next_pos, up.blocked, b.blocker_seq,
+    SELECT up.subscriber, up.subject, up.head_job, up.tail_job, up.next_pos, up.blocked, b.blocker_seq, b.blocker_due,
         (SELECT j.kind FROM river_job j WHERE j.id = up.tail_job AND up.tail_job IS DISTINCT FROM up.head_job AND j.state = 'pending')
       FROM up JOIN outbox_chain_blockers(subs, subjects, max_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
         ON b.subscriber = up.subscriber AND b.subject = up.subject;

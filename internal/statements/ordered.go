@@ -31,8 +31,9 @@ type Ordered struct {
 	// job IDs, $13 args).
 	Append string
 	// Defer owes pairs that could not be appended yet ($1 seqs, $2
-	// subscribers), or counts up the deferral of pairs already owed; each
-	// waits $3 µs doubled by its deferrals so far, at most $4 µs.
+	// subscribers), or counts up the deferral of pairs already owed: each is
+	// due when its blocker is ($5, where known), or else after $3 µs
+	// doubled by its deferrals so far, at most $4 µs.
 	Defer string
 	// Advance is outbox_chain_advance ($1 job, $2 attempt or NULL, $3
 	// schema or NULL): outcome and next job.
@@ -78,7 +79,7 @@ func buildOrdered(set *Set) *Ordered {
 	// current_schema() when none is given (riverpgxv5's PGNotifyMany).
 	channel := "concat(coalesce($3::text, current_schema()), '.river_insert')"
 	o := &Ordered{
-		Prepare: "SELECT subscriber, subject, head_job, tail_job, next_pos, blocked, blocker_seq, tail_kind FROM " +
+		Prepare: "SELECT subscriber, subject, head_job, tail_job, next_pos, blocked, blocker_seq, blocker_due, tail_kind FROM " +
 			fn("outbox_chain_prepare") + "($1::text[], $2::text[], $3::bigint[], $4::text[], $5::boolean[], $6::bigint[]," +
 			" $7::bigint[], $8::bigint[], $9::text[], $10::integer)",
 		Append: `WITH ins AS (
@@ -95,9 +96,12 @@ func buildOrdered(set *Set) *Ordered {
 				 WHERE j.id = u.id AND j.state = 'pending')
 			SELECT 1`,
 		Defer: `INSERT INTO ` + deliveries + ` AS d (event_seq, subscriber, next_attempt_at, deferrals)
-			SELECT seq, sub, now() + $3::bigint * interval '1 microsecond', 1 FROM unnest($1::bigint[], $2::text[]) AS u(seq, sub)
+			SELECT seq, sub, coalesce(due, now() + $3::bigint * interval '1 microsecond'), 1
+			  FROM unnest($1::bigint[], $2::text[], $5::timestamptz[]) AS u(seq, sub, due)
 			ON CONFLICT (event_seq, subscriber) DO UPDATE SET deferrals = d.deferrals + 1,
-				next_attempt_at = now() + least($3::bigint * power(2, least(d.deferrals, 30))::bigint, $4::bigint) * interval '1 microsecond'`,
+				next_attempt_at = coalesce((SELECT u.due FROM unnest($1::bigint[], $2::text[], $5::timestamptz[]) AS u(seq, sub, due)
+					WHERE u.seq = EXCLUDED.event_seq AND u.sub = EXCLUDED.subscriber),
+					now() + least($3::bigint * power(2, least(d.deferrals, 30))::bigint, $4::bigint) * interval '1 microsecond')`,
 		Advance: "SELECT outcome, next_job FROM " + fn("outbox_chain_advance") + "($1::bigint, $2::integer, " + channel + ")",
 		Sweep: "SELECT subscriber, subject, job_id, action, state FROM " + fn("outbox_chain_sweep") +
 			"($1::text[], $2::text[], $3::integer, concat(coalesce($4::text, current_schema()), '.river_insert'), $5::integer)",

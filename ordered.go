@@ -454,14 +454,15 @@ func completeOrdered(ctx context.Context, begin beginFunc, schema string, job *r
 // settleRefusal turns a refused completion into what the worker returns to
 // River: a job in no chain any more is cancelled; one that ran out of turn
 // is snoozed; a superseded one (a zombie: River rescued its job and gave it
-// to another worker) first waits, within ctx, until the run that
-// superseded it has finished — River records a worker's outcome on the job
-// whichever run it came from, so returning at once would end the live run's
-// job under it — and then returns the refusal, an error that River records
-// against a job no longer running, which changes nothing. Other errors pass.
+// to another worker) returns the refusal once the run that superseded it
+// has finished (see settleSuperseded). Other errors pass, after the same
+// wait: a zombie's failure must not end the live run's job either.
 func settleRefusal(ctx context.Context, begin beginFunc, schema string, job *rivertype.JobRow, err error) error {
 	var ref *chainRefusal
 	if !errors.As(err, &ref) {
+		if err != nil {
+			settleSuperseded(ctx, begin, schema, job)
+		}
 		return err
 	}
 	switch ref.outcome {
@@ -470,9 +471,22 @@ func settleRefusal(ctx context.Context, begin beginFunc, schema string, job *riv
 	case "waiting":
 		return river.JobSnooze(outOfTurnSnooze)
 	}
-	sql, serr := orderedStatementsFor(schema)
-	if serr != nil {
-		return ref
+	settleSuperseded(ctx, begin, schema, job)
+	return ref
+}
+
+// settleSuperseded waits, within ctx, while River runs job in a later
+// attempt than this worker's: this worker is a zombie. River records a
+// worker's outcome on the job's row whichever run it came from (its
+// completer does not compare attempts), so a zombie returning at once would
+// end the live run's job under it (retryable, or completed); returning once
+// that run is over, the zombie's outcome meets a job no longer running and
+// changes nothing. A worker whose job is still its own returns at once,
+// after one query.
+func settleSuperseded(ctx context.Context, begin beginFunc, schema string, job *rivertype.JobRow) {
+	sql, err := orderedStatementsFor(schema)
+	if err != nil {
+		return
 	}
 	for ctx.Err() == nil {
 		var (
@@ -488,7 +502,7 @@ func settleRefusal(ctx context.Context, begin beginFunc, schema string, job *riv
 			return tx.QueryRow(ctx, sql.JobState, job.ID).Scan(&state, &attempt)
 		}()
 		if qerr != nil || state != string(rivertype.JobStateRunning) || attempt <= job.Attempt {
-			break
+			return
 		}
 		t := time.NewTimer(fencedPoll)
 		select {
@@ -497,7 +511,6 @@ func settleRefusal(ctx context.Context, begin beginFunc, schema string, job *riv
 		}
 		t.Stop()
 	}
-	return ref
 }
 
 // OrderedMiddleware completes the jobs of ordered [Subscriber.Map]
@@ -521,12 +534,10 @@ func (*OrderedMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInn
 	if job.Kind == (HandleArgs{}).Kind() || !isOrderedJob(job) {
 		return doInner(ctx)
 	}
-	if err := doInner(ctx); err != nil {
-		return err
-	}
+	workErr := doInner(ctx)
 	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
 	if err != nil {
-		return fmt.Errorf("events: OrderedMiddleware: %w", err)
+		return errors.Join(workErr, fmt.Errorf("events: OrderedMiddleware: %w", err))
 	}
 	driver := client.Driver()
 	begin := func(ctx context.Context) (pgx.Tx, error) {
@@ -535,6 +546,9 @@ func (*OrderedMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInn
 			return nil, err
 		}
 		return driver.UnwrapTx(etx), nil
+	}
+	if workErr != nil {
+		return settleRefusal(ctx, begin, client.Schema(), job, workErr)
 	}
 	return completeOrdered(ctx, begin, client.Schema(), job)
 }

@@ -59,8 +59,12 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 		}
 	}
 	if sub != nil && sub.Handle != nil {
-		if err := sub.Handle(ctx, job.Args.Event); err != nil || !ordered {
+		err := sub.Handle(ctx, job.Args.Event)
+		switch {
+		case !ordered:
 			return err
+		case err != nil:
+			return settleRefusal(ctx, w.relay.pool.Begin, schema, job.JobRow, err)
 		}
 		return completeOrdered(ctx, w.relay.pool.Begin, schema, job.JobRow)
 	}

@@ -117,7 +117,8 @@ func TestJSON(t *testing.T) {
 	require.Equal(t, exitOK, code)
 	require.NoError(t, json.Unmarshal([]byte(out), &st))
 	require.Equal(t, map[string]any{"pending": 2.0, "retrying": 0.0, "poisoned": 1.0, "catching_up": 0.0, "fanned_out_last_minute": 1.0,
-		"lag_seconds": st["lag_seconds"], "owed": 0.0, "poisoned_deliveries": 0.0, "orphaned": []any{}, "paused": []any{}}, st)
+		"lag_seconds": st["lag_seconds"], "owed": 0.0, "poisoned_deliveries": 0.0, "orphaned": []any{}, "paused": []any{},
+		"blocked_chains": 0.0}, st)
 
 	var page struct {
 		Events []struct {

@@ -62,6 +62,12 @@ commands:
   relays                     the relays of the last day: host, PID, version, subscribers, running,
                              stopped or dead, listening or polling, failures, last round
   pause S / resume S         hold subscriber S's deliveries back (they stay owed), or let them go
+  chains [--blocked] [--subscriber S] [--limit N] [--after CURSOR]
+                             ordered subscribers' subjects with jobs waiting: the head job, River's state
+                             of it, how many wait behind it, and whether it is BLOCKED (its job discarded,
+                             cancelled or deleted)
+  chains resume S SUBJECT    retry a blocked subject's head; the jobs behind it follow once it succeeds
+  chains skip S SUBJECT      give a blocked subject's head up; the next job of the subject runs
   watch list                 the installed table watches
   webhooks [--limit N] [--after ID]
                              webhook endpoints: state, breaker, success and latency over the last hour
@@ -150,6 +156,7 @@ func (c *cli) run(args []string) error {
 		"migrate": c.migrate, "stats": c.stats, "list": c.list, "inspect": c.inspect,
 		"requeue": c.requeue, "discard": c.discard, "watch": c.watch, "subscribers": c.subscribers,
 		"webhooks": c.webhooks, "relays": c.relays, "deliveries": c.deliveries, "pause": c.pause, "resume": c.resume,
+		"chains": c.chains,
 	}
 	f, ok := commands[cmd]
 	if !ok {
@@ -276,6 +283,8 @@ type statsJSON struct {
 	PoisonedDeliveries int64    `json:"poisoned_deliveries"`
 	Orphaned           []string `json:"orphaned"`
 	Paused             []string `json:"paused"`
+	// The subjects of ordered subscribers that are blocked.
+	BlockedChains int64 `json:"blocked_chains"`
 }
 
 func (c *cli) stats(args []string) error {
@@ -322,7 +331,7 @@ func (c *cli) statsOnce(watching bool) error {
 		return err
 	}
 	v := statsJSON{st.Pending, st.Lag.Seconds(), st.Retrying, st.Poisoned, st.CatchingUp, st.FannedOutLastMinute,
-		st.Owed, st.PoisonedDeliveries, nonNil(st.Orphaned), nonNil(st.Paused)}
+		st.Owed, st.PoisonedDeliveries, nonNil(st.Orphaned), nonNil(st.Paused), st.BlockedChains}
 	if watching && c.json {
 		return json.NewEncoder(c.stdout).Encode(v)
 	}
@@ -345,6 +354,11 @@ func (c *cli) statsOnce(watching bool) error {
 				": deploy a release that has them, or retire them; see events subscribers)"
 		}
 		fmt.Fprintf(w, "orphaned\t%s\n", orphaned)
+		blocked := "0"
+		if st.BlockedChains > 0 {
+			blocked = fmt.Sprintf("%d  (ordered subjects waiting for an operator: see events chains --blocked)", st.BlockedChains)
+		}
+		fmt.Fprintf(w, "blocked subjects\t%s\n", blocked)
 		if watching {
 			fmt.Fprintln(w)
 		}

@@ -20,7 +20,12 @@
 // subscriber's state, owed and poisoned pairs, oldest owed, when and by
 // which relay it was last served, backfill, a warning naming the fix for an
 // orphaned one (deploy it, or retire it), and Pause and Resume
-// (ActionPause, ActionResume). With Options.Webhooks,
+// (ActionPause, ActionResume). The ordered subjects page (/chains) lists
+// the subjects of ordered subscribers with jobs waiting — the head job and
+// River's state of it, how many wait behind it — and marks the blocked
+// ones (the head's job discarded, cancelled or deleted), with Resume and
+// Skip behind a confirmation page (ActionChainResume, ActionChainSkip); the
+// overview warns of blocked subjects. With Options.Webhooks,
 // the webhook endpoints (package webhook): each one's state and why, its
 // breaker, success rate and latency over the last hour, its recent
 // attempts, and Enable, Disable behind a confirmation page, Replay and
@@ -178,7 +183,7 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 		"ago":  formatAgo,
 	}
 	maps.Copy(funcs, webhookFuncs)
-	for _, page := range []string{"overview", "list", "event", "confirm", "error", "webhooks", "webhook", "webhook-disable", "relays", "subscribers"} {
+	for _, page := range []string{"overview", "list", "event", "confirm", "error", "webhooks", "webhook", "webhook-disable", "relays", "subscribers", "chains"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("eventsui: %w", err)
@@ -201,6 +206,7 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 	h.mux.HandleFunc("GET "+p+"/bulk/{action}", h.confirmBulk)
 	h.mux.HandleFunc("POST "+p+"/bulk/{action}", h.bulk)
 	h.subscriberRoutes()
+	h.chainRoutes()
 	if h.opts.Webhooks != nil {
 		h.webhookRoutes()
 	}
@@ -445,7 +451,8 @@ type confirm struct {
 	Question, Detail string
 	Action, Button   string
 	Danger           bool
-	IDs              []uuid.UUID // the events the form acts on
+	IDs              []uuid.UUID       // the events the form acts on
+	Fields           map[string]string // other hidden fields of the form
 	Shown            []events.EventInfo
 	More             bool // more events matched than one confirmation covers
 	Cancel           string

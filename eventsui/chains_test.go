@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/standmeet/events/eventsui"
 	"github.com/standmeet/events/eventstest"
+	"github.com/standmeet/events/eventsui"
 )
 
 // chainSubject is the blocked subject of chainFixture: markup, escaped on

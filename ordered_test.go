@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -215,7 +216,7 @@ func jobOf(t *testing.T, pool *pgxpool.Pool, sub string, id uuid.UUID) (jobID in
 	t.Helper()
 	err := pool.QueryRow(context.Background(), `SELECT id, state::text, attempt FROM river_job
 		WHERE $1 = ANY(tags) AND args->'event'->>'id' = $2 ORDER BY id DESC LIMIT 1`, tagSubscriber+sub, id.String()).Scan(&jobID, &state, &attempt)
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, "", 0
 	}
 	require.NoError(t, err)

@@ -967,3 +967,44 @@ func dumpOrderedSummary(t *testing.T, pool *pgxpool.Pool) {
 		rows.Close()
 	}
 }
+
+// Bad ordered input is refused with a *ValidationError naming the field.
+func TestOrderedInputIsValidated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	handle := func(context.Context, Event) error { return nil }
+	for _, tc := range []struct {
+		s     Subscriber
+		field string
+	}{
+		{Subscriber{Name: "a", Types: []string{"**"}, OrderedOnDiscard: OrderedContinue, Handle: handle}, "OrderedOnDiscard"},
+		{Subscriber{Name: "a", Types: []string{"**"}, Ordered: true, OrderedOnDiscard: OrderedDiscard(7), Handle: handle}, "OrderedOnDiscard"},
+	} {
+		_, err := newSubscription(tc.s)
+		var invalid *ValidationError
+		require.ErrorAs(t, err, &invalid)
+		require.ErrorIs(t, err, ErrInvalidSubscriber)
+		require.Equal(t, tc.field, invalid.Field)
+	}
+	_, err := newSubscription(Subscriber{Name: "a", Types: []string{"**"}, Ordered: true, OrderedOnDiscard: OrderedContinue, Handle: handle})
+	require.NoError(t, err)
+
+	pool := testdb.Pool(t, testdb.URL(t))
+	o := Outbox{}
+	for _, tc := range []struct {
+		err   error
+		field string
+	}{
+		{o.ResumeChain(ctx, pool, "", "s"), "subscriber"},
+		{o.SkipChain(ctx, pool, "ledger", ""), "subject"},
+		{func() error { _, err := o.ListChains(ctx, pool, ListChainsParams{Limit: 1001}); return err }(), "Limit"},
+		{func() error { _, err := o.ListChains(ctx, pool, ListChainsParams{After: "nope"}); return err }(), "After"},
+		{func() error { _, err := (Outbox{Schema: "bad-name"}).ListChains(ctx, pool, ListChainsParams{}); return err }(), "Schema"},
+	} {
+		var invalid *ValidationError
+		require.ErrorAs(t, tc.err, &invalid)
+		require.Equal(t, tc.field, invalid.Field)
+	}
+	require.ErrorIs(t, o.ResumeChain(ctx, pool, "ledger", "s"), ErrUnknownChain)
+	require.Equal(t, "continue", OrderedContinue.String())
+}

@@ -999,7 +999,10 @@ func TestOrderedInputIsValidated(t *testing.T) {
 		{o.SkipChain(ctx, pool, "ledger", ""), "subject"},
 		{func() error { _, err := o.ListChains(ctx, pool, ListChainsParams{Limit: 1001}); return err }(), "Limit"},
 		{func() error { _, err := o.ListChains(ctx, pool, ListChainsParams{After: "nope"}); return err }(), "After"},
-		{func() error { _, err := (Outbox{Schema: "bad-name"}).ListChains(ctx, pool, ListChainsParams{}); return err }(), "Schema"},
+		{func() error {
+			_, err := (Outbox{Schema: "bad-name"}).ListChains(ctx, pool, ListChainsParams{})
+			return err
+		}(), "Schema"},
 	} {
 		var invalid *ValidationError
 		require.ErrorAs(t, tc.err, &invalid)

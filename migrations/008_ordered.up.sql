@@ -225,8 +225,12 @@ BEGIN
     ELSE
         UPDATE outbox_chains SET head_job = next_job, blocked_at = NULL, blocked_state = NULL, blocked_error = NULL
          WHERE outbox_chains.subscriber = l.subscriber AND outbox_chains.subject = l.subject;
+        -- clock_timestamp(), not now(): this transaction may have waited
+        -- for the chain's lock while a round appended the next job, and
+        -- River gives a job its inserting transaction's now(), later than
+        -- ours. A job a host scheduled for later stays scheduled.
         UPDATE river_job
-           SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::river_job_state ELSE 'available'::river_job_state END
+           SET state = CASE WHEN scheduled_at > clock_timestamp() THEN 'scheduled'::river_job_state ELSE 'available'::river_job_state END
          WHERE id = next_job AND state = 'pending'
         RETURNING queue INTO q;
         IF q IS NOT NULL AND p_channel IS NOT NULL THEN

@@ -48,9 +48,12 @@ type Options struct {
 	// WriteFor is how long each run of the write-path section lasts.
 	// Default 5s.
 	WriteFor time.Duration
+	// OrderedEvents is the backlog of each run of the ordered section.
+	// Default 20,000.
+	OrderedEvents int
 	// Only, when set, limits the run to the named sections
 	// ("throughput", "writepath", "operations", "webhooks", "record",
-	// "latency", "receipts", "memory").
+	// "latency", "receipts", "memory", "ordered").
 	Only map[string]bool
 	// Log receives progress lines.
 	Log io.Writer
@@ -69,6 +72,7 @@ func (o *Options) defaults() {
 	def(&o.Receipts, 1_000)
 	def(&o.RetentionRows, 1_000_000)
 	def(&o.Deliveries, 3_000)
+	def(&o.OrderedEvents, 20_000)
 	if o.LatencyFor == 0 {
 		o.LatencyFor = 5 * time.Second
 	}
@@ -141,6 +145,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		{"latency", runLatency},
 		{"receipts", runReceipts},
 		{"memory", runMemory},
+		{"ordered", runOrdered},
 	}
 	for _, s := range sections {
 		if !want(s.name) {
@@ -258,7 +263,7 @@ func SmokeOptions(adminURL string) Options {
 	return Options{
 		AdminURL: adminURL, Events: 600, MemoryEvents: 1_000, Batch: 50, HostTxs: 40,
 		LatencyFor: 300 * time.Millisecond, Rates: []int{50}, Receipts: 20, WriteFor: 300 * time.Millisecond,
-		RetentionRows: 2_000, Deliveries: 100,
+		RetentionRows: 2_000, Deliveries: 100, OrderedEvents: 600,
 	}
 }
 

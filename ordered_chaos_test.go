@@ -76,11 +76,11 @@ func TestOrderedWorkerProcess(t *testing.T) {
 		return // only as a child process
 	}
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	logPool, err := pgxpool.New(ctx, withAppName(url, chaosLogApp))
-	require.NoError(t, err)
 	id := os.Getenv(orderedChildIDEnv)
+	pool, err := pgxpool.New(ctx, withAppName(url, id))
+	require.NoError(t, err)
+	logPool, err := pgxpool.New(ctx, withAppName(url, chaosLogApp+"-"+id))
+	require.NoError(t, err)
 	h := &chaosHandlers{log: logPool, proc: id}
 	relay, err := NewRelay(pool, &Config{Logger: quietLogger()})
 	require.NoError(t, err)
@@ -92,8 +92,8 @@ func TestOrderedWorkerProcess(t *testing.T) {
 	select {} // until killed
 }
 
-// chaosLogApp is the application_name of the log pools, which the chaos
-// never terminates.
+// chaosLogApp starts the application_name of the log pools, which the
+// chaos never terminates.
 const chaosLogApp = "ordered-chaos-log"
 
 func withAppName(url, app string) string {
@@ -244,9 +244,12 @@ func (h *chaosHandlers) client(t testing.TB, pool *pgxpool.Pool, relay *Relay, i
 
 // chaosSlot is one in-process "process" of the checker.
 type chaosSlot struct {
+	index  int
+	gen    int // how many clients it has had
 	pool   *pgxpool.Pool
 	relay  *Relay
 	client *river.Client[pgx.Tx]
+	id     string // the River client's ID
 	cancel context.CancelFunc
 }
 
@@ -267,6 +270,10 @@ type orderedChaos struct {
 	child   *osexec.Cmd
 	childID string
 	kids    atomic.Int32
+	// killedAt is when each child was killed, by the database's clock: a
+	// run's end logged later (a statement the server still ran after the
+	// kill) is not when the run ended.
+	killedAt map[string]time.Time
 
 	// What the operator skipped, per (subscriber, subject): the head
 	// events it gave up.
@@ -278,7 +285,8 @@ type orderedChaos struct {
 
 func newOrderedChaos(t *testing.T) *orderedChaos {
 	url := testdb.URL(t)
-	c := &orderedChaos{t: t, url: url, admin: testdb.Pool(t, url), zombies: map[[2]int64]chan struct{}{}, skipped: map[uuid.UUID]bool{}}
+	c := &orderedChaos{t: t, url: url, admin: testdb.Pool(t, url), zombies: map[[2]int64]chan struct{}{}, skipped: map[uuid.UUID]bool{},
+		killedAt: map[string]time.Time{}}
 	exec(t, c.admin, "CREATE TABLE subjects (name text PRIMARY KEY, n integer NOT NULL DEFAULT 0)")
 	exec(t, c.admin, `CREATE TABLE chaos_runs (id bigserial PRIMARY KEY, sub text NOT NULL, subject text NOT NULL, n int NOT NULL,
 		event_id uuid NOT NULL, job_id bigint NOT NULL, attempt int NOT NULL, proc text NOT NULL,
@@ -359,7 +367,9 @@ func (c *orderedChaos) startSlot(s *chaosSlot) {
 		require.NoError(t, relay.Subscribe(sub))
 	}
 	s.relay = relay
-	s.client = c.h.client(t, s.pool, relay, "")
+	s.gen++
+	s.id = fmt.Sprintf("ordered-slot-%d-%d", s.index, s.gen)
+	s.client = c.h.client(t, s.pool, relay, s.id)
 	require.NoError(t, s.client.Start(context.Background()))
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -375,6 +385,10 @@ func (c *orderedChaos) stopSlot(s *chaosSlot, abrupt bool) {
 		s.cancel()
 		_ = s.relay.Stop(ctx)
 		_ = s.client.StopAndCancel(ctx)
+		// What River's rescuer does, after RescueStuckJobsAfter, to jobs a
+		// stopped client left running (its last word lost with a connection
+		// the chaos terminated, or a zombie still hung): they run again.
+		c.rescue(s.id)
 		return
 	}
 	_ = s.relay.Stop(ctx)
@@ -396,9 +410,27 @@ func (c *orderedChaos) startChild() {
 func (c *orderedChaos) killChild() {
 	require.NoError(c.t, c.child.Process.Kill())
 	_ = c.child.Wait()
+	// The server finishes a statement the child had sent (a fetch, a log
+	// line) after the child died: wait for its backends to go first.
+	require.Eventually(c.t, func() bool {
+		var left int
+		require.NoError(c.t, c.admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name IN ($1, $2)`, c.childID, chaosLogApp+"-"+c.childID).Scan(&left))
+		return left == 0
+	}, 20*time.Second, 5*time.Millisecond, "the killed child's backends linger")
+	var at time.Time
+	require.NoError(c.t, c.admin.QueryRow(context.Background(), "SELECT clock_timestamp()").Scan(&at))
+	c.killedAt[c.childID] = at
 	exec(c.t, c.admin, `UPDATE chaos_runs SET ended_at = clock_timestamp(), outcome = 'killed' WHERE proc = $1 AND ended_at IS NULL`, c.childID)
-	exec(c.t, c.admin, `UPDATE river_job SET state = 'available', attempted_by = NULL
-		WHERE state = 'running' AND attempted_by[array_upper(attempted_by, 1)] = $1`, c.childID)
+	c.rescue(c.childID)
+}
+
+// rescue makes the jobs that the River client id left running available
+// again, as River's rescuer does.
+func (c *orderedChaos) rescue(id string) {
+	_, err := c.admin.Exec(context.Background(), `UPDATE river_job SET state = 'available', attempted_by = NULL
+		WHERE state = 'running' AND attempted_by[array_upper(attempted_by, 1)] = $1`, id)
+	require.NoError(c.t, err)
 }
 
 // operator resumes or skips the blocked subjects it finds, until stop:
@@ -448,8 +480,8 @@ func (c *orderedChaos) run(total int, duration time.Duration) {
 	ctx := context.Background()
 	exec(t, c.admin, `INSERT INTO subjects (name) SELECT 'hot-' || g FROM generate_series(0, 2) g
 		UNION ALL SELECT 'cold-' || g FROM generate_series(0, 39) g`)
-	for range 3 {
-		s := &chaosSlot{pool: testdb.Pool(t, c.url)}
+	for i := range 3 {
+		s := &chaosSlot{index: i, pool: testdb.Pool(t, c.url)}
 		c.startSlot(s)
 		c.slots = append(c.slots, s)
 	}
@@ -531,7 +563,7 @@ func (c *orderedChaos) run(total int, duration time.Duration) {
 		default:
 			c.fault("connection terminated")
 			rows, err := c.admin.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
-				AND pid <> pg_backend_pid() AND application_name <> $1 AND state <> 'idle'`, chaosLogApp)
+				AND pid <> pg_backend_pid() AND application_name NOT LIKE $1 || '%' AND state <> 'idle'`, chaosLogApp)
 			if err == nil {
 				pids, _ := pgx.CollectRows(rows, pgx.RowTo[int])
 				if len(pids) > 0 {
@@ -560,6 +592,19 @@ func (c *orderedChaos) run(total int, duration time.Duration) {
 	bg.Wait()
 	if !settled {
 		dumpOrderedSummary(t, c.admin)
+		rows, err := c.admin.Query(ctx, `SELECT j.id, j.kind, j.attempt, j.attempted_by, j.attempted_at - now(),
+			(SELECT string_agg(r.attempt || ':' || r.proc || ':' || coalesce(r.outcome, 'open'), ' ') FROM chaos_runs r WHERE r.job_id = j.id)
+			FROM river_job j WHERE j.state = 'running'`)
+		if err == nil {
+			for rows.Next() {
+				v, _ := rows.Values()
+				t.Logf("running: %v", v)
+			}
+			rows.Close()
+		}
+		for _, s := range c.slots {
+			t.Logf("slot %d: client %s", s.index, s.id)
+		}
 		t.Fatal("the outbox never settled after the chaos")
 	}
 	for _, s := range c.slots {
@@ -625,11 +670,14 @@ func (c *orderedChaos) check() {
 
 	var runs []chaosRun
 	rows, err = c.admin.Query(ctx, `SELECT id, sub, subject, n, event_id, job_id, attempt, proc, coalesce(outcome, ''), started_at,
-		coalesce(ended_at, 'infinity') FROM chaos_runs ORDER BY started_at`)
+		coalesce(ended_at, clock_timestamp() + interval '1 day') FROM chaos_runs ORDER BY started_at`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var r chaosRun
 		require.NoError(t, rows.Scan(&r.id, &r.sub, &r.subject, &r.n, &r.event, &r.job, &r.attempt, &r.proc, &r.outcome, &r.start, &r.end))
+		if at, killed := c.killedAt[r.proc]; killed && r.end.After(at) {
+			r.end = at // it ended with its process, whatever was logged after
+		}
 		r.committed = r.sub == "ledger" && doneRuns[r.id]
 		runs = append(runs, r)
 	}

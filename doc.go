@@ -46,14 +46,21 @@
 // "supplier.**") and either maps each event to the host's own River job args
 // ([Subscriber.Map]) or handles the event in a job worked by the library's
 // worker ([Subscriber.Handle], registered by [Relay.AddWorkers]). A subscriber
-// may coalesce: one job per subject per batch, for the latest event.
+// may coalesce: one job per subject per batch, for the latest event. A
+// subscriber may be ordered ([Subscriber.Ordered]): one subject's jobs run
+// one at a time, in the order the relays append them (commit order when the
+// subject's producers serialise their writes), subjects in parallel; a
+// subject whose head's job River discards is blocked until
+// [Outbox.ResumeChain] or [Outbox.SkipChain], or goes on
+// ([OrderedContinue]). Map subscribers' workers need [OrderedMiddleware].
 //
 // # Guarantees
 //
 // Fan-out happens exactly once per committed event and matching subscriber;
 // processing happens at least once (River may run a job again after a
 // crash, so handlers must be idempotent). No order is promised between
-// events: several relays work in parallel and River runs jobs concurrently.
+// events, but for an ordered subscriber's events of one subject: several
+// relays work in parallel and River runs jobs concurrently.
 //
 // # Failures
 //

@@ -153,7 +153,7 @@ func TestOpsviewFanoutByMinuteUsesTheFannedIndex(t *testing.T) {
 
 	sql, err := statementsFor("")
 	require.NoError(t, err)
-	query := fanoutByMinuteSQL(sql)
+	query := sql.FanoutByMinute
 	var plan strings.Builder
 	rows, err := pool.Query(ctx, "EXPLAIN "+query, time.Now().Add(-time.Hour))
 	require.NoError(t, err)

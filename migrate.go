@@ -19,6 +19,7 @@ import (
 
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/migrations"
 )
 
@@ -84,16 +85,20 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int)
 	// later one uses an enum value an earlier one adds, which only a commit
 	// makes usable); ours too, each holding its locks only as long as it
 	// runs.
+	createSchema, err := statements.Render(sql.CreateSchema, map[string]string{"schema_name": pgx.Identifier{opts.Schema}.Sanitize()})
+	if err != nil {
+		return err
+	}
 	step := func(f func(tx pgx.Tx) error) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey)); err != nil {
+			if _, err := tx.Exec(ctx, sql.MigrateLock, int64(migrateLockKey)); err != nil {
 				return fmt.Errorf("events: migrate: taking the migration lock: %w", err)
 			}
 			if opts.Schema != "" {
-				if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
+				if _, err := tx.Exec(ctx, createSchema); err != nil {
 					return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
 				}
-				if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
+				if _, err := tx.Exec(ctx, sql.SetLocal, "search_path", pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
 					return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
 				}
 			}
@@ -122,13 +127,13 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int)
 		if to > 0 && m.version > to {
 			break
 		}
-		if err := migrateStep(ctx, step, m); err != nil {
+		if err := migrateStep(ctx, sql, step, m); err != nil {
 			return err
 		}
 	}
 	// The SQL functions notify the schema's own channel.
 	return step(func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "UPDATE outbox_settings SET channel = $1 WHERE channel <> $1", sql.ChannelEvents); err != nil {
+		if _, err := tx.Exec(ctx, sql.SetChannel, sql.ChannelEvents); err != nil {
 			return fmt.Errorf("events: migrate: settings: %w", err)
 		}
 		return nil
@@ -138,28 +143,26 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int)
 // migrateStep applies m unless the database has it, in one transaction whose
 // lock waits are bounded by migrateLockTimeout; a step that timed out is
 // retried after a pause.
-func migrateStep(ctx context.Context, step func(func(pgx.Tx) error) error, m migrationFile) error {
+func migrateStep(ctx context.Context, sql *statements.Set, step func(func(pgx.Tx) error) error, m migrationFile) error {
 	for try := 1; ; try++ {
 		err := step(func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS outbox_migration (
-				version    integer     PRIMARY KEY,
-				applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			if _, err := tx.Exec(ctx, sql.CreateMigrationTable); err != nil {
 				return fmt.Errorf("events: migrate: %w", err)
 			}
 			var current int
-			if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM outbox_migration").Scan(&current); err != nil {
+			if err := tx.QueryRow(ctx, sql.MigrationVersion).Scan(&current); err != nil {
 				return fmt.Errorf("events: migrate: %w", err)
 			}
 			if m.version <= current {
 				return nil
 			}
-			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", migrateLockTimeout.Milliseconds())); err != nil {
+			if _, err := tx.Exec(ctx, sql.SetLocal, "lock_timeout", strconv.FormatInt(migrateLockTimeout.Milliseconds(), 10)); err != nil {
 				return fmt.Errorf("events: migrate: %w", err)
 			}
 			if _, err := tx.Exec(ctx, m.up); err != nil {
 				return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO outbox_migration (version) VALUES ($1)", m.version); err != nil {
+			if _, err := tx.Exec(ctx, sql.MigrationApplied, m.version); err != nil {
 				return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
 			}
 			return nil
@@ -242,7 +245,8 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts)
 	if opts == nil {
 		opts = &MigrateOpts{}
 	}
-	if _, err := statementsFor(opts.Schema); err != nil {
+	sql, err := statementsFor(opts.Schema)
+	if err != nil {
 		return nil, err
 	}
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: opts.Schema})
@@ -252,7 +256,7 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts)
 	var out []MigrationInfo
 	applied := map[int]bool{}
 	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(opts.Schema, "river_migration")).Scan(&exists); err != nil {
+	if err := pool.QueryRow(ctx, sql.RelationExists, schemaTable(opts.Schema, "river_migration")).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("events: migration status: %w", err)
 	}
 	if exists {
@@ -272,11 +276,11 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts)
 		return nil, err
 	}
 	current := 0
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(opts.Schema, "outbox_migration")).Scan(&exists); err != nil {
+	if err := pool.QueryRow(ctx, sql.RelationExists, schemaTable(opts.Schema, "outbox_migration")).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("events: migration status: %w", err)
 	}
 	if exists {
-		if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+schemaTable(opts.Schema, "outbox_migration")).Scan(&current); err != nil {
+		if err := pool.QueryRow(ctx, sql.MigrationVersion).Scan(&current); err != nil {
 			return nil, fmt.Errorf("events: migration status: %w", err)
 		}
 	}
@@ -286,7 +290,8 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts)
 	return out, nil
 }
 
-// schemaTable is a table's name in schema, quoted, or bare for "".
+// schemaTable is a table's name in schema, quoted, or bare for "": a value
+// for to_regclass.
 func schemaTable(schema, table string) string {
 	if schema == "" {
 		return table

@@ -99,10 +99,10 @@ func (r *Relay) prune(ctx context.Context) {
 // it held the lock.
 func (r *Relay) pruneBatch(ctx context.Context, size int) (deleted int64, locked bool, err error) {
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '"+pruneTimeout+"'"); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.SetLocal, "statement_timeout", pruneTimeout); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1, hashtext($2))", pruneLockClassID, r.sql.Schema).Scan(&locked); err != nil || !locked {
+		if err := tx.QueryRow(ctx, r.sql.PruneLock, pruneLockClassID, r.sql.Schema).Scan(&locked); err != nil || !locked {
 			return err
 		}
 		if r.hooks.pruning != nil {

@@ -43,10 +43,8 @@ func (f *fanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) err
 		return err
 	}
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		// Scopes filter in SQL; type globs in Go. Only what matching needs:
-		// not the secrets, which only the delivery opens.
-		rows, err := tx.Query(ctx, "SELECT id, types FROM "+w.t.endpoints+
-			" WHERE enabled AND (cardinality(scopes) = 0 OR $1 = ANY(scopes))", e.Scope)
+		// Scopes filter in SQL; type globs in Go.
+		rows, err := tx.Query(ctx, w.sql.MatchingEndpoints, e.Scope)
 		if err != nil {
 			return err
 		}
@@ -370,19 +368,17 @@ func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, atte
 		var err error
 		switch {
 		case success:
-			_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET failing_since = NULL, last_success_at = now() WHERE id = $1", ep.ID)
+			_, err = tx.Exec(ctx, w.sql.EndpointSucceeded, ep.ID)
 		case gone:
 			err = w.disable(ctx, tx, ep, "the endpoint answered 410 Gone")
 		default:
-			_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET failing_since = coalesce(failing_since, now()) WHERE id = $1", ep.ID)
+			_, err = tx.Exec(ctx, w.sql.EndpointFailed, ep.ID)
 		}
 		if err != nil {
 			return err
 		}
 		err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
-			_, err := sp.Exec(ctx, `INSERT INTO `+w.t.attempts+` (endpoint_id, event_id, attempt, status, error_class, error,
-				duration_ms, dialed_ip, response) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-				ep.ID, a.EventID, attempt, out.status, out.errorClass, out.err, out.duration.Milliseconds(),
+			_, err := sp.Exec(ctx, w.sql.InsertAttempt, ep.ID, a.EventID, attempt, out.status, out.errorClass, out.err, out.duration.Milliseconds(),
 				out.dialedIP, out.response)
 			return err
 		})
@@ -400,8 +396,7 @@ func (w *Webhooks) autoDisable(ctx context.Context, ep *Endpoint) (bool, error) 
 	disabled := false
 	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		var failing bool
-		if err := tx.QueryRow(ctx, "SELECT coalesce(failing_since < now() - $2::bigint * interval '1 millisecond', false) FROM "+
-			w.t.endpoints+" WHERE id = $1 AND enabled FOR UPDATE", ep.ID, w.config.AutoDisableAfter.Milliseconds()).Scan(&failing); err != nil {
+		if err := tx.QueryRow(ctx, w.sql.FailingFor, ep.ID, w.config.AutoDisableAfter.Milliseconds()).Scan(&failing); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
@@ -423,8 +418,7 @@ func (w *Webhooks) autoDisable(ctx context.Context, ep *Endpoint) (bool, error) 
 // endpoints hear it; it names the endpoint by ID and host, never by URL,
 // whose path or query may hold a token.
 func (w *Webhooks) disable(ctx context.Context, tx pgx.Tx, ep *Endpoint, reason string) error {
-	if _, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1",
-		ep.ID, reason); err != nil {
+	if _, err := tx.Exec(ctx, w.sql.DisableEndpoint, ep.ID, reason); err != nil {
 		return err
 	}
 	host := ""
@@ -495,10 +489,7 @@ func (w *Webhooks) Replay(ctx context.Context, client *river.Client[pgx.Tx], eve
 // was fixed (and enabled). It returns how many it queued; events deleted by
 // retention meanwhile are skipped.
 func (w *Webhooks) Recover(ctx context.Context, client *river.Client[pgx.Tx], endpointID uuid.UUID, from, to time.Time) (int, error) {
-	rows, err := w.pool.Query(ctx, `SELECT DISTINCT a.event_id FROM `+w.t.attempts+` a
-		WHERE a.endpoint_id = $1 AND a.error_class <> '' AND a.created_at >= $2 AND a.created_at < $3
-		  AND NOT EXISTS (SELECT 1 FROM `+w.t.attempts+` s WHERE s.endpoint_id = a.endpoint_id AND s.event_id = a.event_id
-		                   AND s.error_class = '' AND s.created_at > a.created_at)`, endpointID, from, to)
+	rows, err := w.pool.Query(ctx, w.sql.FailedEvents, endpointID, from, to)
 	if err != nil {
 		return 0, err
 	}

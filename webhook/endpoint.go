@@ -221,9 +221,8 @@ func validHeaderValue(value string) bool {
 	return true
 }
 
-const endpointColumns = "id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, rate_limit, enabled," +
-	" coalesce(disabled_reason, ''), disabled_at, enabled_at, failing_since, last_success_at, created_at, updated_at"
-
+// scanEndpoint reads a row of the statements that return a whole endpoint
+// (their columns are in webhook.sql's order), and then more.
 func scanEndpoint(row pgx.Row, more ...any) (Endpoint, error) {
 	var (
 		e                                                Endpoint
@@ -279,12 +278,7 @@ func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, erro
 	if err != nil {
 		return Endpoint{}, err
 	}
-	ep, err := scanEndpoint(w.pool.QueryRow(ctx, `WITH ep AS (INSERT INTO `+w.t.endpoints+`
-		(id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, rate_limit)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING *),
-		h AS (INSERT INTO `+w.t.health+` (endpoint_id) SELECT id FROM ep)
-		SELECT `+endpointColumns+` FROM ep`,
-		id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, []stored{sealed}, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, w.sql.CreateEndpoint, id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, []stored{sealed}, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
 	if err != nil {
 		return Endpoint{}, err
 	}
@@ -329,7 +323,7 @@ func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (
 	var ep Endpoint
 	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		var old map[string]stored
-		if err := tx.QueryRow(ctx, "SELECT secret_headers FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id).Scan(&old); err != nil {
+		if err := tx.QueryRow(ctx, w.sql.LockSecretHeaders, id).Scan(&old); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrNotFound
 			}
@@ -343,10 +337,7 @@ func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (
 			}
 		}
 		var err error
-		ep, err = public(scanEndpoint(tx.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
-			scopes = $5, headers = $6, secret_headers = $7, timeout_ms = $8, max_in_flight = $9, rate_limit = $10, updated_at = now()
-			WHERE id = $1 RETURNING `+endpointColumns,
-			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit)))
+		ep, err = public(scanEndpoint(tx.QueryRow(ctx, w.sql.UpdateEndpoint, id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit)))
 		return err
 	})
 	return ep, err
@@ -362,7 +353,7 @@ func public(ep Endpoint, err error) (Endpoint, error) {
 
 // Get returns an endpoint, or ErrNotFound.
 func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
-	return public(scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id)))
+	return public(scanEndpoint(w.pool.QueryRow(ctx, w.sql.GetEndpoint, id)))
 }
 
 // getForDelivery is Get with the endpoint's breaker. An endpoint without a
@@ -373,11 +364,9 @@ func (w *Webhooks) getForDelivery(ctx context.Context, id uuid.UUID) (Endpoint, 
 		h   health
 		has bool
 	)
-	ep, err := scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+", coalesce(h.failures, 0), h.open_until, h.probe_until,"+
-		" h.endpoint_id IS NOT NULL FROM "+w.t.endpoints+" LEFT JOIN "+w.t.health+" h ON h.endpoint_id = id WHERE id = $1", id),
-		&h.failures, &h.openUntil, &h.probeUntil, &has)
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, w.sql.GetEndpointForDelivery, id), &h.failures, &h.openUntil, &h.probeUntil, &has)
 	if err == nil && !has {
-		_, err = w.pool.Exec(ctx, "INSERT INTO "+w.t.health+" (endpoint_id) VALUES ($1) ON CONFLICT DO NOTHING", id)
+		_, err = w.pool.Exec(ctx, w.sql.CreateHealth, id)
 	}
 	ep.health = h
 	return ep, err
@@ -396,7 +385,7 @@ func (w *Webhooks) List(ctx context.Context, after uuid.UUID, limit int) (ListEn
 	if limit <= 0 || limit > 1000 {
 		limit = 50
 	}
-	rows, err := w.pool.Query(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id > $1 ORDER BY id LIMIT $2", after, limit+1)
+	rows, err := w.pool.Query(ctx, w.sql.ListEndpoints, after, limit+1)
 	if err != nil {
 		return ListEndpointsResult{}, err
 	}
@@ -418,7 +407,7 @@ func (w *Webhooks) List(ctx context.Context, after uuid.UUID, limit int) (ListEn
 // before it returns (in batches of cancelBatch), and one that was running
 // meanwhile is cancelled when its retry comes, even after an Enable.
 func (w *Webhooks) Disable(ctx context.Context, id uuid.UUID, reason string) error {
-	if err := w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1", id, reason); err != nil {
+	if err := w.exec(ctx, w.sql.DisableEndpoint, id, reason); err != nil {
 		return err
 	}
 	_, err := w.cancelPending(ctx, id)
@@ -429,10 +418,7 @@ func (w *Webhooks) Disable(ctx context.Context, id uuid.UUID, reason string) err
 // missed meanwhile, and deliveries pending at disable time, are not sent:
 // see Recover.
 func (w *Webhooks) Enable(ctx context.Context, id uuid.UUID) error {
-	// enabled_at only moves for an endpoint that was disabled: enabling an
-	// enabled endpoint must not cancel what it has pending.
-	return w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = true, disabled_reason = NULL, disabled_at = NULL,"+
-		" enabled_at = CASE WHEN enabled THEN enabled_at ELSE now() END, failing_since = NULL, updated_at = now() WHERE id = $1", id)
+	return w.exec(ctx, w.sql.EnableEndpoint, id)
 }
 
 // cancelBatch is how many deliveries one statement of cancelPending cancels.
@@ -451,16 +437,7 @@ const cancelBatch = 1000
 func (w *Webhooks) cancelPending(ctx context.Context, endpoint uuid.UUID) (int64, error) {
 	var total int64
 	for {
-		tag, err := w.pool.Exec(ctx, `WITH cutoff AS (
-			SELECT CASE WHEN e.id IS NULL THEN 'infinity' WHEN e.enabled THEN '-infinity' ELSE e.disabled_at END AS t
-			  FROM (SELECT 1) one LEFT JOIN `+w.t.endpoints+` e ON e.id = $1::text::uuid),
-			batch AS (
-			SELECT id FROM `+w.t.riverJob+` WHERE kind = 'webhook.deliver' AND args @> jsonb_build_object('endpoint_id', $1::text)
-			   AND state IN ('available', 'scheduled', 'retryable', 'pending') AND created_at <= (SELECT t FROM cutoff)
-			 LIMIT $2 FOR UPDATE SKIP LOCKED)
-			UPDATE `+w.t.riverJob+` j SET state = 'cancelled', finalized_at = now(),
-			       metadata = j.metadata || jsonb_build_object('cancel_attempted_at', now(), 'webhook_cancelled', 'endpoint disabled')
-			  FROM batch WHERE j.id = batch.id`, endpoint.String(), cancelBatch)
+		tag, err := w.pool.Exec(ctx, w.sql.CancelPending, endpoint.String(), cancelBatch)
 		if err != nil {
 			return total, fmt.Errorf("webhook: cancelling the deliveries to %s: %w", endpoint, err)
 		}
@@ -487,7 +464,7 @@ func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Du
 	}
 	err = pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		var current []stored
-		if err := tx.QueryRow(ctx, "SELECT secrets FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id).Scan(&current); err != nil {
+		if err := tx.QueryRow(ctx, w.sql.LockSecrets, id).Scan(&current); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrNotFound
 			}
@@ -504,7 +481,7 @@ func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Du
 				kept = append(kept, s)
 			}
 		}
-		_, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET secrets = $2, updated_at = now() WHERE id = $1", id, kept)
+		_, err := tx.Exec(ctx, w.sql.SetSecrets, id, kept)
 		return err
 	})
 	if err != nil {
@@ -516,7 +493,7 @@ func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Du
 // Delete removes an endpoint; its pending deliveries end as cancelled. The
 // attempt log keeps its entries until retention.
 func (w *Webhooks) Delete(ctx context.Context, id uuid.UUID) error {
-	if err := w.exec(ctx, "DELETE FROM "+w.t.endpoints+" WHERE id = $1", id); err != nil {
+	if err := w.exec(ctx, w.sql.DeleteEndpoint, id); err != nil {
 		return err
 	}
 	_, err := w.cancelPending(ctx, id)

@@ -63,11 +63,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
 	"github.com/standmeet/events"
+	"github.com/standmeet/events/internal/statements"
 )
 
 // Defaults of Config and EndpointParams.
@@ -166,7 +166,7 @@ type Webhooks struct {
 	guard  guard
 	lookup lookupFunc
 	outbox events.Outbox
-	t      tables
+	sql    *statements.Webhook
 	keys   keyring
 
 	clientOnce sync.Once
@@ -175,9 +175,6 @@ type Webhooks struct {
 	mu       sync.Mutex
 	inFlight map[uuid.UUID]int
 }
-
-// tables are the package's table names in the schema.
-type tables struct{ endpoints, attempts, health, riverJob string }
 
 // New returns the webhooks of pool's database. events.Migrate creates their
 // tables.
@@ -213,15 +210,12 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 		return nil, err
 	}
 	cfg.Keys = nil // the keyring holds them; a copy of Config should not
-	q := func(table string) string {
-		if cfg.Schema == "" {
-			return table
-		}
-		return pgx.Identifier{cfg.Schema, table}.Sanitize()
+	sql, err := statements.For(cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: Schema %q: %w", cfg.Schema, err)
 	}
 	return &Webhooks{pool: pool, config: cfg, keys: keys, guard: guard{allowed: cfg.AllowedNetworks, ports: cfg.AllowedPorts}, lookup: defaultLookup,
-		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts"), health: q("webhook_endpoint_health"), riverJob: q("river_job")},
-		inFlight: map[uuid.UUID]int{}}, nil
+		outbox: events.Outbox{Schema: cfg.Schema}, sql: &sql.Webhook, inFlight: map[uuid.UUID]int{}}, nil
 }
 
 // FanoutArgs are the args of a "webhook.fanout" job: the whole event.

@@ -108,7 +108,8 @@ type DisabledEvent struct {
 // Config configures the webhooks. The zero value works.
 type Config struct {
 	// Schema holds the tables (the library's and River's). Empty means the
-	// search_path.
+	// search_path. At most 63 letters, digits and underscores, as
+	// events.Outbox's: New refuses another.
 	Schema string
 	// MaxResponseBytes is how much of a response body is read and kept in
 	// the attempt log. Defaults to MaxResponseBytesDefault (20 KB).

@@ -172,102 +172,19 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 	if err != nil {
 		return nil, err
 	}
-	results := make([]*rivertype.JobInsertResult, len(p.jobs))
-	if len(p.jobs) > 0 && !isolate {
-		params := make([]river.InsertManyParams, len(p.jobs))
-		for i, j := range p.jobs {
-			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)}
-		}
-		if results, err = r.client.InsertManyTx(ctx, tx, params); err != nil {
-			return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
-		}
-		if len(results) != len(params) {
-			return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(results))
-		}
-	}
-	if isolate {
-		for i, j := range p.jobs {
-			res, err := r.insertIsolated(ctx, tx, j, batch[j.event].traceContext)
-			if err == nil {
-				results[i] = res
-				continue
-			}
-			var re *roundError
-			if !errors.As(err, &re) || !re.rowFault {
-				return nil, err
-			}
-			for _, ev := range j.covers {
-				p.failed = append(p.failed, pairFailure{row: batch[ev], sub: j.sub, attempts: attemptsOf(batch[ev], j.sub.Name), err: re.err})
-			}
-		}
+	results, err := r.insertJobs(ctx, tx, isolate, batch, &p)
+	if err != nil {
+		return nil, err
 	}
 	if r.hooks.afterInsert != nil {
 		r.hooks.afterInsert(ctx, tx)
 	}
-
-	// fanout per event: subscriber name -> job ID, in subscriber order.
-	fanout := make([][]fanoutEntry, len(batch))
-	for i, j := range p.jobs {
-		if results[i] == nil {
-			continue
-		}
-		for _, ev := range j.covers {
-			fanout[ev] = append(fanout[ev], fanoutEntry{j.sub.Name, results[i].Job.ID})
-		}
-	}
-	var (
-		seqs    = make([]int64, 0, len(batch))
-		docs    = make([]string, 0, len(batch))
-		ids     = make([]uuid.UUID, 0, len(batch))
-		sendBuf pgx.Batch
-	)
-	switch l {
-	case laneOwed:
-		// Every claimed pair that did not fail is served: its job inserted,
-		// or its Map skipped it, or it no longer matches.
-		failed := map[[2]any]bool{}
-		for _, f := range p.failed {
-			failed[[2]any{f.row.Seq, f.sub.Name}] = true
-		}
-		var doneSeqs []int64
-		var doneSubs []string
-		for i, c := range batch {
-			if len(fanout[i]) > 0 {
-				seqs = append(seqs, c.Seq)
-				docs = append(docs, encodeFanout(fanout[i]))
-			}
-			for _, o := range c.owed {
-				if !failed[[2]any{c.Seq, o.sub}] {
-					doneSeqs = append(doneSeqs, c.Seq)
-					doneSubs = append(doneSubs, o.sub)
-				}
-			}
-		}
-		if len(seqs) > 0 || len(doneSeqs) > 0 {
-			sendBuf.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs)
-			// Wakes AwaitDelivery's waiters, at commit.
-			var served []uuid.UUID
-			for i, c := range batch {
-				if len(fanout[i]) > 0 || len(c.owed) > 0 {
-					served = append(served, c.ID)
-				}
-			}
-			for _, payload := range notifyPayloads(served) {
-				sendBuf.Queue(r.sql.NotifyFanned, payload)
-			}
-		}
-	default:
-		for i, c := range batch {
-			seqs = append(seqs, c.Seq)
-			docs = append(docs, encodeFanout(fanout[i]))
-			ids = append(ids, c.ID)
-		}
-		sendBuf.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused))
-		// Delivered at commit, and only if it commits. Receipts are
-		// answered at the first fan-out (AwaitDelivery waits for the lane).
-		for _, payload := range notifyPayloads(ids) {
-			sendBuf.Queue(r.sql.NotifyFanned, payload)
-		}
+	fanout := fanoutByEvent(p.jobs, results, len(batch))
+	var sendBuf pgx.Batch
+	if l == laneOwed {
+		r.queueOwedStamp(&sendBuf, batch, fanout, p.failed)
+	} else {
+		r.queueStamp(&sendBuf, batch, fanout)
 	}
 	poisonedAt := r.queueDeliveryCharges(&sendBuf, p.failed)
 	if err := tx.SendBatch(ctx, &sendBuf).Close(); err != nil {
@@ -276,7 +193,7 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 	// Counted before the commit: a round that then fails to commit counts
 	// its events twice, which a metric may; nothing else does.
 	if l == lanePending {
-		r.metrics.fanned.Add(ctx, int64(len(seqs)))
+		r.metrics.fanned.Add(ctx, int64(len(batch)))
 	}
 	for i, j := range p.jobs {
 		if results[i] == nil {
@@ -288,6 +205,116 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 		}
 	}
 	return poisonedAt(), nil
+}
+
+// insertJobs inserts p's jobs in tx, in one InsertManyTx, or with isolate
+// one at a time under a savepoint each: a job River or PostgreSQL refuses
+// for what it holds is then added to p.failed for the events it covers,
+// and its result left nil. Results are in p.jobs' order.
+func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, isolate bool, batch []claimedRow, p *roundPlan) ([]*rivertype.JobInsertResult, error) {
+	results := make([]*rivertype.JobInsertResult, len(p.jobs))
+	if len(p.jobs) == 0 {
+		return results, nil
+	}
+	if !isolate {
+		params := make([]river.InsertManyParams, len(p.jobs))
+		for i, j := range p.jobs {
+			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)}
+		}
+		results, err := r.client.InsertManyTx(ctx, tx, params)
+		if err != nil {
+			return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
+		}
+		if len(results) != len(params) {
+			return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(results))
+		}
+		return results, nil
+	}
+	for i, j := range p.jobs {
+		res, err := r.insertIsolated(ctx, tx, j, batch[j.event].traceContext)
+		if err == nil {
+			results[i] = res
+			continue
+		}
+		var re *roundError
+		if !errors.As(err, &re) || !re.rowFault {
+			return nil, err
+		}
+		for _, ev := range j.covers {
+			p.failed = append(p.failed, pairFailure{row: batch[ev], sub: j.sub, attempts: attemptsOf(batch[ev], j.sub.Name), err: re.err})
+		}
+	}
+	return results, nil
+}
+
+// fanoutByEvent is each of n events' fanout, subscriber name -> job ID in
+// subscriber order, from the jobs inserted (a nil result inserted nothing).
+func fanoutByEvent(jobs []plannedJob, results []*rivertype.JobInsertResult, n int) [][]fanoutEntry {
+	fanout := make([][]fanoutEntry, n)
+	for i, j := range jobs {
+		if results[i] == nil {
+			continue
+		}
+		for _, ev := range j.covers {
+			fanout[ev] = append(fanout[ev], fanoutEntry{j.sub.Name, results[i].Job.ID})
+		}
+	}
+	return fanout
+}
+
+// queueStamp queues the pending lane's stamp of batch (every event fanned
+// out, with its fanout) and the fanned notification of its events,
+// delivered at commit and only if it commits. Receipts are answered at the
+// first fan-out (AwaitDelivery waits for the deliveries lane).
+func (r *Relay) queueStamp(b *pgx.Batch, batch []claimedRow, fanout [][]fanoutEntry) {
+	seqs := make([]int64, len(batch))
+	docs := make([]string, len(batch))
+	ids := make([]uuid.UUID, len(batch))
+	for i, c := range batch {
+		seqs[i], docs[i], ids[i] = c.Seq, encodeFanout(fanout[i]), c.ID
+	}
+	b.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused))
+	for _, payload := range notifyPayloads(ids) {
+		b.Queue(r.sql.NotifyFanned, payload)
+	}
+}
+
+// queueOwedStamp queues the deliveries lane's stamp: the events' fanouts
+// extended by the new jobs, and every claimed pair that did not fail served
+// (its job inserted, or its Map skipped it, or it no longer matches); and
+// the fanned notification that wakes AwaitDelivery's waiters at commit.
+func (r *Relay) queueOwedStamp(b *pgx.Batch, batch []claimedRow, fanout [][]fanoutEntry, failures []pairFailure) {
+	failed := map[[2]any]bool{}
+	for _, f := range failures {
+		failed[[2]any{f.row.Seq, f.sub.Name}] = true
+	}
+	var (
+		seqs, doneSeqs []int64
+		docs, doneSubs []string
+		served         []uuid.UUID
+	)
+	for i, c := range batch {
+		if len(fanout[i]) > 0 {
+			seqs = append(seqs, c.Seq)
+			docs = append(docs, encodeFanout(fanout[i]))
+		}
+		for _, o := range c.owed {
+			if !failed[[2]any{c.Seq, o.sub}] {
+				doneSeqs = append(doneSeqs, c.Seq)
+				doneSubs = append(doneSubs, o.sub)
+			}
+		}
+		if len(fanout[i]) > 0 || len(c.owed) > 0 {
+			served = append(served, c.ID)
+		}
+	}
+	if len(seqs) == 0 && len(doneSeqs) == 0 {
+		return
+	}
+	b.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs)
+	for _, payload := range notifyPayloads(served) {
+		b.Queue(r.sql.NotifyFanned, payload)
+	}
 }
 
 // insertIsolated inserts one job in a savepoint of tx. A refusal that is

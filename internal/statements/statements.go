@@ -3,8 +3,10 @@
 // per area: record.sql, fanout.sql, deliveries.sql, …, webhook.sql), and
 // built once per schema into a [Set]. It is the one place where table names
 // meet SQL: Record, the relay, the awaiter, the operator functions, watches,
-// Migrate and package webhook all take their statements from a Set, and
-// nothing assembles SQL from pieces anywhere else.
+// Migrate and package webhook all take their statements from a Set. Only
+// what a statement must name per call (a watch's trigger DDL: the host's
+// table, columns and arguments; the schema Migrate creates) is filled in by
+// the caller, quoted, through [Render].
 //
 // A file holds queries in sqlc's form: a "-- name: ClaimBatch" line starts
 // each, and each [Set] field is filled with the query of its name (a test
@@ -33,14 +35,6 @@ import (
 const (
 	ChannelEvents = "standmeet_events"
 	ChannelFanned = "standmeet_events_fanned"
-)
-
-// Table names, unqualified.
-const (
-	EventsTable      = "outbox_events"
-	SubscribersTable = "outbox_subscribers"
-	DeliveriesTable  = "outbox_deliveries"
-	RelaysTable      = "outbox_relays"
 )
 
 // Set is the statements of one schema. Every field is read-only. A string

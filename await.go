@@ -178,10 +178,7 @@ func (a *Awaiter) Start(ctx context.Context) error {
 			Logger:       a.config.Logger,
 			ReconnectMin: a.config.Listener.ReconnectBackoff,
 			ReconnectMax: a.config.Listener.MaxReconnectBackoff,
-			Sleep:        listener.SleepContext,
-		}
-		if a.reconnectPause != nil {
-			l.Sleep = a.reconnectPause
+			Sleep:        a.reconnectPause,
 		}
 		run = func(ctx context.Context) {
 			var wg sync.WaitGroup

@@ -18,7 +18,6 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/standmeet/events/internal/backoff"
-	"github.com/standmeet/events/internal/listener"
 	"github.com/standmeet/events/migrations"
 )
 
@@ -168,9 +167,8 @@ func migrateStep(ctx context.Context, step func(func(pgx.Tx) error) error, m mig
 		if err == nil || try == migrateLockTries || !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.LockNotAvailable {
 			return err
 		}
-		listener.SleepContext(ctx, backoff.Delay(try, 100*time.Millisecond, 2*time.Second))
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if err := backoff.Sleep(ctx, backoff.Delay(try, 100*time.Millisecond, 2*time.Second)); err != nil {
+			return err
 		}
 	}
 }

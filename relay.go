@@ -385,10 +385,6 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	if r.config.Listener.PollOnly {
 		r.listening.Store(true) // polling is all there is
 	} else {
-		sleep := listener.SleepContext
-		if r.hooks.reconnectPause != nil {
-			sleep = r.hooks.reconnectPause
-		}
 		l := &listener.Listener{
 			ConnConfig: r.pool.Config().ConnConfig,
 			Connect:    r.config.Listener.Connect,
@@ -415,7 +411,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 			Logger:       r.logger,
 			ReconnectMin: r.config.Listener.ReconnectBackoff,
 			ReconnectMax: r.config.Listener.MaxReconnectBackoff,
-			Sleep:        sleep,
+			Sleep:        r.hooks.reconnectPause,
 		}
 		wg.Go(func() { l.Run(runCtx) })
 	}
@@ -475,7 +471,7 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 		if err == nil || attempt == 3 || !isTransient(err) || ctx.Err() != nil {
 			break
 		}
-		listener.SleepContext(ctx, backoff.Delay(attempt, 100*time.Millisecond, time.Second))
+		_ = backoff.Sleep(ctx, backoff.Delay(attempt, 100*time.Millisecond, time.Second))
 	}
 	if err != nil {
 		return fmt.Errorf("events: relay: registering subscribers: %w", err)

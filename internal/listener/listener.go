@@ -61,7 +61,8 @@ type Listener struct {
 	Logger *slog.Logger
 	// ReconnectMin and ReconnectMax bound the pause between attempts.
 	ReconnectMin, ReconnectMax time.Duration
-	// Sleep waits d or until ctx ends; tests replace it.
+	// Sleep waits d or until ctx ends. Defaults to backoff.Sleep; tests
+	// replace it.
 	Sleep func(ctx context.Context, d time.Duration)
 }
 
@@ -81,7 +82,11 @@ func (l *Listener) Run(ctx context.Context) {
 		d := backoff.Delay(failures, l.ReconnectMin, l.ReconnectMax)
 		l.Logger.WarnContext(ctx, "events: listener connection lost; reconnecting",
 			slog.String("err", err.Error()), slog.Duration("in", d), slog.Int("failures", failures))
-		l.Sleep(ctx, d)
+		if l.Sleep != nil {
+			l.Sleep(ctx, d)
+		} else {
+			_ = backoff.Sleep(ctx, d)
+		}
 	}
 }
 
@@ -176,14 +181,4 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 		cfg.RuntimeParams["application_name"] = l.ApplicationName
 	}
 	return pgx.ConnectConfig(ctx, cfg)
-}
-
-// SleepContext waits d or until ctx ends.
-func SleepContext(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

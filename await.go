@@ -17,7 +17,9 @@ import (
 
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
+	"github.com/standmeet/events/internal/wake"
 )
 
 // Receipt says that an event has become River jobs.
@@ -97,26 +99,18 @@ type Awaiter struct {
 	// (tests).
 	reconnectPause func(ctx context.Context, d time.Duration)
 
-	kick chan struct{} // to the kicker: wake the relays
+	// svc is the awaiter's lifecycle. A run that ends with its Start context
+	// is over: the awaiter may be started again without Stop.
+	svc startstop.Base
+
+	kick wake.Signal // to the kicker: wake the relays
 
 	mu      sync.Mutex
-	running bool
 	waiters map[uuid.UUID]map[*waiter]struct{}
-	cancel  context.CancelFunc
-	done    chan struct{}
-	ready   chan struct{}
 }
 
 type waiter struct {
-	wake    chan struct{}
-	stopped bool // set under Awaiter.mu when the awaiter stops
-}
-
-func (w *waiter) poke() {
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
+	wake wake.Signal // a notification or a reconnect: read again
 }
 
 // NewAwaiter returns an awaiter reading through pool. Call
@@ -140,7 +134,7 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: awaiter metrics: %w", err)
 	}
-	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, kick: make(chan struct{}, 1),
+	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, kick: wake.New(),
 		waiters: map[uuid.UUID]map[*waiter]struct{}{}}, nil
 }
 
@@ -150,58 +144,31 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 // [Awaiter.Stop]: waits in progress return an error wrapping
 // [ErrNotRunning], and so do later calls, at once.
 func (a *Awaiter) Start(ctx context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.running {
-		return ErrStarted
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	a.cancel, a.done, a.ready, a.running = cancel, make(chan struct{}), make(chan struct{}), true
-	ready := sync.OnceFunc(func() { close(a.ready) })
-	// Every waiter's rows are re-read every PollInterval, listening or not:
-	// a listening connection can die silently (until the ping finds out)
-	// and a notification can be lost, so no receipt waits on a socket
-	// longer than that.
-	run := func(ctx context.Context) { ready(); a.pollLoop(ctx) }
-	if !a.config.Listener.PollOnly {
-		l := &listener.Listener{
-			ConnConfig:      a.pool.Config().ConnConfig,
-			Connect:         a.config.Listener.Connect,
+	err := a.svc.Start(ctx, func(run *startstop.Run) error {
+		// Every waiter's rows are re-read every PollInterval, listening or
+		// not: a listening connection can die silently (until the ping finds
+		// out) and a notification can be lost, so no receipt waits on a
+		// socket longer than that.
+		run.Go(a.pollLoop)
+		run.Go(a.kicker)
+		l := a.config.Listener.listen(run, a.pool, a.config.Logger, &listener.Listener{
 			Channels:        []string{a.sql.ChannelFanned},
 			ApplicationName: listener.AwaiterApplicationName,
 			OnNotify:        func(_, payload string) { a.notified(payload) },
-			OnConnect: func() {
+			OnConnect: func(bool) {
 				a.pokeAll() // notifications sent while away are lost: re-check
-				ready()
+				run.MarkReady()
 			},
-			PingInterval: a.config.Listener.PingInterval,
-			Logger:       a.config.Logger,
-			ReconnectMin: a.config.Listener.ReconnectBackoff,
-			ReconnectMax: a.config.Listener.MaxReconnectBackoff,
-			Sleep:        a.reconnectPause,
+			Sleep: a.reconnectPause,
+		})
+		if l == nil {
+			run.MarkReady() // PollOnly: polling is all there is
 		}
-		run = func(ctx context.Context) {
-			var wg sync.WaitGroup
-			wg.Go(func() { a.pollLoop(ctx) })
-			l.Run(ctx)
-			wg.Wait()
-		}
+		return nil
+	})
+	if err != nil {
+		return ErrStarted // a run is active: the base's only refusal here
 	}
-	done := a.done
-	go func() {
-		defer close(done)
-		var kicks sync.WaitGroup
-		kicks.Go(func() { a.kicker(runCtx) })
-		run(runCtx)
-		kicks.Wait()
-		// ctx ended (or Stop): a waiter must not wait for notifications
-		// that no one listens for any more.
-		a.mu.Lock()
-		if a.running && a.done == done {
-			a.halt()
-		}
-		a.mu.Unlock()
-	}()
 	return nil
 }
 
@@ -210,37 +177,38 @@ func (a *Awaiter) Start(ctx context.Context) error {
 // events that waiters wait for, and wakes the waiters of those fanned out or
 // poisoned.
 func (a *Awaiter) pollLoop(ctx context.Context) {
-	t := time.NewTicker(a.config.Listener.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		a.mu.Lock()
-		ids := make([]string, 0, len(a.waiters))
-		for id := range a.waiters {
-			ids = append(ids, id.String())
-		}
-		a.mu.Unlock()
-		if len(ids) == 0 {
-			continue
-		}
-		rows, err := a.pool.Query(ctx, a.sql.AwaitDone, ids)
-		if err != nil {
+	every := a.config.Listener.PollInterval
+	startstop.Every(ctx, nil, every, every, func() {
+		if err := a.poll(ctx); err != nil && ctx.Err() == nil {
 			a.config.Logger.WarnContext(ctx, "events: awaiter poll failed", slog.String("err", err.Error()))
-			continue
 		}
-		done, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			a.config.Logger.WarnContext(ctx, "events: awaiter poll failed", slog.String("err", err.Error()))
-			continue
-		}
-		if len(done) > 0 {
-			a.notified(strings.Join(done, ","))
-		}
+	})
+}
+
+// poll reads which of the events waited for are fanned out or poisoned, and
+// wakes their waiters.
+func (a *Awaiter) poll(ctx context.Context) error {
+	a.mu.Lock()
+	ids := make([]string, 0, len(a.waiters))
+	for id := range a.waiters {
+		ids = append(ids, id.String())
 	}
+	a.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := a.pool.Query(ctx, a.sql.AwaitDone, ids)
+	if err != nil {
+		return err
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	if len(done) > 0 {
+		a.notified(strings.Join(done, ","))
+	}
+	return nil
 }
 
 // kicker wakes the relays on behalf of waiters whose events are not fanned
@@ -262,79 +230,24 @@ func (a *Awaiter) kicker(ctx context.Context) {
 	}
 }
 
-// kickRelays asks the kicker to wake the relays; a kick already asked for
-// covers this one too.
-func (a *Awaiter) kickRelays() {
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
-}
-
-// halt marks the awaiter stopped and wakes every waiter, which then returns
-// ErrNotRunning. Called with a.mu held.
-func (a *Awaiter) halt() {
-	a.running = false
-	a.cancel()
-	for _, ws := range a.waiters {
-		for w := range ws {
-			w.stopped = true
-			w.poke()
-		}
-	}
-}
-
 // Stop stops the awaiter: waits in progress return an error wrapping
 // [ErrNotRunning], the listening connection closes, and no goroutine of the
 // awaiter is left when Stop returns. If ctx ends first, Stop still waits for
-// the goroutine (which is already cancelled) and returns ctx's error, as
+// the goroutines (which are already cancelled) and returns ctx's error, as
 // [Relay.Stop] does. Safe before Start and safe twice.
-func (a *Awaiter) Stop(ctx context.Context) error {
-	a.mu.Lock()
-	if a.running {
-		a.halt()
-	}
-	done := a.done
-	a.mu.Unlock()
-	if done == nil {
-		return nil
-	}
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		<-done
-		return ctx.Err()
-	}
-}
+func (a *Awaiter) Stop(ctx context.Context) error { return a.svc.Stop(ctx) }
 
 // Ready returns a channel that is closed once the awaiter of the current run
 // listens. Waits work before that too (they read the rows), but a
 // notification sent earlier is not seen; tests and readiness probes wait on
 // it. Before the first Start it returns a channel that is never closed.
-func (a *Awaiter) Ready() <-chan struct{} {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.ready == nil {
-		return make(chan struct{})
-	}
-	return a.ready
-}
+func (a *Awaiter) Ready() <-chan struct{} { return a.svc.Ready() }
 
 // Stopped returns a channel that is closed once the current run of the
 // awaiter has stopped (by Stop, or because Start's context ended) and its
-// goroutine has returned. Before the first Start it returns a closed channel.
-func (a *Awaiter) Stopped() <-chan struct{} {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.done == nil {
-		return closedChan
-	}
-	return a.done
-}
-
-// closedChan is what Stopped returns before the first Start.
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+// goroutines have returned. Before the first Start it returns a closed
+// channel.
+func (a *Awaiter) Stopped() <-chan struct{} { return a.svc.Stopped() }
 
 // AwaitFanout blocks until every event in ids has been fanned out, by any
 // relay in any process, and returns their receipts in the order of ids. It
@@ -401,8 +314,9 @@ func (a *Awaiter) AwaitDelivery(ctx context.Context, subscriber string, ids ...u
 // await waits for ids' receipts; with subscriber set, until that
 // subscriber's pair of each is delivered too.
 func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string) ([]Receipt, error) {
-	w := &waiter{wake: make(chan struct{}, 1)}
-	if err := a.register(w, ids); err != nil {
+	w := &waiter{wake: wake.New()}
+	stopping, err := a.register(w, ids)
+	if err != nil {
 		return nil, err
 	}
 	defer a.unregister(w, ids)
@@ -456,16 +370,12 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 		}
 		if !kicked {
 			kicked = true
-			a.kickRelays()
+			a.kick.Send()
 		}
 		select {
 		case <-w.wake:
-			a.mu.Lock()
-			stopped := w.stopped
-			a.mu.Unlock()
-			if stopped {
-				return nil, fmt.Errorf("%w: the awaiter stopped", ErrNotRunning)
-			}
+		case <-stopping:
+			return nil, fmt.Errorf("%w: the awaiter stopped", ErrNotRunning)
 		case <-grace.C:
 			graceOver = true
 		case <-ctx.Done():
@@ -539,12 +449,15 @@ func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[u
 	return missing, nil
 }
 
-func (a *Awaiter) register(w *waiter, ids []uuid.UUID) error {
+// register adds w as the waiter of ids, and returns the channel that is
+// closed when the run it waits on stops.
+func (a *Awaiter) register(w *waiter, ids []uuid.UUID) (stopping <-chan struct{}, err error) {
+	run := a.svc.Current()
+	if run == nil || run.IsStopping() {
+		return nil, fmt.Errorf("%w: call Awaiter.Start first", ErrNotRunning)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !a.running {
-		return fmt.Errorf("%w: call Awaiter.Start first", ErrNotRunning)
-	}
 	for _, id := range ids {
 		ws := a.waiters[id]
 		if ws == nil {
@@ -553,7 +466,7 @@ func (a *Awaiter) register(w *waiter, ids []uuid.UUID) error {
 		}
 		ws[w] = struct{}{}
 	}
-	return nil
+	return run.Stopping(), nil
 }
 
 func (a *Awaiter) unregister(w *waiter, ids []uuid.UUID) {
@@ -579,7 +492,7 @@ func (a *Awaiter) notified(payload string) {
 			continue
 		}
 		for w := range a.waiters[id] {
-			w.poke()
+			w.wake.Send()
 		}
 	}
 }
@@ -589,7 +502,7 @@ func (a *Awaiter) pokeAll() {
 	defer a.mu.Unlock()
 	for _, ws := range a.waiters {
 		for w := range ws {
-			w.poke()
+			w.wake.Send()
 		}
 	}
 }

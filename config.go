@@ -8,7 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 )
 
@@ -96,6 +99,24 @@ func (c ListenerConfig) validate() error {
 		return invalidf(ErrInvalidConfig, "Listener.MaxReconnectBackoff", "%v: must be at least ReconnectBackoff (%v)", c.MaxReconnectBackoff, c.ReconnectBackoff)
 	}
 	return nil
+}
+
+// listen starts, as a goroutine of run, the listening connection that c
+// describes for a service reading through pool: l holds the service's part
+// (its channels, application name, callbacks and test pause), listen the
+// rest. It returns l, whose Listening reports on the connection; with
+// PollOnly it starts nothing and returns nil.
+func (c ListenerConfig) listen(run *startstop.Run, pool *pgxpool.Pool, logger *slog.Logger, l *listener.Listener) *listener.Listener {
+	if c.PollOnly {
+		return nil
+	}
+	l.ConnConfig = pool.Config().ConnConfig
+	l.Connect = c.Connect
+	l.PingInterval = c.PingInterval
+	l.ReconnectMin, l.ReconnectMax = c.ReconnectBackoff, c.MaxReconnectBackoff
+	l.Logger = logger
+	run.Go(l.Run)
+	return l
 }
 
 // defaultLogger writes warnings and errors to standard error.

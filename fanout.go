@@ -485,25 +485,24 @@ func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pg
 		return 0, err
 	}
 	// The relay is borrowed for this call: its run state is set under mu
-	// with running, so Start refuses meanwhile, and with inTx, so Stop knows
-	// there is no run to stop.
+	// with inTx, so Start refuses meanwhile; Stop finds no run to stop.
 	r.mu.Lock()
-	if r.running {
+	if r.inTx || r.svc.Active() {
 		r.mu.Unlock()
 		return 0, fmt.Errorf("%w: FanOutTx is for a relay that is not started", ErrStarted)
 	}
-	if err := r.lastRunLingers(); err != nil {
+	if r.svc.Lingering() {
 		r.mu.Unlock()
-		return 0, err
+		return 0, errLastRunLingers
 	}
 	callbacks := hostcall.Start(ctx, r.logger, callbackQueue)
-	r.running, r.inTx = true, true
-	r.sql, r.client, r.stopCh, r.callbacks = sql, client, nil, callbacks
+	r.inTx = true
+	r.sql, r.client, r.run, r.callbacks = sql, client, nil, callbacks
 	r.mu.Unlock()
 	defer func() {
 		_ = callbacks.Stop(context.WithoutCancel(ctx)) // waits for OnPoison calls; no deadline
 		r.mu.Lock()
-		r.running, r.inTx = false, false
+		r.inTx = false
 		r.mu.Unlock()
 	}()
 	if err := r.register(ctx, tx); err != nil {

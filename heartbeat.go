@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/standmeet/events/internal/startstop"
 )
 
 // Heartbeats. Every running relay writes a row of outbox_relays every
@@ -102,23 +104,12 @@ var libraryVersion = sync.OnceValue(func() string {
 // heartbeater reports in until the relay stops, then marks the run stopped.
 func (r *Relay) heartbeater(ctx context.Context) {
 	every := min(heartbeatInterval, max(r.config.OrphanAfter/3, 10*time.Millisecond))
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-r.stopCh:
-			r.markStopped(ctx)
-			return
-		case <-ctx.Done():
-			r.markStopped(ctx)
-			return
-		}
+	startstop.Every(ctx, r.run.Stopping(), 0, every, func() {
 		if err := r.heartbeat(ctx); err != nil && ctx.Err() == nil {
 			r.logger.WarnContext(ctx, "events: relay heartbeat failed", slog.String("err", err.Error()))
 		}
-		t.Reset(every)
-	}
+	})
+	r.markStopped(ctx)
 }
 
 // heartbeat writes the relay's row and reads the orphaned subscribers,

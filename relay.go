@@ -3,6 +3,7 @@ package events
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -21,7 +22,9 @@ import (
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/hostcall"
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
+	"github.com/standmeet/events/internal/wake"
 )
 
 // Config configures a [Relay]. The zero value works; every field documents
@@ -164,46 +167,40 @@ type Relay struct {
 	meter    metric.Meter
 	tracer   trace.Tracer
 	laneAttr [2]metric.MeasurementOption
-	gauges   metric.Registration // backlog and lag, while running
 
 	// Health, for Health and Healthy.
 	lastSuccess atomic.Int64 // unix nanoseconds of the last round or poll that worked
 	failing     atomic.Int32 // consecutive failures
 	busy        atomic.Bool  // the last pending round came back full
 
-	mu      sync.RWMutex
-	subs    []*subscription
-	byName  map[string]*subscription
-	running bool
-	// inTx says running is borrowed by a FanOutTx call, not a run: Stop has
-	// nothing to stop.
+	// svc is the relay's lifecycle: its runs, Ready, Stopped and Stop. A
+	// run's OnPoison queue is its drain: Stop waits for it only within its
+	// context.
+	svc startstop.Base
+
+	mu     sync.RWMutex
+	subs   []*subscription
+	byName map[string]*subscription
+	// inTx says a FanOutTx call has borrowed the run state below: Start
+	// refuses meanwhile, and Stop has no run to stop.
 	inTx bool
 
 	// Set by Start, for one run, or by FanOutTx, for one call, while it holds
-	// mu and sets running. Read without mu only by the run's (or the call's)
-	// own goroutines, and by Stop once it saw a run under mu.
+	// mu (and svc is starting, or inTx set). Read without mu only by the
+	// run's (or the call's) own goroutines.
+	run       *startstop.Run // nil for FanOutTx: never stopping
 	client    *river.Client[pgx.Tx]
 	sql       *statements.Set
 	active    []*subscription // subs less the retired ones
 	known     []string        // names of active
 	callbacks *hostcall.Runner
-	listening atomic.Bool // the listener's LISTEN is in effect
-	// connectedOnce is set at the run's first connect: later ones are
-	// reconnects.
-	connectedOnce atomic.Bool
-	// reconnected receives when the listener (re)connects: the database is
+	// listener is the run's listening connection; nil with PollOnly.
+	listener atomic.Pointer[listener.Listener]
+	// reconnected is sent when the listener (re)connects: the database is
 	// back, so the loop ends any backoff at once.
-	reconnected chan struct{}
-	ready       chan struct{}
-	markReady   func()
-	wake        chan struct{} // the main loop's: notifications
-	helpWake    chan struct{} // the helper loops': plenty of work
-	stopCh      chan struct{}
-	cancel      context.CancelFunc
-	loopDone    chan struct{} // closed once the loops and the listener returned
-	done        chan struct{} // closed once the OnPoison calls returned too
-
-	stopMu sync.Mutex
+	reconnected wake.Signal
+	wake        wake.Signal // the main loop's: notifications
+	helpWake    wake.Signal // the helper loops': plenty of work
 
 	// retryCheck asks the loop to read the retry schedule now: this relay
 	// has just failed an event.
@@ -284,6 +281,7 @@ func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
 		return nil, fmt.Errorf("events: relay metrics: %w", err)
 	}
 	return &Relay{pool: pool, config: cfg, logger: cfg.Logger, byName: map[string]*subscription{},
+		svc:     startstop.Base{StopBeforeRestart: true}, // Stop unregisters the gauges
 		metrics: metrics, meter: meter, tracer: newTracer(cfg.TracerProvider),
 		laneAttr: [2]metric.MeasurementOption{
 			metric.WithAttributes(attribute.String(attrLane, "pending")),
@@ -300,7 +298,7 @@ func (r *Relay) Subscribe(s Subscriber) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.running {
+	if r.inTx || r.svc.Active() {
 		return fmt.Errorf("%w: subscribe %q before Start", ErrStarted, s.Name)
 	}
 	if _, dup := r.byName[s.Name]; dup {
@@ -339,14 +337,36 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	if client == nil {
 		return invalidf(ErrInvalidConfig, "client", "is nil")
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.running {
+	err := r.svc.Start(ctx, func(run *startstop.Run) error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.inTx {
+			return ErrStarted
+		}
+		if err := r.prepare(ctx, run, client); err != nil {
+			return err
+		}
+		r.launch(ctx, run)
+		return nil
+	})
+	switch {
+	case errors.Is(err, startstop.ErrRunning):
 		return ErrStarted
+	case errors.Is(err, startstop.ErrLingering):
+		return errLastRunLingers
 	}
-	if err := r.lastRunLingers(); err != nil {
-		return err
-	}
+	return err
+}
+
+// errLastRunLingers refuses a run, or a FanOutTx call, while an OnPoison
+// call of the last run, left running by a Stop that gave up, has not
+// returned: the new one would call OnPoison alongside it.
+var errLastRunLingers = fmt.Errorf("%w: an OnPoison call of the last run is still running: wait for Stopped", ErrStarted)
+
+// prepare is the part of Start that may fail: the run's statements, its
+// subscribers registered, its gauges; then the health and heartbeat state of
+// a new run. The caller holds mu.
+func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.Client[pgx.Tx]) error {
 	sql, err := statementsFor(client.Schema())
 	if err != nil {
 		return err
@@ -357,102 +377,59 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	}
 	r.client = client
 	if r.config.MeterProvider != nil {
-		if r.gauges, err = r.registerGauges(); err != nil {
+		gauges, err := r.registerGauges()
+		if err != nil {
 			return fmt.Errorf("events: relay metrics: %w", err)
 		}
+		run.OnStop(func() { _ = gauges.Unregister() })
 	}
 	r.failing.Store(0)
 	r.lastSuccess.Store(time.Now().UnixNano())
 	r.runID, r.startedAt = uuid.Must(uuid.NewV7()), time.Now()
 	r.lastRound.Store(0)
 	r.orphaned.Store(nil)
+	return nil
+}
+
+// launch adds the run's goroutines: the listener (unless PollOnly), the
+// main loop and its helpers, retention and heartbeats, all graceful but the
+// listener; and the OnPoison queue, which the run drains once they have
+// returned (only rounds queue callbacks). The caller holds mu.
+func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
+	r.run = run
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
-	r.listening.Store(false)
-	r.connectedOnce.Store(false)
-	r.reconnected = make(chan struct{}, 1)
-	r.ready = make(chan struct{})
-	r.markReady = sync.OnceFunc(func() { close(r.ready) })
-	r.wake = make(chan struct{}, 1)
-	r.helpWake = make(chan struct{}, 1)
-	r.stopCh = make(chan struct{})
-	loopDone, done, callbacks := make(chan struct{}), make(chan struct{}), r.callbacks
-	r.loopDone, r.done = loopDone, done
-	runCtx, cancel := context.WithCancel(ctx)
-	r.cancel = cancel
-	r.running = true
-
-	var wg sync.WaitGroup
-	if r.config.Listener.PollOnly {
-		r.listening.Store(true) // polling is all there is
-	} else {
-		l := &listener.Listener{
-			ConnConfig: r.pool.Config().ConnConfig,
-			Connect:    r.config.Listener.Connect,
-			Channels:   []string{r.sql.ChannelEvents},
-			OnNotify: func(string, string) {
-				if r.hooks.notified != nil {
-					r.hooks.notified()
-				}
-				r.poke()
-			},
-			OnConnect: func() {
-				if r.connectedOnce.Swap(true) {
-					r.metrics.reconnects.Add(context.Background(), 1)
-				}
-				r.listening.Store(true)
-				select { // the database answers: end any backoff
-				case r.reconnected <- struct{}{}:
-				default:
-				}
-				r.poke() // notifications sent while away are lost: look now
-			},
-			OnDisconnect: func(error) { r.listening.Store(false) },
-			PingInterval: r.config.Listener.PingInterval,
-			Logger:       r.logger,
-			ReconnectMin: r.config.Listener.ReconnectBackoff,
-			ReconnectMax: r.config.Listener.MaxReconnectBackoff,
-			Sleep:        r.hooks.reconnectPause,
-		}
-		wg.Go(func() { l.Run(runCtx) })
-	}
-	var rounds sync.WaitGroup
-	rounds.Go(func() { r.loop(runCtx) })
-	rounds.Go(func() { r.pruner(runCtx) })
-	rounds.Go(func() { r.heartbeater(runCtx) })
+	run.Drain(r.callbacks)
+	r.reconnected, r.wake, r.helpWake = wake.New(), wake.New(), wake.New()
+	r.listener.Store(r.config.Listener.listen(run, r.pool, r.logger, &listener.Listener{
+		Channels: []string{r.sql.ChannelEvents},
+		OnNotify: func(string, string) {
+			if r.hooks.notified != nil {
+				r.hooks.notified()
+			}
+			r.wake.Send()
+		},
+		OnConnect: func(reconnect bool) {
+			if reconnect {
+				r.metrics.reconnects.Add(context.Background(), 1)
+			}
+			r.reconnected.Send() // the database answers: end any backoff
+			r.wake.Send()        // notifications sent while away are lost: look now
+		},
+		Sleep: r.hooks.reconnectPause,
+	}))
+	run.GoGraceful(r.loop)
+	run.GoGraceful(r.pruner)
+	run.GoGraceful(r.heartbeater)
 	for range r.config.MaxRoundsInFlight - 1 {
-		rounds.Go(func() { r.helper(runCtx) })
+		run.GoGraceful(r.helper)
 	}
-	go func() {
-		defer close(done)
-		rounds.Wait()
-		cancel() // ends the listener
-		wg.Wait()
-		close(loopDone)
-		// Only rounds queue callbacks: the queue is complete. Those in line
-		// still run (Stop bounds how long it waits for them).
-		callbacks.Close()
-		<-callbacks.Done()
-	}()
-	return nil
 }
 
-// lastRunLingers returns an error while an OnPoison call of the last run,
-// left running by a Stop that gave up, has not returned: a new run (or a
-// FanOutTx call) would call OnPoison alongside it. The caller holds mu.
-func (r *Relay) lastRunLingers() error {
-	if r.done != nil && !isClosed(r.done) {
-		return fmt.Errorf("%w: an OnPoison call of the last run is still running: wait for Stopped", ErrStarted)
-	}
-	return nil
-}
-
-func isClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
+// listening reports whether the run learns of new events without polling:
+// its LISTEN is in effect, or it polls only (polling is all there is).
+func (r *Relay) listening() bool {
+	l := r.listener.Load()
+	return l == nil || l.Listening()
 }
 
 // register registers the relay's subscribers and sets the run's active set.
@@ -505,91 +482,23 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 //
 // Stop is safe before Start and safe to call twice. A [Relay.FanOutTx] call
 // in progress is not a run: Stop leaves it alone.
-func (r *Relay) Stop(ctx context.Context) error {
-	r.stopMu.Lock()
-	defer r.stopMu.Unlock()
-	r.mu.RLock()
-	running := r.running && !r.inTx
-	r.mu.RUnlock()
-	if !running {
-		return nil
-	}
-	close(r.stopCh)
-	var err error
-	select {
-	case <-r.loopDone:
-	case <-ctx.Done():
-		err = ctx.Err()
-		r.cancel()
-		<-r.loopDone
-	}
-	r.cancel()
-	if cbErr := r.callbacks.Stop(ctx); cbErr != nil {
-		err = cbErr // names the callback still running
-	} else {
-		<-r.done // its last step: the callbacks have returned
-	}
-	if r.gauges != nil {
-		_ = r.gauges.Unregister()
-		r.gauges = nil
-	}
-	r.mu.Lock()
-	r.running = false
-	r.mu.Unlock()
-	return err
-}
+func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
 // Ready returns a channel that is closed once the current run of the relay
 // listens and has finished a round begun after it started listening: from
 // then on it has seen every event committed before, and a notification
 // reaches it. Use it as a readiness probe, or in tests. Before the first
 // Start it returns a channel that is never closed.
-func (r *Relay) Ready() <-chan struct{} {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.ready == nil {
-		return make(chan struct{})
-	}
-	return r.ready
-}
+func (r *Relay) Ready() <-chan struct{} { return r.svc.Ready() }
 
 // Stopped returns a channel that is closed once the current run of the relay
 // has stopped (by Stop, or because Start's context ended) and its loops, its
 // listener and its OnPoison calls have returned: then no goroutine of the run
 // is left. Before the first Start it returns a closed channel.
-func (r *Relay) Stopped() <-chan struct{} {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.done == nil {
-		return closedChan
-	}
-	return r.done
-}
+func (r *Relay) Stopped() <-chan struct{} { return r.svc.Stopped() }
 
-// pokeHelpers wakes one helper loop, if any waits.
-func (r *Relay) pokeHelpers() {
-	select {
-	case r.helpWake <- struct{}{}:
-	default:
-	}
-}
-
-// poke wakes the loop; a pending wake-up is enough, so extra ones are dropped.
-func (r *Relay) poke() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (r *Relay) stopping() bool {
-	select {
-	case <-r.stopCh:
-		return true
-	default:
-		return false
-	}
-}
+// stopping reports whether the run is stopping; never for a FanOutTx call.
+func (r *Relay) stopping() bool { return r.run.IsStopping() }
 
 // loop is the relay's main loop. It runs rounds until stopped: straight on
 // after a full batch (and wakes a helper loop to claim alongside), otherwise
@@ -611,7 +520,7 @@ func (r *Relay) loop(ctx context.Context) {
 		}
 		r.logger.WarnContext(ctx, "events: relay round failed; backing off",
 			slog.String("err", err.Error()), slog.Int("failures", failures), slog.Duration("pause", d))
-		return r.backOff(ctx, d)
+		return r.pause(ctx, d, r.reconnected)
 	}
 	succeeded := func() {
 		failures = 0
@@ -619,10 +528,7 @@ func (r *Relay) loop(ctx context.Context) {
 		r.lastSuccess.Store(time.Now().UnixNano())
 		// A reconnect before this success says nothing about a later
 		// failure: only one after it may end that failure's backoff.
-		select {
-		case <-r.reconnected:
-		default:
-		}
+		r.reconnected.Clear()
 	}
 	var (
 		pollAt     time.Time // when an idle relay polls next
@@ -633,7 +539,7 @@ func (r *Relay) loop(ctx context.Context) {
 	)
 	for !r.stopping() && ctx.Err() == nil {
 		if claim {
-			listened := r.listening.Load()
+			listened := r.listening()
 			claimed, err := r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
 			if err != nil {
 				if r.stopping() || ctx.Err() != nil || !fail(err) {
@@ -650,14 +556,14 @@ func (r *Relay) loop(ctx context.Context) {
 			if listened {
 				// Listening (or polling only), and caught up with what was
 				// there before.
-				r.markReady()
+				r.run.MarkReady()
 			}
 			if len(claimed) > 0 {
 				trailUntil = time.Now().Add(trailingWindow) // writes flow
 			}
 			r.busy.Store(len(claimed) == r.config.BatchSize)
 			if len(claimed) == r.config.BatchSize {
-				r.pokeHelpers() // plenty of work: a helper loop may join
+				r.helpWake.Send() // plenty of work: a helper loop may join
 				if time.Now().After(turnsAt) {
 					// Full batches back to back must not starve the rest:
 					// four times a second a busy relay also runs the
@@ -721,7 +627,7 @@ func (r *Relay) helper(ctx context.Context) {
 	for !r.stopping() && ctx.Err() == nil {
 		select {
 		case <-r.helpWake:
-		case <-r.stopCh:
+		case <-r.run.Stopping():
 			return
 		case <-ctx.Done():
 			return
@@ -731,7 +637,7 @@ func (r *Relay) helper(ctx context.Context) {
 			if err != nil {
 				// The main loop retries row by row; this one backs off.
 				failures++
-				if !r.pause(ctx, backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)) {
+				if !r.pause(ctx, backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff), nil) {
 					return
 				}
 				break
@@ -740,7 +646,7 @@ func (r *Relay) helper(ctx context.Context) {
 			if len(claimed) < r.config.BatchSize {
 				break
 			}
-			r.pokeHelpers()
+			r.helpWake.Send()
 		}
 	}
 }
@@ -778,7 +684,10 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 }
 
 // pause sleeps d unless the relay stops first; it reports whether to go on.
-func (r *Relay) pause(ctx context.Context, d time.Duration) bool {
+// A wake-up on early (nil: none) ends it early too: the main loop's backoff
+// after a failed round ends when the listener (re)connects, since the
+// database is back.
+func (r *Relay) pause(ctx context.Context, d time.Duration, early wake.Signal) bool {
 	if r.hooks.pause != nil {
 		return r.hooks.pause(ctx, d) && !r.stopping()
 	}
@@ -787,27 +696,9 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) bool {
 	select {
 	case <-t.C:
 		return true
-	case <-r.stopCh:
-	case <-ctx.Done():
-	}
-	return false
-}
-
-// backOff is pause for the main loop's backoff after a failed round: it
-// also ends, reporting true, when the listener (re)connects — the database
-// is back, so there is no reason to wait out a long backoff.
-func (r *Relay) backOff(ctx context.Context, d time.Duration) bool {
-	if r.hooks.pause != nil {
-		return r.pause(ctx, d)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
+	case <-early:
 		return true
-	case <-r.reconnected:
-		return true
-	case <-r.stopCh:
+	case <-r.run.Stopping():
 	case <-ctx.Done():
 	}
 	return false
@@ -825,7 +716,7 @@ func (r *Relay) wait(ctx context.Context, next time.Duration) bool {
 	case <-r.wake:
 	case <-t.C:
 		return false
-	case <-r.stopCh:
+	case <-r.run.Stopping():
 	case <-ctx.Done():
 	}
 	return true

@@ -105,18 +105,17 @@ type Health struct {
 // Health reports the relay's state. It reads no database: combine it with
 // [Stats] for the outbox's.
 func (r *Relay) Health() Health {
-	r.mu.RLock()
 	// Not the OnPoison calls a stopped run may still be finishing: Running is
 	// about serving events.
-	running := r.running && r.loopDone != nil && !isClosed(r.loopDone)
-	r.mu.RUnlock()
+	running := r.svc.Running()
+	l := r.listener.Load()
 	var orphaned []string
 	if o := r.orphaned.Load(); o != nil {
 		orphaned = slices.Clone(*o)
 	}
 	return Health{
 		Running:             running,
-		Listening:           running && !r.config.Listener.PollOnly && r.listening.Load(),
+		Listening:           running && l != nil && l.Listening(),
 		PollOnly:            r.config.Listener.PollOnly,
 		LastSuccessAt:       time.Unix(0, r.lastSuccess.Load()),
 		ConsecutiveFailures: int(r.failing.Load()),

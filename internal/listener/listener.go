@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,13 +47,11 @@ type Listener struct {
 
 	// OnNotify is called, on the Run goroutine, for every notification.
 	OnNotify func(channel, payload string)
-	// OnConnect is called after every successful (re)connect, once LISTEN is
-	// in effect: notifications sent while disconnected are lost, so callers
+	// OnConnect is called after every successful connect, once LISTEN is
+	// in effect, with whether an earlier session of this Listener had
+	// connected: notifications sent while disconnected are lost, so callers
 	// re-check state here.
-	OnConnect func()
-	// OnDisconnect is called, with the reason, whenever a session that had
-	// connected ends before ctx does.
-	OnDisconnect func(err error)
+	OnConnect func(reconnect bool)
 
 	// PingInterval is how long the connection may stay silent before it is
 	// pinged, and how long the ping may take. Defaults to PingIntervalDefault.
@@ -64,7 +63,14 @@ type Listener struct {
 	// Sleep waits d or until ctx ends. Defaults to backoff.Sleep; tests
 	// replace it.
 	Sleep func(ctx context.Context, d time.Duration)
+
+	listening atomic.Bool // LISTEN is in effect
+	connected atomic.Bool // a session has connected
 }
+
+// Listening reports whether LISTEN is in effect: a session has connected
+// and has not ended.
+func (l *Listener) Listening() bool { return l.listening.Load() }
 
 // PingIntervalDefault is Listener.PingInterval's default, River's.
 const PingIntervalDefault = 5 * time.Second
@@ -92,7 +98,7 @@ func (l *Listener) Run(ctx context.Context) {
 
 // session connects, listens and relays notifications until the connection or
 // ctx fails, or the server stops answering pings.
-func (l *Listener) session(ctx context.Context, failures *int) (err error) {
+func (l *Listener) session(ctx context.Context, failures *int) error {
 	ping := l.PingInterval
 	if ping <= 0 {
 		ping = PingIntervalDefault
@@ -121,14 +127,12 @@ func (l *Listener) session(ctx context.Context, failures *int) (err error) {
 		}
 	}
 	*failures = 0
+	l.listening.Store(true)
+	reconnect := l.connected.Swap(true)
 	if l.OnConnect != nil {
-		l.OnConnect()
+		l.OnConnect(reconnect)
 	}
-	defer func() {
-		if ctx.Err() == nil && l.OnDisconnect != nil {
-			l.OnDisconnect(err)
-		}
-	}()
+	defer l.listening.Store(false)
 	for {
 		waitCtx, cancel := context.WithTimeout(ctx, ping)
 		n, err := conn.WaitForNotification(waitCtx)

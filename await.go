@@ -270,20 +270,8 @@ func (a *Awaiter) Stopped() <-chan struct{} { return a.svc.Stopped() }
 // read when the event's round committed: the subscribers still owed then
 // (their Map failed, or no relay that knows them has served them yet) are in
 // [Receipt.Owed], the poisoned ones in [Receipt.Poisoned].
-func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) (receipts []Receipt, err error) {
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	start := time.Now()
-	defer func() {
-		if a.metrics.receipts == nil {
-			return // a zero Awaiter, never made by NewAwaiter
-		}
-		o := outcome(err)
-		a.metrics.receipts.Add(ctx, 1, o)
-		a.metrics.duration.Record(ctx, time.Since(start).Seconds(), o)
-	}()
-	return a.await(ctx, ids, "")
+func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) ([]Receipt, error) {
+	return a.awaitMeasured(ctx, ids, "")
 }
 
 // AwaitDelivery is [Awaiter.AwaitFanout] for one subscriber: it blocks until
@@ -295,14 +283,19 @@ func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) (receipts [
 // A pair poisoned for subscriber returns a [*PoisonedError] naming it; the
 // other errors are AwaitFanout's. A subscriber that no running relay has
 // waits until ctx ends: give ctx a deadline.
-func (a *Awaiter) AwaitDelivery(ctx context.Context, subscriber string, ids ...uuid.UUID) (receipts []Receipt, err error) {
+func (a *Awaiter) AwaitDelivery(ctx context.Context, subscriber string, ids ...uuid.UUID) ([]Receipt, error) {
+	return a.awaitMeasured(ctx, ids, subscriber)
+}
+
+// awaitMeasured is await, counted and timed by outcome.
+func (a *Awaiter) awaitMeasured(ctx context.Context, ids []uuid.UUID, subscriber string) (receipts []Receipt, err error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
 	start := time.Now()
 	defer func() {
 		if a.metrics.receipts == nil {
-			return
+			return // a zero Awaiter, never made by NewAwaiter
 		}
 		o := outcome(err)
 		a.metrics.receipts.Add(ctx, 1, o)
@@ -325,33 +318,14 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 	pending := append([]uuid.UUID(nil), ids...)
 	grace := time.NewTimer(a.config.NotFoundGrace)
 	defer grace.Stop()
-	graceOver := false
-	kicked := false
-	failures := 0
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	defer retry.Stop()
+	graceOver, kicked := false, false
 	for {
 		// Registered first, then checked: a fan-out that lands in between
 		// is seen here or wakes us.
-		missing, err := a.check(ctx, pending, receipts, subscriber)
-		if err != nil && isTransient(err) && ctx.Err() == nil {
-			// The database is away (restarting, connection lost): keep
-			// waiting, and look again shortly.
-			failures++
-			a.config.Logger.WarnContext(ctx, "events: await fanout: reading events failed; retrying", slog.String("err", err.Error()))
-			retry.Reset(backoff.Delay(failures, 50*time.Millisecond, time.Second))
-			select {
-			case <-retry.C:
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
+		missing, err := a.checkUntilAnswered(ctx, pending, receipts, subscriber)
 		if err != nil {
 			return nil, err
 		}
-		failures = 0
 		if len(missing) > 0 && graceOver {
 			return nil, fmt.Errorf("%w: %s (not visible after %v)", ErrNotFound, missing[0], a.config.NotFoundGrace)
 		}
@@ -380,6 +354,21 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 			graceOver = true
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		}
+	}
+}
+
+// checkUntilAnswered is check, tried again with backoff while the database
+// is away (restarting, connection lost), until ctx ends.
+func (a *Awaiter) checkUntilAnswered(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt, subscriber string) ([]uuid.UUID, error) {
+	for failures := 1; ; failures++ {
+		missing, err := a.check(ctx, pending, receipts, subscriber)
+		if err == nil || !isTransient(err) || ctx.Err() != nil {
+			return missing, err
+		}
+		a.config.Logger.WarnContext(ctx, "events: await fanout: reading events failed; retrying", slog.String("err", err.Error()))
+		if err := backoff.Sleep(ctx, backoff.Delay(failures, 50*time.Millisecond, time.Second)); err != nil {
+			return nil, err
 		}
 	}
 }

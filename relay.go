@@ -507,116 +507,153 @@ func (r *Relay) stopping() bool { return r.run.IsStopping() }
 // query whether pending rows wait (a notification may have been throttled or
 // lost) and when the next failed event is due.
 func (r *Relay) loop(ctx context.Context) {
-	failures := 0
-	fail := func(err error) bool {
-		failures++
-		r.failing.Store(int32(min(failures, 1<<30)))
-		d := backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
-		if isTransient(err) {
-			// The database is away (a restart, a failover): looking again
-			// costs a connection attempt, so look at least every poll
-			// interval, and at once when the listener is back.
-			d = min(d, r.config.Listener.PollInterval)
-		}
-		r.logger.WarnContext(ctx, "events: relay round failed; backing off",
-			slog.String("err", err.Error()), slog.Int("failures", failures), slog.Duration("pause", d))
-		return r.pause(ctx, d, r.reconnected)
-	}
-	succeeded := func() {
-		failures = 0
-		r.failing.Store(0)
-		r.lastSuccess.Store(time.Now().UnixNano())
-		// A reconnect before this success says nothing about a later
-		// failure: only one after it may end that failure's backoff.
-		r.reconnected.Clear()
-	}
-	var (
-		pollAt     time.Time // when an idle relay polls next
-		turnsAt    time.Time // when a busy relay gives the other duties their turn next
-		trailUntil time.Time // until when the idle relay keeps re-checking
-		claim      = true    // whether this pass starts with a batch round
-		recheck    bool      // this pass is a trailing re-check: poll only
-	)
+	l := &mainLoop{r: r, claim: true}
 	for !r.stopping() && ctx.Err() == nil {
-		if claim {
-			listened := r.listening()
-			claimed, err := r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
-			if err != nil {
-				if r.stopping() || ctx.Err() != nil || !fail(err) {
-					return
-				}
-				// One bad row must not hold back the rest: retry the batch
-				// row by row, so the bad one is found and charged alone.
-				if err := r.rowByRow(ctx, lanePending, claimed); err != nil && ctx.Err() == nil {
-					r.logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
-				}
-				continue
-			}
-			succeeded()
-			if listened {
-				// Listening (or polling only), and caught up with what was
-				// there before.
-				r.run.MarkReady()
-			}
-			if len(claimed) > 0 {
-				trailUntil = time.Now().Add(trailingWindow) // writes flow
-			}
-			r.busy.Store(len(claimed) == r.config.BatchSize)
-			if len(claimed) == r.config.BatchSize {
-				r.helpWake.Send() // plenty of work: a helper loop may join
-				if time.Now().After(turnsAt) {
-					// Full batches back to back must not starve the rest:
-					// four times a second a busy relay also runs the
-					// retries that are due and serves the deliveries lane
-					// (retention runs on its own goroutine and takes its
-					// own turns).
-					turnsAt = time.Now().Add(busyTurnInterval)
-					if err := r.retryDue(ctx); err != nil {
-						if r.stopping() || ctx.Err() != nil || !fail(err) {
-							return
-						}
-					}
-					if !r.owedOrFail(ctx, fail) {
-						return
-					}
-				}
-				continue
-			}
-		}
-		if !recheck && !r.owedOrFail(ctx, fail) {
-			return
-		}
-		if recheck {
-			pollAt = time.Time{} // look now
-		}
-		next, err := r.poll(ctx, &pollAt)
-		if err != nil {
-			if r.stopping() || ctx.Err() != nil || !fail(err) {
+		if l.claim {
+			again, ok := l.claimPass(ctx)
+			if !ok {
 				return
 			}
-			claim = true
-			continue
+			if again {
+				continue
+			}
 		}
-		succeeded()
-		if next == 0 {
-			claim, recheck = true, false // rows wait, or retries ran
-			continue
-		}
-		trailing := time.Until(trailUntil) > 0
-		if trailing {
-			next = min(next, trailingRecheck)
-		}
-		woke := r.wait(ctx, next)
-		switch {
-		case woke:
-			claim, recheck = true, false
-			trailUntil = time.Now().Add(trailingWindow)
-		case trailing && time.Until(pollAt) > 0:
-			claim, recheck = false, true
-		default:
-			claim, recheck = false, false // time to poll
+		if !l.idlePass(ctx) {
+			return
 		}
 	}
+}
+
+// mainLoop is what the main loop carries from one pass to the next.
+type mainLoop struct {
+	r          *Relay
+	failures   int       // rounds and polls failed in a row
+	pollAt     time.Time // when an idle relay polls next
+	turnsAt    time.Time // when a busy relay gives the other duties their turn next
+	trailUntil time.Time // until when the idle relay keeps re-checking
+	claim      bool      // whether the next pass starts with a batch round
+	recheck    bool      // the next pass is a trailing re-check: poll only
+}
+
+// claimPass runs a batch round of the pending lane. It reports whether to
+// claim again at once (the batch came back full, or failed and was retried
+// row by row) and whether to go on at all.
+func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
+	r := l.r
+	listened := r.listening()
+	claimed, err := r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
+	if err != nil {
+		if !l.failed(ctx, err) {
+			return false, false
+		}
+		// One bad row must not hold back the rest: retry the batch row by
+		// row, so the bad one is found and charged alone.
+		if err := r.rowByRow(ctx, lanePending, claimed); err != nil && ctx.Err() == nil {
+			r.logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
+		}
+		return true, true
+	}
+	l.succeeded()
+	if listened {
+		// Listening (or polling only), and caught up with what was there
+		// before.
+		r.run.MarkReady()
+	}
+	if len(claimed) > 0 {
+		l.trailUntil = time.Now().Add(trailingWindow) // writes flow
+	}
+	full := len(claimed) == r.config.BatchSize
+	r.busy.Store(full)
+	if !full {
+		return false, true
+	}
+	r.helpWake.Send() // plenty of work: a helper loop may join
+	return true, l.otherTurns(ctx)
+}
+
+// otherTurns keeps full batches back to back from starving the main loop's
+// other duties: four times a second a busy relay also runs the retries that
+// are due and serves the deliveries lane (retention runs on its own
+// goroutine and takes its own turns). It reports whether to go on.
+func (l *mainLoop) otherTurns(ctx context.Context) bool {
+	if !time.Now().After(l.turnsAt) {
+		return true
+	}
+	l.turnsAt = time.Now().Add(busyTurnInterval)
+	if err := l.r.retryDue(ctx); err != nil && !l.failed(ctx, err) {
+		return false
+	}
+	return l.r.owedOrFail(ctx, l.failed)
+}
+
+// idlePass follows a batch that was not full: it serves the deliveries lane
+// (unless this pass is a trailing re-check), polls, and waits — for a
+// notification, the trailing re-check, or the next poll. It sets what the
+// next pass does and reports whether to go on.
+func (l *mainLoop) idlePass(ctx context.Context) bool {
+	r := l.r
+	if !l.recheck && !r.owedOrFail(ctx, l.failed) {
+		return false
+	}
+	if l.recheck {
+		l.pollAt = time.Time{} // look now
+	}
+	next, err := r.poll(ctx, &l.pollAt)
+	if err != nil {
+		l.claim = true
+		return l.failed(ctx, err)
+	}
+	l.succeeded()
+	if next == 0 {
+		l.claim, l.recheck = true, false // rows wait, or retries ran
+		return true
+	}
+	trailing := time.Until(l.trailUntil) > 0
+	if trailing {
+		next = min(next, trailingRecheck)
+	}
+	switch {
+	case r.wait(ctx, next):
+		l.claim, l.recheck = true, false
+		l.trailUntil = time.Now().Add(trailingWindow)
+	case trailing && time.Until(l.pollAt) > 0:
+		l.claim, l.recheck = false, true
+	default:
+		l.claim, l.recheck = false, false // time to poll
+	}
+	return true
+}
+
+// failed counts a failed round or poll and backs off, longer with every
+// failure in a row. It reports whether to go on: never once the relay is
+// stopping.
+func (l *mainLoop) failed(ctx context.Context, err error) bool {
+	r := l.r
+	if r.stopping() || ctx.Err() != nil {
+		return false
+	}
+	l.failures++
+	r.failing.Store(int32(min(l.failures, 1<<30)))
+	d := backoff.Delay(l.failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
+	if isTransient(err) {
+		// The database is away (a restart, a failover): looking again costs
+		// a connection attempt, so look at least every poll interval, and at
+		// once when the listener is back.
+		d = min(d, r.config.Listener.PollInterval)
+	}
+	r.logger.WarnContext(ctx, "events: relay round failed; backing off",
+		slog.String("err", err.Error()), slog.Int("failures", l.failures), slog.Duration("pause", d))
+	return r.pause(ctx, d, r.reconnected)
+}
+
+// succeeded clears the failures after a round or poll that worked.
+func (l *mainLoop) succeeded() {
+	l.failures = 0
+	l.r.failing.Store(0)
+	l.r.lastSuccess.Store(time.Now().UnixNano())
+	// A reconnect before this success says nothing about a later failure:
+	// only one after it may end that failure's backoff.
+	l.r.reconnected.Clear()
 }
 
 // helper is an extra loop for rounds in flight: woken by a loop whose batch

@@ -172,19 +172,36 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 	if err != nil {
 		return nil, err
 	}
-	results := make([]*rivertype.JobInsertResult, len(p.jobs))
-	if len(p.jobs) > 0 && !isolate {
-		params := make([]river.InsertManyParams, len(p.jobs))
-		for i, j := range p.jobs {
-			params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)}
-		}
-		if results, err = r.client.InsertManyTx(ctx, tx, params); err != nil {
-			return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
-		}
-		if len(results) != len(params) {
-			return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(results))
-		}
+	results, err := r.insertJobs(ctx, tx, &p, isolate, batch)
+	if err != nil {
+		return nil, err
 	}
+	if r.hooks.afterInsert != nil {
+		r.hooks.afterInsert(ctx, tx)
+	}
+	fanout := fanoutByEvent(p.jobs, results, len(batch))
+	var b pgx.Batch
+	fanned := 0
+	if l == laneOwed {
+		r.queueStampOwed(&b, batch, fanout, p.failed)
+	} else {
+		r.queueStampPending(&b, batch, fanout)
+		fanned = len(batch)
+	}
+	poisonedAt := r.queueDeliveryCharges(&b, p.failed)
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return nil, fmt.Errorf("stamping %d events: %w", len(batch), err)
+	}
+	r.countFanOut(ctx, fanned, p.jobs, results)
+	return poisonedAt(), nil
+}
+
+// insertJobs inserts p's jobs in tx, all in one call, and returns their
+// results in the order of p.jobs. With isolate each job is inserted in a
+// savepoint of its own: one refused on its own account has a nil result and
+// its pairs are added to p.failed.
+func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, p *roundPlan, isolate bool, batch []claimedRow) ([]*rivertype.JobInsertResult, error) {
+	results := make([]*rivertype.JobInsertResult, len(p.jobs))
 	if isolate {
 		for i, j := range p.jobs {
 			res, err := r.insertIsolated(ctx, tx, j, batch[j.event].traceContext)
@@ -200,14 +217,31 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 				p.failed = append(p.failed, pairFailure{row: batch[ev], sub: j.sub, attempts: attemptsOf(batch[ev], j.sub.Name), err: re.err})
 			}
 		}
+		return results, nil
 	}
-	if r.hooks.afterInsert != nil {
-		r.hooks.afterInsert(ctx, tx)
+	if len(p.jobs) == 0 {
+		return results, nil
 	}
-
-	// fanout per event: subscriber name -> job ID, in subscriber order.
-	fanout := make([][]fanoutEntry, len(batch))
+	params := make([]river.InsertManyParams, len(p.jobs))
 	for i, j := range p.jobs {
+		params[i] = river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)}
+	}
+	results, err := r.client.InsertManyTx(ctx, tx, params)
+	if err != nil {
+		return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
+	}
+	if len(results) != len(params) {
+		return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(results))
+	}
+	return results, nil
+}
+
+// fanoutByEvent lists, for each of n events, the jobs that name it:
+// subscriber name -> job ID, in subscriber order. A job that was refused
+// (no result) names nothing.
+func fanoutByEvent(jobs []plannedJob, results []*rivertype.JobInsertResult, n int) [][]fanoutEntry {
+	fanout := make([][]fanoutEntry, n)
+	for i, j := range jobs {
 		if results[i] == nil {
 			continue
 		}
@@ -215,70 +249,78 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 			fanout[ev] = append(fanout[ev], fanoutEntry{j.sub.Name, results[i].Job.ID})
 		}
 	}
+	return fanout
+}
+
+// queueStampPending queues, in b, the stamp of a pending-lane batch: every
+// event fanned out with its fanout, and owed to the registered subscribers
+// the round did not serve; then the notifications that answer the events'
+// receipts, delivered at commit and only if it commits. Receipts are
+// answered at the first fan-out (AwaitDelivery waits for the lane).
+func (r *Relay) queueStampPending(b *pgx.Batch, batch []claimedRow, fanout [][]fanoutEntry) {
+	seqs, docs, ids := make([]int64, len(batch)), make([]string, len(batch)), make([]uuid.UUID, len(batch))
+	for i, c := range batch {
+		seqs[i], docs[i], ids[i] = c.Seq, encodeFanout(fanout[i]), c.ID
+	}
+	b.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused))
+	r.queueNotifyFanned(b, ids)
+}
+
+// queueStampOwed queues, in b, the stamp of a deliveries-lane batch: the
+// events' fanout extended with their new jobs, and every claimed pair that
+// did not fail served (its job inserted, or its Map skipped it, or it no
+// longer matches); then the notifications that wake AwaitDelivery's
+// waiters, at commit.
+func (r *Relay) queueStampOwed(b *pgx.Batch, batch []claimedRow, fanout [][]fanoutEntry, failed []pairFailure) {
+	isFailed := make(map[[2]any]bool, len(failed))
+	for _, f := range failed {
+		isFailed[[2]any{f.row.Seq, f.sub.Name}] = true
+	}
 	var (
-		seqs    = make([]int64, 0, len(batch))
-		docs    = make([]string, 0, len(batch))
-		ids     = make([]uuid.UUID, 0, len(batch))
-		sendBuf pgx.Batch
+		seqs     = make([]int64, 0, len(batch))
+		docs     = make([]string, 0, len(batch))
+		doneSeqs []int64
+		doneSubs []string
+		served   []uuid.UUID
 	)
-	switch l {
-	case laneOwed:
-		// Every claimed pair that did not fail is served: its job inserted,
-		// or its Map skipped it, or it no longer matches.
-		failed := map[[2]any]bool{}
-		for _, f := range p.failed {
-			failed[[2]any{f.row.Seq, f.sub.Name}] = true
-		}
-		var doneSeqs []int64
-		var doneSubs []string
-		for i, c := range batch {
-			if len(fanout[i]) > 0 {
-				seqs = append(seqs, c.Seq)
-				docs = append(docs, encodeFanout(fanout[i]))
-			}
-			for _, o := range c.owed {
-				if !failed[[2]any{c.Seq, o.sub}] {
-					doneSeqs = append(doneSeqs, c.Seq)
-					doneSubs = append(doneSubs, o.sub)
-				}
-			}
-		}
-		if len(seqs) > 0 || len(doneSeqs) > 0 {
-			sendBuf.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs)
-			// Wakes AwaitDelivery's waiters, at commit.
-			var served []uuid.UUID
-			for i, c := range batch {
-				if len(fanout[i]) > 0 || len(c.owed) > 0 {
-					served = append(served, c.ID)
-				}
-			}
-			for _, payload := range notifyPayloads(served) {
-				sendBuf.Queue(r.sql.NotifyFanned, payload)
-			}
-		}
-	default:
-		for i, c := range batch {
+	for i, c := range batch {
+		if len(fanout[i]) > 0 {
 			seqs = append(seqs, c.Seq)
 			docs = append(docs, encodeFanout(fanout[i]))
-			ids = append(ids, c.ID)
 		}
-		sendBuf.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused))
-		// Delivered at commit, and only if it commits. Receipts are
-		// answered at the first fan-out (AwaitDelivery waits for the lane).
-		for _, payload := range notifyPayloads(ids) {
-			sendBuf.Queue(r.sql.NotifyFanned, payload)
+		for _, o := range c.owed {
+			if !isFailed[[2]any{c.Seq, o.sub}] {
+				doneSeqs = append(doneSeqs, c.Seq)
+				doneSubs = append(doneSubs, o.sub)
+			}
+		}
+		if len(fanout[i]) > 0 || len(c.owed) > 0 {
+			served = append(served, c.ID)
 		}
 	}
-	poisonedAt := r.queueDeliveryCharges(&sendBuf, p.failed)
-	if err := tx.SendBatch(ctx, &sendBuf).Close(); err != nil {
-		return nil, fmt.Errorf("stamping %d events: %w", len(batch), err)
+	if len(seqs) == 0 && len(doneSeqs) == 0 {
+		return
 	}
-	// Counted before the commit: a round that then fails to commit counts
-	// its events twice, which a metric may; nothing else does.
-	if l == lanePending {
-		r.metrics.fanned.Add(ctx, int64(len(seqs)))
+	b.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs)
+	r.queueNotifyFanned(b, served)
+}
+
+// queueNotifyFanned queues the ChannelFanned notifications for ids.
+func (r *Relay) queueNotifyFanned(b *pgx.Batch, ids []uuid.UUID) {
+	for _, payload := range notifyPayloads(ids) {
+		b.Queue(r.sql.NotifyFanned, payload)
 	}
-	for i, j := range p.jobs {
+}
+
+// countFanOut records a round's metrics: the events it fanned out, its jobs,
+// and the events folded into coalesced jobs. Counted before the commit: a
+// round that then fails to commit counts its events twice, which a metric
+// may; nothing else does.
+func (r *Relay) countFanOut(ctx context.Context, fanned int, jobs []plannedJob, results []*rivertype.JobInsertResult) {
+	if fanned > 0 {
+		r.metrics.fanned.Add(ctx, int64(fanned))
+	}
+	for i, j := range jobs {
 		if results[i] == nil {
 			continue
 		}
@@ -287,7 +329,6 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 			r.metrics.coalesced.Add(ctx, int64(n), j.sub.metricAttrs)
 		}
 	}
-	return poisonedAt(), nil
 }
 
 // insertIsolated inserts one job in a savepoint of tx. A refusal that is

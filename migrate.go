@@ -76,46 +76,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int)
 	if err != nil {
 		return err
 	}
-	// Every transaction takes the migration lock first, a transaction-level
-	// advisory lock, so Migrate works through a transaction-pooling proxy
-	// (PgBouncer): a session lock would stay with whichever server
-	// connection took it. River's migrations run one per transaction (a
-	// later one uses an enum value an earlier one adds, which only a commit
-	// makes usable); ours too, each holding its locks only as long as it
-	// runs.
-	step := func(f func(tx pgx.Tx) error) error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey)); err != nil {
-				return fmt.Errorf("events: migrate: taking the migration lock: %w", err)
-			}
-			if opts.Schema != "" {
-				if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
-					return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
-				}
-				if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
-					return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
-				}
-			}
-			return f(tx)
-		})
-	}
-	for {
-		var applied int
-		err := step(func(tx pgx.Tx) error {
-			//nolint:staticcheck // MigrateTx is deprecated for batching versions in one transaction; this applies one.
-			res, err := migrator.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{MaxSteps: 1})
-			if err != nil {
-				return fmt.Errorf("events: migrate: River: %w", err)
-			}
-			applied = len(res.Versions)
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		if applied == 0 {
-			break
-		}
+	step := migrationTx(ctx, pool, opts.Schema)
+	if err := migrateRiver(ctx, step, migrator); err != nil {
+		return err
 	}
 	for _, m := range files {
 		if to > 0 && m.version > to {
@@ -132,6 +95,52 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int)
 		}
 		return nil
 	})
+}
+
+// migrationTx returns what runs each step of [Migrate] in a transaction of
+// its own, in schema (created if missing). Every transaction takes the
+// migration lock first, a transaction-level advisory lock, so Migrate works
+// through a transaction-pooling proxy (PgBouncer): a session lock would stay
+// with whichever server connection took it.
+func migrationTx(ctx context.Context, pool *pgxpool.Pool, schema string) func(func(pgx.Tx) error) error {
+	return func(f func(tx pgx.Tx) error) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey)); err != nil {
+				return fmt.Errorf("events: migrate: taking the migration lock: %w", err)
+			}
+			if schema != "" {
+				if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+					return fmt.Errorf("events: migrate: schema %s: %w", schema, err)
+				}
+				if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()); err != nil {
+					return fmt.Errorf("events: migrate: schema %s: %w", schema, err)
+				}
+			}
+			return f(tx)
+		})
+	}
+}
+
+// migrateRiver applies River's migrations one per transaction, as River
+// requires: a later one uses an enum value an earlier one adds, which only a
+// commit makes usable. (The library's run one per transaction too, each
+// holding its locks only as long as it runs.)
+func migrateRiver(ctx context.Context, step func(func(pgx.Tx) error) error, migrator *rivermigrate.Migrator[pgx.Tx]) error {
+	for {
+		var applied int
+		err := step(func(tx pgx.Tx) error {
+			//nolint:staticcheck // MigrateTx is deprecated for batching versions in one transaction; this applies one.
+			res, err := migrator.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{MaxSteps: 1})
+			if err != nil {
+				return fmt.Errorf("events: migrate: River: %w", err)
+			}
+			applied = len(res.Versions)
+			return nil
+		})
+		if err != nil || applied == 0 {
+			return err
+		}
+	}
 }
 
 // migrateStep applies m unless the database has it, in one transaction whose

@@ -180,30 +180,11 @@ func (o Outbox) ListEvents(ctx context.Context, db DB, params ListParams) (ListR
 	if limit < 1 || limit > 1000 {
 		return ListResult{}, invalidf(ErrInvalidArgument, "Limit", "%d: must be between 1 and 1000", params.Limit)
 	}
-	var typeRE, subject *string
-	if params.Type != "" {
-		p, err := glob.Compile(params.Type)
-		if err != nil {
-			return ListResult{}, invalidf(ErrInvalidArgument, "Type", "%v", err)
-		}
-		re := p.Regexp()
-		typeRE = &re
+	f, err := params.filter()
+	if err != nil {
+		return ListResult{}, err
 	}
-	if params.Subject != "" {
-		subject = &params.Subject
-	}
-	var (
-		afterSeq *int64
-		afterAt  *time.Time
-	)
-	if params.After != "" {
-		at, seq, err := parseCursor(params.After)
-		if err != nil {
-			return ListResult{}, err
-		}
-		afterSeq, afterAt = &seq, &at
-	}
-	rows, err := db.Query(ctx, query, limit+1, typeRE, subject, afterSeq, afterAt)
+	rows, err := db.Query(ctx, query, limit+1, f.typeRE, f.subject, f.afterSeq, f.afterAt)
 	if err != nil {
 		return ListResult{}, fmt.Errorf("events: list %s: %w", params.State, err)
 	}
@@ -214,22 +195,42 @@ func (o Outbox) ListEvents(ctx context.Context, db DB, params ListParams) (ListR
 	var res ListResult
 	if len(list) > limit {
 		list = list[:limit]
-		last := list[limit-1]
-		var at time.Time
-		switch params.State {
-		case StatePoisoned:
-			at = last.PoisonedAt
-		case StateRecent:
-			at = last.FannedOutAt
-		}
-		micros := int64(0) // seq order: the time plays no part
-		if !at.IsZero() {
-			micros = at.UnixMicro()
-		}
-		res.Next = fmt.Sprintf("%d.%d", micros, last.Seq)
+		res.Next = nextCursor(params.State, list[limit-1])
 	}
 	res.Events = list
 	return res, nil
+}
+
+// listFilter holds a list query's filters, nil where the params set none.
+type listFilter struct {
+	typeRE, subject *string
+	afterSeq        *int64
+	afterAt         *time.Time
+}
+
+// filter reads p's type glob, subject and cursor into a list query's
+// filters.
+func (p ListParams) filter() (listFilter, error) {
+	var f listFilter
+	if p.Type != "" {
+		g, err := glob.Compile(p.Type)
+		if err != nil {
+			return f, invalidf(ErrInvalidArgument, "Type", "%v", err)
+		}
+		re := g.Regexp()
+		f.typeRE = &re
+	}
+	if p.Subject != "" {
+		f.subject = &p.Subject
+	}
+	if p.After != "" {
+		at, seq, err := parseCursor(p.After)
+		if err != nil {
+			return f, err
+		}
+		f.afterSeq, f.afterAt = &seq, &at
+	}
+	return f, nil
 }
 
 // ListPoisonedParams pages through poisoned events.
@@ -257,6 +258,24 @@ func (o Outbox) ListPoisoned(ctx context.Context, db DB, params *ListPoisonedPar
 		params = &ListPoisonedParams{}
 	}
 	return o.ListEvents(ctx, db, ListParams{State: StatePoisoned, Limit: params.Limit, After: params.After})
+}
+
+// nextCursor is the Next cursor of a page of state that ends with last:
+// "<micros>.<seq>", with the time the state's list is ordered by (poisoned,
+// fanned out) or 0 for the lists in seq order. parseCursor reads it.
+func nextCursor(state ListState, last EventInfo) string {
+	var at time.Time
+	switch state {
+	case StatePoisoned:
+		at = last.PoisonedAt
+	case StateRecent:
+		at = last.FannedOutAt
+	}
+	micros := int64(0) // seq order: the time plays no part
+	if !at.IsZero() {
+		micros = at.UnixMicro()
+	}
+	return fmt.Sprintf("%d.%d", micros, last.Seq)
 }
 
 func parseCursor(c string) (time.Time, int64, error) {

@@ -139,25 +139,9 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		if err != nil {
 			return err
 		}
-		has := func(c string) bool { return slices.Contains(cols, c) }
-		for _, c := range append(slices.Clone(w.Columns), w.PayloadColumns...) {
-			if !has(c) {
-				return invalidf(ErrInvalidWatch, "Columns", "table %s has no column %q", table, c)
-			}
-		}
-		subjectCol := w.SubjectColumn
-		switch {
-		case subjectCol == "-":
-			subjectCol = ""
-		case subjectCol == "" && len(pk) == 1:
-			subjectCol = pk[0]
-		case subjectCol == "":
-			return invalidf(ErrInvalidWatch, "SubjectColumn", "is empty and table %s has no single-column primary key: set it (or \"-\" for none)", table)
-		case !has(subjectCol):
-			return invalidf(ErrInvalidWatch, "SubjectColumn", "table %s has no column %q", table, subjectCol)
-		}
-		if w.ScopeColumn != "" && !has(w.ScopeColumn) {
-			return invalidf(ErrInvalidWatch, "ScopeColumn", "table %s has no column %q", table, w.ScopeColumn)
+		subjectCol, err := w.checkColumns(table, cols, pk)
+		if err != nil {
+			return err
 		}
 		ddls := w.triggerDDL(sql.WatchFunction, table, subjectCol)
 		fingerprint := watchFingerprint(ddls)
@@ -181,6 +165,33 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		}
 		return nil
 	})
+}
+
+// checkColumns checks that the columns w names are among table's cols, and
+// returns the subject column: w's, or the single-column primary key pk when
+// w names none, or "" for none ("-").
+func (w *Watch) checkColumns(table string, cols, pk []string) (string, error) {
+	has := func(c string) bool { return slices.Contains(cols, c) }
+	for _, c := range append(slices.Clone(w.Columns), w.PayloadColumns...) {
+		if !has(c) {
+			return "", invalidf(ErrInvalidWatch, "Columns", "table %s has no column %q", table, c)
+		}
+	}
+	subjectCol := w.SubjectColumn
+	switch {
+	case subjectCol == "-":
+		subjectCol = ""
+	case subjectCol == "" && len(pk) == 1:
+		subjectCol = pk[0]
+	case subjectCol == "":
+		return "", invalidf(ErrInvalidWatch, "SubjectColumn", "is empty and table %s has no single-column primary key: set it (or \"-\" for none)", table)
+	case !has(subjectCol):
+		return "", invalidf(ErrInvalidWatch, "SubjectColumn", "table %s has no column %q", table, subjectCol)
+	}
+	if w.ScopeColumn != "" && !has(w.ScopeColumn) {
+		return "", invalidf(ErrInvalidWatch, "ScopeColumn", "table %s has no column %q", table, w.ScopeColumn)
+	}
+	return subjectCol, nil
 }
 
 // triggerDDL returns the CREATE TRIGGER statement of each trigger of w, by

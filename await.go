@@ -377,8 +377,6 @@ func (a *Awaiter) checkUntilAnswered(ctx context.Context, pending []uuid.UUID, r
 // (with subscriber set, only once they owe it nothing), and returns the IDs
 // it could not see.
 func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt, subscriber string) ([]uuid.UUID, error) {
-	seen := make(map[uuid.UUID]bool, len(pending))
-	var poisonErr error
 	ids := make([]string, len(pending))
 	for i, id := range pending {
 		ids[i] = id.String()
@@ -388,39 +386,16 @@ func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[u
 		return nil, fmt.Errorf("events: await fanout: %w", err)
 	}
 	defer rows.Close()
+	seen := make(map[uuid.UUID]bool, len(pending))
+	var poisonErr error
 	for rows.Next() {
-		var (
-			r         Receipt
-			fannedAt  *time.Time
-			poisoned  bool
-			lastError string
-			pairs     map[string]*string
-		)
-		if err := rows.Scan(&r.EventID, &fannedAt, &r.Fanout, &poisoned, &lastError, &pairs); err != nil {
+		row, err := scanAwaitRow(rows)
+		if err != nil {
 			return nil, fmt.Errorf("events: await fanout: %w", err)
 		}
-		for sub, e := range pairs {
-			if e == nil {
-				r.Owed = append(r.Owed, sub)
-				continue
-			}
-			if r.Poisoned == nil {
-				r.Poisoned = map[string]string{}
-			}
-			r.Poisoned[sub] = *e
-		}
-		slices.Sort(r.Owed)
-		seen[r.EventID] = true
-		switch {
-		case fannedAt != nil && subscriber != "" && r.Poisoned[subscriber] != "" && poisonErr == nil:
-			poisonErr = &PoisonedError{EventID: r.EventID, Subscriber: subscriber, LastError: r.Poisoned[subscriber]}
-		case fannedAt != nil && subscriber != "" && (slices.Contains(r.Owed, subscriber) || hasKey(r.Poisoned, subscriber)):
-			// Still owed to it: wait for the deliveries lane.
-		case fannedAt != nil:
-			r.FannedOutAt = *fannedAt
-			receipts[r.EventID] = r
-		case poisoned && poisonErr == nil:
-			poisonErr = &PoisonedError{EventID: r.EventID, LastError: lastError}
+		seen[row.EventID] = true
+		if err := row.answer(subscriber, receipts); err != nil && poisonErr == nil {
+			poisonErr = err
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -436,6 +411,58 @@ func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[u
 		}
 	}
 	return missing, nil
+}
+
+// awaitRow is an event as the Await statement reads it: its receipt so far
+// (Owed and Poisoned filled), and whether it is fanned out or poisoned as a
+// whole.
+type awaitRow struct {
+	Receipt
+	fannedAt  *time.Time
+	poisoned  bool
+	lastError string
+}
+
+func scanAwaitRow(rows pgx.Rows) (awaitRow, error) {
+	var (
+		r     awaitRow
+		pairs map[string]*string // owed pairs: nil, or the poisoned one's last error
+	)
+	if err := rows.Scan(&r.EventID, &r.fannedAt, &r.Fanout, &r.poisoned, &r.lastError, &pairs); err != nil {
+		return r, err
+	}
+	for sub, e := range pairs {
+		if e == nil {
+			r.Owed = append(r.Owed, sub)
+			continue
+		}
+		if r.Poisoned == nil {
+			r.Poisoned = map[string]string{}
+		}
+		r.Poisoned[sub] = *e
+	}
+	slices.Sort(r.Owed)
+	return r, nil
+}
+
+// answer files r's receipt in receipts once it answers the wait: the event
+// is fanned out and, with subscriber set, owes it nothing. It returns a
+// [*PoisonedError] for an event poisoned as a whole, or for subscriber's
+// poisoned pair of it.
+func (r awaitRow) answer(subscriber string, receipts map[uuid.UUID]Receipt) error {
+	switch {
+	case r.fannedAt != nil && subscriber != "" && r.Poisoned[subscriber] != "":
+		return &PoisonedError{EventID: r.EventID, Subscriber: subscriber, LastError: r.Poisoned[subscriber]}
+	case r.fannedAt != nil && subscriber != "" && (slices.Contains(r.Owed, subscriber) || hasKey(r.Poisoned, subscriber)):
+		// Still owed to it: wait for the deliveries lane.
+	case r.fannedAt != nil:
+		receipt := r.Receipt
+		receipt.FannedOutAt = *r.fannedAt
+		receipts[r.EventID] = receipt
+	case r.poisoned:
+		return &PoisonedError{EventID: r.EventID, LastError: r.lastError}
+	}
+	return nil
 }
 
 // register adds w as the waiter of ids, and returns the channel that is

@@ -103,29 +103,11 @@ func (l *Listener) session(ctx context.Context, failures *int) error {
 	if ping <= 0 {
 		ping = PingIntervalDefault
 	}
-	// The dial is bounded like a silent session: a path that accepts TCP
-	// and answers nothing (a proxy that lost the server) would otherwise
-	// hold the startup handshake forever.
-	dialCtx, cancelDial := context.WithTimeout(ctx, 2*ping)
-	conn, err := l.connect(dialCtx)
-	cancelDial()
+	conn, err := l.open(ctx, ping)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx) // the session is over either way
-	}()
-	keepAlive(conn.PgConn().Conn())
-	for _, ch := range l.Channels {
-		listenCtx, cancel := context.WithTimeout(ctx, ping)
-		_, err := conn.Exec(listenCtx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
-		cancel()
-		if err != nil {
-			return err
-		}
-	}
+	defer closeConn(ctx, conn) // the session is over either way
 	*failures = 0
 	l.listening.Store(true)
 	reconnect := l.connected.Swap(true)
@@ -133,6 +115,36 @@ func (l *Listener) session(ctx context.Context, failures *int) error {
 		l.OnConnect(reconnect)
 	}
 	defer l.listening.Store(false)
+	return l.relay(ctx, conn, ping)
+}
+
+// open connects and LISTENs on the channels. The dial is bounded like a
+// silent session (twice ping): a path that accepts TCP and answers nothing
+// (a proxy that lost the server) would otherwise hold the startup handshake
+// forever; each LISTEN is bounded by ping.
+func (l *Listener) open(ctx context.Context, ping time.Duration) (*pgx.Conn, error) {
+	dialCtx, cancelDial := context.WithTimeout(ctx, 2*ping)
+	conn, err := l.connect(dialCtx)
+	cancelDial()
+	if err != nil {
+		return nil, err
+	}
+	keepAlive(conn.PgConn().Conn())
+	for _, ch := range l.Channels {
+		listenCtx, cancel := context.WithTimeout(ctx, ping)
+		_, err := conn.Exec(listenCtx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
+		cancel()
+		if err != nil {
+			closeConn(ctx, conn)
+			return nil, err
+		}
+	}
+	return conn, nil
+}
+
+// relay hands every notification to OnNotify until the connection or ctx
+// fails, or a ping after a silent interval goes unanswered within ping.
+func (l *Listener) relay(ctx context.Context, conn *pgx.Conn, ping time.Duration) error {
 	for {
 		waitCtx, cancel := context.WithTimeout(ctx, ping)
 		n, err := conn.WaitForNotification(waitCtx)
@@ -153,11 +165,17 @@ func (l *Listener) session(ctx context.Context, failures *int) error {
 				}
 				return fmt.Errorf("no answer to a ping within %v: %w", ping, err)
 			}
-			continue
 		default:
 			return err
 		}
 	}
+}
+
+// closeConn closes conn within a second, even once ctx has ended.
+func closeConn(ctx context.Context, conn *pgx.Conn) {
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = conn.Close(closeCtx)
 }
 
 // keepAlive turns on TCP keepalives that notice a dead peer within about

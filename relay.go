@@ -728,33 +728,39 @@ func (r *Relay) pause(ctx context.Context, d time.Duration, early wake.Signal) b
 	if r.hooks.pause != nil {
 		return r.hooks.pause(ctx, d) && !r.stopping()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-early:
-		return true
-	case <-r.run.Stopping():
-	case <-ctx.Done():
-	}
-	return false
+	return r.sleep(ctx, d, early) != sleepStopped
 }
 
 // wait blocks until a notification, a stop, or the timer of next; it reports
 // whether it was anything but the timer.
 func (r *Relay) wait(ctx context.Context, next time.Duration) bool {
-	t := time.NewTimer(max(next, time.Millisecond))
-	defer t.Stop()
 	if r.hooks.idle != nil {
 		r.hooks.idle()
 	}
+	return r.sleep(ctx, max(next, time.Millisecond), r.wake) != sleepTimedOut
+}
+
+// sleepEnd is what ended a relay's sleep.
+type sleepEnd int
+
+const (
+	sleepTimedOut sleepEnd = iota
+	sleepWoken             // by the early signal
+	sleepStopped           // the run is stopping, or ctx ended
+)
+
+// sleep waits d unless early (nil: never) sends or the relay stops first,
+// and says which it was.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, early wake.Signal) sleepEnd {
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
-	case <-r.wake:
 	case <-t.C:
-		return false
+		return sleepTimedOut
+	case <-early:
+		return sleepWoken
 	case <-r.run.Stopping():
 	case <-ctx.Done():
 	}
-	return true
+	return sleepStopped
 }

@@ -136,7 +136,7 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	for _, name := range orphaned {
 		if before == nil || !slices.Contains(*before, name) {
 			r.logger.WarnContext(ctx, "events: subscriber is orphaned: no running relay has served it; its events stay owed to it"+
-				" and are kept from retention. Deploy a release that has it, or retire it with events.RetireSubscriber",
+				" and are kept from retention. Deploy a release that has it, or retire it with Outbox.RetireSubscriber",
 				slog.String("subscriber", name), slog.Duration("orphan_after", r.config.Outbox.OrphanAfter))
 		}
 	}

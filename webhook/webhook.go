@@ -181,7 +181,7 @@ type Webhooks struct {
 // tables are the package's table names in the schema.
 type tables struct{ endpoints, attempts, health, riverJob string }
 
-// New returns the webhooks of pool's database. events.Migrate creates their
+// New returns the webhooks of pool's database. Outbox.Migrate creates their
 // tables.
 func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 	if pool == nil {

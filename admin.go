@@ -49,7 +49,7 @@ type EventInfo struct {
 // set aside until [Outbox.Requeue].
 func (e *EventInfo) Poisoned() bool { return !e.PoisonedAt.IsZero() }
 
-// infoRow is an outbox row as Inspect and ListPoisoned select it.
+// infoRow is an outbox row as Inspect and ListEvents select it.
 type infoRow struct {
 	Event
 	FannedOutAt, NextAttemptAt, PoisonedAt *time.Time
@@ -128,9 +128,6 @@ const (
 // ListLimitDefault is the page size of [Outbox.ListEvents] when [ListParams.Limit]
 // is zero.
 const ListLimitDefault = 50
-
-// ListPoisonedLimitDefault is the page size of [ListPoisoned].
-const ListPoisonedLimitDefault = ListLimitDefault
 
 // ListParams selects and pages the events [Outbox.ListEvents] lists.
 type ListParams struct {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/logging"
 	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/wake"
@@ -38,16 +39,16 @@ type Receipt struct {
 	// event's Fanout then names the job. Nil when none.
 	Owed []string
 	// Poisoned maps each subscriber for which the event is poisoned (its
-	// Map failed MaxAttempts times; see [RequeueDelivery]) to the last
+	// Map failed MaxAttempts times; see [Outbox.RequeueDelivery]) to the last
 	// error. Nil when none.
 	Poisoned map[string]string
 }
 
 // AwaiterConfig configures an [Awaiter]. The zero value works.
 type AwaiterConfig struct {
-	// Schema holds the library's tables. Defaults to the connection's
-	// search_path.
-	Schema string
+	// Outbox is the schema whose events the awaiter waits for. The zero
+	// Outbox is the search_path's.
+	Outbox Outbox
 
 	// NotFoundGrace is how long [Awaiter.AwaitFanout] waits for an ID it
 	// cannot see before returning ErrNotFound. It covers a writer that calls
@@ -72,13 +73,15 @@ func (c *AwaiterConfig) withDefaults() AwaiterConfig {
 	out := *c
 	out.NotFoundGrace = cmp.Or(out.NotFoundGrace, NotFoundGraceDefault)
 	out.Listener = out.Listener.withDefaults()
-	if out.Logger == nil {
-		out.Logger = defaultLogger()
-	}
+	out.Logger = cmp.Or(out.Logger, logging.Default())
+	out.Outbox = out.Outbox.withDefaults()
 	return out
 }
 
 func (c *AwaiterConfig) validate() error {
+	if err := c.Outbox.validate(); err != nil {
+		return err
+	}
 	if c.NotFoundGrace < 0 {
 		return invalidf(ErrInvalidConfig, "NotFoundGrace", "%v: must not be negative", c.NotFoundGrace)
 	}
@@ -126,7 +129,7 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	sql, err := statementsFor(cfg.Schema)
+	sql, err := statementsFor(cfg.Outbox.Schema)
 	if err != nil {
 		return nil, err
 	}

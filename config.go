@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +14,7 @@ import (
 	"github.com/standmeet/events/internal/statements"
 )
 
-// Defaults of [Config], [AwaiterConfig] and [ListenerConfig], applied to
+// Defaults of [RelayConfig], [AwaiterConfig] and [ListenerConfig], applied to
 // fields left zero.
 const (
 	BatchSizeDefault           = 200
@@ -119,17 +118,12 @@ func (c ListenerConfig) listen(run *startstop.Run, pool *pgxpool.Pool, logger *s
 	return l
 }
 
-// defaultLogger writes warnings and errors to standard error.
-func defaultLogger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
 // statementsFor returns the statements of schema, or a [*ValidationError]
 // for a bad schema name.
 func statementsFor(schema string) (*statements.Set, error) {
 	s, err := statements.For(schema)
 	if err != nil {
-		return nil, invalidf(ErrInvalidConfig, "Schema", "%q: %v", schema, err)
+		return nil, invalidf(ErrInvalidConfig, "Outbox.Schema", "%q: %v", schema, err)
 	}
 	return s, nil
 }

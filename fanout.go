@@ -521,8 +521,7 @@ func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pg
 	if client == nil {
 		return 0, invalidf(ErrInvalidConfig, "client", "is nil")
 	}
-	sql, err := statementsFor(client.Schema())
-	if err != nil {
+	if err := r.checkSchema(client); err != nil {
 		return 0, err
 	}
 	// The relay is borrowed for this call: its run state is set under mu
@@ -538,7 +537,7 @@ func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pg
 	}
 	callbacks := hostcall.Start(ctx, r.logger, callbackQueue)
 	r.inTx = true
-	r.sql, r.client, r.run, r.callbacks = sql, client, nil, callbacks
+	r.client, r.run, r.callbacks = client, nil, callbacks
 	r.mu.Unlock()
 	defer func() {
 		_ = callbacks.Stop(context.WithoutCancel(ctx)) // waits for OnPoison calls; no deadline

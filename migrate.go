@@ -21,16 +21,6 @@ import (
 	"github.com/standmeet/events/migrations"
 )
 
-// MigrateOpts configures [Migrate].
-type MigrateOpts struct {
-	// Schema is the PostgreSQL schema that holds the library's and River's
-	// tables. It is created if missing.
-	//
-	// Defaults to empty: tables go where the connection's search_path puts
-	// them, as with River.
-	Schema string
-}
-
 // migrateLockKey is the advisory lock that serialises Migrate across processes.
 const migrateLockKey = 7_365_109_225_001
 
@@ -47,11 +37,15 @@ const migrateLockKey = 7_365_109_225_001
 // tries again, rather than queue every writer behind it. Run it before
 // rolling out a new release (see the README's "Upgrading the library"): the
 // previous release keeps working on the migrated schema.
-func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
-	return migrate(ctx, pool, opts, 0)
+//
+// River's tables and the library's go into o's Schema, created if missing;
+// the zero Outbox puts them where the connection's search_path does, as
+// River does.
+func (o Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return migrate(ctx, pool, o, 0)
 }
 
-// migrateLockTimeout bounds how long one step of [Migrate] waits for a lock
+// migrateLockTimeout bounds how long one step of [Outbox.Migrate] waits for a lock
 // before it rolls back and tries again (up to migrateLockTries times), so
 // that writers never queue behind a waiting migration for longer.
 const migrateLockTimeout = 500 * time.Millisecond
@@ -60,15 +54,12 @@ const migrateLockTries = 20
 
 // migrate is Migrate up to version to (0: all), for tests that need an
 // earlier release's schema.
-func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int) error {
-	if opts == nil {
-		opts = &MigrateOpts{}
-	}
-	sql, err := statementsFor(opts.Schema)
+func migrate(ctx context.Context, pool *pgxpool.Pool, o Outbox, to int) error {
+	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return err
 	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: opts.Schema})
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: o.Schema})
 	if err != nil {
 		return fmt.Errorf("events: migrate: %w", err)
 	}
@@ -76,7 +67,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int)
 	if err != nil {
 		return err
 	}
-	step := migrationTx(ctx, pool, opts.Schema)
+	step := migrationTx(ctx, pool, o.Schema)
 	if err := migrateRiver(ctx, step, migrator); err != nil {
 		return err
 	}
@@ -97,7 +88,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int)
 	})
 }
 
-// migrationTx returns what runs each step of [Migrate] in a transaction of
+// migrationTx returns what runs each step of [Outbox.Migrate] in a transaction of
 // its own, in schema (created if missing). Every transaction takes the
 // migration lock first, a transaction-level advisory lock, so Migrate works
 // through a transaction-pooling proxy (PgBouncer): a session lock would stay
@@ -229,7 +220,7 @@ func loadMigrations() ([]migrationFile, error) {
 	return out, nil
 }
 
-// MigrationInfo is one migration, as [MigrationStatus] reports it.
+// MigrationInfo is one migration, as [Outbox.MigrationStatus] reports it.
 type MigrationInfo struct {
 	// Line is "river" (River's own tables) or "events" (this library's).
 	Line    string
@@ -242,24 +233,21 @@ type MigrationInfo struct {
 }
 
 // MigrationStatus lists River's migrations and the library's, in the order
-// [Migrate] applies them, each with whether the database has it. It
+// [Outbox.Migrate] applies them, each with whether the database has it. It
 // changes nothing: it is what `events migrate --dry-run` and `events migrate
 // list` print.
-func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) ([]MigrationInfo, error) {
-	if opts == nil {
-		opts = &MigrateOpts{}
-	}
-	if _, err := statementsFor(opts.Schema); err != nil {
+func (o Outbox) MigrationStatus(ctx context.Context, pool *pgxpool.Pool) ([]MigrationInfo, error) {
+	if _, err := statementsFor(o.Schema); err != nil {
 		return nil, err
 	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: opts.Schema})
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: o.Schema})
 	if err != nil {
 		return nil, fmt.Errorf("events: migration status: %w", err)
 	}
 	var out []MigrationInfo
 	applied := map[int]bool{}
 	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(opts.Schema, "river_migration")).Scan(&exists); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(o.Schema, "river_migration")).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("events: migration status: %w", err)
 	}
 	if exists {
@@ -279,11 +267,11 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts)
 		return nil, err
 	}
 	current := 0
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(opts.Schema, "outbox_migration")).Scan(&exists); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(o.Schema, "outbox_migration")).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("events: migration status: %w", err)
 	}
 	if exists {
-		if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+schemaTable(opts.Schema, "outbox_migration")).Scan(&current); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+schemaTable(o.Schema, "outbox_migration")).Scan(&current); err != nil {
 			return nil, fmt.Errorf("events: migration status: %w", err)
 		}
 	}

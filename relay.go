@@ -22,14 +22,22 @@ import (
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/hostcall"
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/logging"
 	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/wake"
 )
 
-// Config configures a [Relay]. The zero value works; every field documents
-// its default.
-type Config struct {
+// RelayConfig configures a [Relay]. The zero value works; every field
+// documents its default.
+type RelayConfig struct {
+	// Outbox is the schema the relay serves, with the settings every
+	// component of it shares. It must name the schema of the River client
+	// given to [Relay.Start] (River's tables and the library's live
+	// together: see [Outbox.Migrate]). The zero Outbox is the search_path's,
+	// as River's zero Schema is.
+	Outbox Outbox
+
 	// BatchSize is the most rows one round claims, and so the size of its
 	// transaction. Defaults to BatchSizeDefault (200); at most 10,000.
 	BatchSize int
@@ -38,7 +46,7 @@ type Config struct {
 	// may fail (its Map returns an error or panics, or River or PostgreSQL
 	// refuses its job) before that (event, subscriber) pair is poisoned:
 	// set aside for that subscriber alone, never attempted again until
-	// [RequeueDelivery] or [Requeue]; the event's other subscribers are not
+	// [Outbox.RequeueDelivery] or [Outbox.Requeue]; the event's other subscribers are not
 	// held back. Defaults to MaxAttemptsDefault (5).
 	MaxAttempts int
 
@@ -68,8 +76,8 @@ type Config struct {
 	// relay that yields while it drains a backlog (see the README's
 	// "Retention"). An event that still owes something — a pair owed or
 	// poisoned, for any subscriber, an orphaned one included — is never
-	// deleted automatically, nor is an event poisoned as a whole ([Discard]
-	// and [DiscardDelivery] give them up). Defaults to RetentionDefault (7 days); a negative value
+	// deleted automatically, nor is an event poisoned as a whole ([Outbox.Discard]
+	// and [Outbox.DiscardDelivery] give them up). Defaults to RetentionDefault (7 days); a negative value
 	// keeps everything.
 	Retention time.Duration
 
@@ -103,20 +111,12 @@ type Config struct {
 	// the last call has returned.
 	OnPoison func(ctx context.Context, e Event, err error)
 
-	// OrphanAfter is how long a registered, active subscriber may go
-	// unserved by every running relay (none that has it reported in: see
-	// [ListRelays]) before it is reported orphaned — by [Relay.Health], by
-	// a warning log naming the fix (deploy it, or [RetireSubscriber]), and
-	// by [Stats]. Its owed pairs keep their events from retention until
-	// then and after. Defaults to OrphanAfterDefault (15 min).
-	OrphanAfter time.Duration
-
 	// Logger receives the relay's logs. Defaults to warnings and errors on
 	// standard error.
 	Logger *slog.Logger
 }
 
-func (c *Config) withDefaults() Config {
+func (c *RelayConfig) withDefaults() RelayConfig {
 	out := *c
 	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
 	out.MaxAttempts = cmp.Or(out.MaxAttempts, MaxAttemptsDefault)
@@ -125,15 +125,16 @@ func (c *Config) withDefaults() Config {
 	out.MaxRoundsInFlight = cmp.Or(out.MaxRoundsInFlight, MaxRoundsInFlightDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
 	out.RetentionInterval = cmp.Or(out.RetentionInterval, RetentionIntervalDefault)
-	out.OrphanAfter = cmp.Or(out.OrphanAfter, OrphanAfterDefault)
+	out.Outbox = out.Outbox.withDefaults()
 	out.Listener = out.Listener.withDefaults()
-	if out.Logger == nil {
-		out.Logger = defaultLogger()
-	}
+	out.Logger = cmp.Or(out.Logger, logging.Default())
 	return out
 }
 
-func (c *Config) validate() error {
+func (c *RelayConfig) validate() error {
+	if err := c.Outbox.validate(); err != nil {
+		return err
+	}
 	switch {
 	case c.BatchSize < 1 || c.BatchSize > 10_000:
 		return invalidf(ErrInvalidConfig, "BatchSize", "%d: must be between 1 and 10000", c.BatchSize)
@@ -143,8 +144,6 @@ func (c *Config) validate() error {
 		return invalidf(ErrInvalidConfig, "RetryBackoff", "%v: must not be negative", c.RetryBackoff)
 	case c.MaxRetryBackoff < c.RetryBackoff:
 		return invalidf(ErrInvalidConfig, "MaxRetryBackoff", "%v: must be at least RetryBackoff (%v)", c.MaxRetryBackoff, c.RetryBackoff)
-	case c.OrphanAfter < 0:
-		return invalidf(ErrInvalidConfig, "OrphanAfter", "%v: must not be negative", c.OrphanAfter)
 	case c.RetentionInterval < 0:
 		return invalidf(ErrInvalidConfig, "RetentionInterval", "%v: must not be negative", c.RetentionInterval)
 	case c.MaxRoundsInFlight < 1 || c.MaxRoundsInFlight > 16:
@@ -159,7 +158,7 @@ func (c *Config) validate() error {
 // need no leader.
 type Relay struct {
 	pool   *pgxpool.Pool
-	config Config
+	config RelayConfig
 	logger *slog.Logger
 	hooks  testHooks
 
@@ -178,6 +177,8 @@ type Relay struct {
 	// context.
 	svc startstop.Base
 
+	sql *statements.Set // the statements of the relay's RelayConfig.Outbox
+
 	mu     sync.RWMutex
 	subs   []*subscription
 	byName map[string]*subscription
@@ -190,7 +191,6 @@ type Relay struct {
 	// run's (or the call's) own goroutines.
 	run       *startstop.Run // nil for FanOutTx: never stopping
 	client    *river.Client[pgx.Tx]
-	sql       *statements.Set
 	active    []*subscription // subs less the retired ones
 	known     []string        // names of active
 	callbacks *hostcall.Runner
@@ -265,12 +265,12 @@ type testHooks struct {
 // subscribers with [Relay.Subscribe] and their workers with
 // [Relay.AddWorkers], build the River client, then call [Relay.Start].
 // A nil config means the defaults.
-func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
+func NewRelay(pool *pgxpool.Pool, config *RelayConfig) (*Relay, error) {
 	if pool == nil {
 		return nil, invalidf(ErrInvalidConfig, "pool", "is nil")
 	}
 	if config == nil {
-		config = &Config{}
+		config = &RelayConfig{}
 	}
 	cfg := config.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -280,13 +280,26 @@ func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: relay metrics: %w", err)
 	}
-	return &Relay{pool: pool, config: cfg, logger: cfg.Logger, byName: map[string]*subscription{},
+	sql, err := statementsFor(cfg.Outbox.Schema)
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{pool: pool, config: cfg, logger: cfg.Logger, sql: sql, byName: map[string]*subscription{},
 		svc:     startstop.Base{StopBeforeRestart: true}, // Stop unregisters the gauges
 		metrics: metrics, meter: meter, tracer: newTracer(cfg.TracerProvider),
 		laneAttr: [2]metric.MeasurementOption{
 			metric.WithAttributes(attribute.String(attrLane, "pending")),
 			metric.WithAttributes(attribute.String(attrLane, "deliveries")),
 		}}, nil
+}
+
+// checkSchema refuses a River client of another schema than the relay's:
+// its jobs would land where no worker of this outbox looks.
+func (r *Relay) checkSchema(client *river.Client[pgx.Tx]) error {
+	if schema := client.Schema(); schema != r.config.Outbox.Schema {
+		return invalidf(ErrInvalidConfig, "Outbox.Schema", "%q: the River client's schema is %q; name the same schema in both", r.config.Outbox.Schema, schema)
+	}
+	return nil
 }
 
 // Subscribe registers a subscriber. Call it before [Relay.Start]; names are
@@ -317,18 +330,18 @@ func (r *Relay) subscription(name string) *subscription {
 
 // Start starts the relay: a listener for [ChannelEvents] on a dedicated
 // connection and the loop that claims and fans out events, inserting jobs
-// through client. The library's tables are looked for in client's schema.
+// through client, whose schema must be the relay's [RelayConfig.Outbox].
 // Start returns once both are running; the first round starts at once.
 //
 // Start first registers the relay's subscribers in the database, with their
-// type globs (a name not seen before is added; see [ListSubscribers]), and
+// type globs (a name not seen before is added; see [Outbox.ListSubscribers]), and
 // returns an error if that fails. From then on every event whose
 // transaction commits after Start returned reaches every subscriber of this
 // relay that it matches, whichever relay fans it out: a relay that lacks one
 // of them (another release, during a rolling deploy) writes the pair as
 // owed, and a relay that has it delivers it. A subscriber that was retired
-// ([RetireSubscriber]) is left out of this run, with a warning. While it
-// runs, the relay reports in every few seconds (see [ListRelays]).
+// ([Outbox.RetireSubscriber]) is left out of this run, with a warning. While it
+// runs, the relay reports in every few seconds (see [Outbox.ListRelays]).
 //
 // Cancelling ctx stops the relay abruptly (a round in flight rolls back);
 // [Relay.Stop] stops it gracefully, and must be called before the relay can
@@ -363,15 +376,13 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 // returned: the new one would call OnPoison alongside it.
 var errLastRunLingers = fmt.Errorf("%w: an OnPoison call of the last run is still running: wait for Stopped", ErrStarted)
 
-// prepare is the part of Start that may fail: the run's statements, its
-// subscribers registered, its gauges; then the health and heartbeat state of
-// a new run. The caller holds mu.
+// prepare is the part of Start that may fail: the client's schema checked,
+// the subscribers registered, the gauges; then the health and heartbeat
+// state of a new run. The caller holds mu.
 func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.Client[pgx.Tx]) error {
-	sql, err := statementsFor(client.Schema())
-	if err != nil {
+	if err := r.checkSchema(client); err != nil {
 		return err
 	}
-	r.sql = sql
 	if err := r.register(ctx, r.pool); err != nil {
 		return err
 	}

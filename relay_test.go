@@ -68,7 +68,7 @@ func TestBatchSizeBoundsEachRound(t *testing.T) {
 
 func TestBatchSizeIsConfigurable(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{config: &Config{BatchSize: 7}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{BatchSize: 7}}, mapSub("audit", false, "**"))
 	es := make([]Event, 50)
 	for i := range es {
 		es[i] = Event{Type: "doc.imported"}
@@ -164,7 +164,7 @@ func TestManyRelaysFanOutExactlyOnce(t *testing.T) {
 // leaves nothing behind; the rows go out once afterwards.
 func TestCrashMidRoundLeavesNoTrace(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{config: &Config{RetryBackoff: 10 * time.Millisecond}}, mapSub("audit", false, "**"), mapSub("search", true, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 10 * time.Millisecond}}, mapSub("audit", false, "**"), mapSub("search", true, "**"))
 	admin := testdb.Pool(t, b.url)
 	var once sync.Once
 	checked := make(chan error, 1)

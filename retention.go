@@ -14,11 +14,11 @@ import (
 )
 
 // RetentionDefault is how long fanned-out events are kept when
-// [Config.Retention] is zero.
+// [RelayConfig.Retention] is zero.
 const RetentionDefault = 7 * 24 * time.Hour
 
 // RetentionIntervalDefault is how often a relay runs a retention pass when
-// [Config.RetentionInterval] is zero.
+// [RelayConfig.RetentionInterval] is zero.
 const RetentionIntervalDefault = time.Minute
 
 // Retention works like River's JobCleaner: delete by seq from an

@@ -13,16 +13,17 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/standmeet/events"
 	"github.com/standmeet/events/internal/glob"
 )
 
 // ErrNotFound is returned for an endpoint ID that does not exist.
 var ErrNotFound = errors.New("webhook: endpoint not found")
 
-// ErrInvalidEndpoint is returned for endpoint parameters that cannot work;
-// the error names the field. A URL refused for its address (a private
-// literal, or a number such as 127.1 that means one) also matches
-// ErrForbiddenAddress.
+// ErrInvalidEndpoint is returned for endpoint parameters that cannot work,
+// as an [*events.ValidationError] naming the field. A URL refused for its
+// address (a private literal, or a number such as 127.1 that means one) also
+// matches ErrForbiddenAddress.
 var ErrInvalidEndpoint = errors.New("webhook: invalid endpoint")
 
 // Endpoint is a registered receiver.
@@ -123,8 +124,8 @@ var deniedHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "
 
 func (w *Webhooks) validate(p *EndpointParams) error {
 	if _, err := w.guard.validateURL(p.URL); err != nil {
-		// %w: a refused address also matches ErrForbiddenAddress.
-		return fmt.Errorf("%w: URL: %w", ErrInvalidEndpoint, err)
+		// Err: a refused address also matches ErrForbiddenAddress.
+		return &events.ValidationError{Kind: ErrInvalidEndpoint, Field: "URL", Reason: err.Error(), Err: err}
 	}
 	if len(p.Types) == 0 {
 		return invalidEndpoint("Types", "is empty; give at least one glob, such as \"**\"")
@@ -160,7 +161,7 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 // invalidEndpoint is the error for a field of EndpointParams that cannot
 // work.
 func invalidEndpoint(field, format string, args ...any) error {
-	return fmt.Errorf("%w: %s %s", ErrInvalidEndpoint, field, fmt.Sprintf(format, args...))
+	return &events.ValidationError{Kind: ErrInvalidEndpoint, Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // validateHeaders checks an endpoint's headers, plain and secret together:
@@ -323,7 +324,7 @@ func (w *Webhooks) sealHeaders(id uuid.UUID, values map[string]string, old map[s
 		if v == Redacted {
 			s, ok := old[name]
 			if !ok {
-				return nil, fmt.Errorf("%w: SecretHeaders %s: %s keeps a stored value, and there is none", ErrInvalidEndpoint, name, Redacted)
+				return nil, &events.ValidationError{Kind: ErrInvalidEndpoint, Field: "SecretHeaders", Reason: fmt.Sprintf("%s: %s keeps a stored value, and there is none", name, Redacted)}
 			}
 			out[name] = s
 			continue
@@ -342,7 +343,7 @@ func (w *Webhooks) sealHeaders(id uuid.UUID, values map[string]string, old map[s
 // concurrency (not its secrets: see RotateSecret).
 func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (Endpoint, error) {
 	if p.Secret != "" {
-		return Endpoint{}, fmt.Errorf("%w: Secret is set at Create; use RotateSecret", ErrInvalidEndpoint)
+		return Endpoint{}, &events.ValidationError{Kind: ErrInvalidEndpoint, Field: "Secret", Reason: "is set at Create; use RotateSecret"}
 	}
 	keep := p.SecretHeaders == nil
 	if err := w.validate(&p); err != nil {

@@ -28,7 +28,10 @@ type Receipt struct {
 	EventID uuid.UUID
 	// Fanout maps each subscriber that got a job to the River job's ID (for a
 	// coalesced event, the job it was folded into). Empty when no subscriber
-	// matched.
+	// matched. A relay's round commits without waiting for its WAL flush
+	// (see the README's Guarantees): after a crash of the database server
+	// within a moment of the receipt, the event is fanned out again, to jobs
+	// with other IDs.
 	Fanout map[string]int64
 	// FannedOutAt is when the relay committed the jobs.
 	FannedOutAt time.Time

@@ -41,11 +41,6 @@ type FanoutJob struct {
 // of each, in one query joining River's job table (in the same schema) by
 // job ID, ordered by subscriber. It returns none for an event not fanned
 // out, or unknown.
-func FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJob, error) {
-	return Outbox{}.FanoutJobs(ctx, db, id)
-}
-
-// FanoutJobs is [FanoutJobs] in o's schema.
 func (o Outbox) FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJob, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -69,7 +64,7 @@ func (o Outbox) FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJo
 	return jobs, nil
 }
 
-// MinuteStats is one minute of fan-out, as [FanoutByMinute] reports it.
+// MinuteStats is one minute of fan-out, as [Outbox.FanoutByMinute] reports it.
 type MinuteStats struct {
 	// Minute is the minute's start.
 	Minute time.Time
@@ -87,11 +82,6 @@ type MinuteStats struct {
 // each row's recording time, so a day of a busy outbox reads many rows:
 // keep the range to what a chart shows. Retention bounds how far back there
 // is anything to count.
-func FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]MinuteStats, error) {
-	return Outbox{}.FanoutByMinute(ctx, db, since)
-}
-
-// FanoutByMinute is [FanoutByMinute] in o's schema.
 func (o Outbox) FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]MinuteStats, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -115,7 +105,7 @@ func (o Outbox) FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]M
 }
 
 // SubscriberDeliveries is how one subscriber's pairs stand, as
-// [DeliveriesBySubscriber] reports them.
+// [Outbox.DeliveriesBySubscriber] reports them.
 type SubscriberDeliveries struct {
 	// Subscriber is the subscriber's name.
 	Subscriber string
@@ -124,8 +114,8 @@ type SubscriberDeliveries struct {
 	// the oldest of them was first owed, zero when none is.
 	Owed            int64
 	OldestOwedSince time.Time
-	// Poisoned counts its pairs set aside until [RequeueDelivery] or
-	// [DiscardDelivery].
+	// Poisoned counts its pairs set aside until [Outbox.RequeueDelivery] or
+	// [Outbox.DiscardDelivery].
 	Poisoned int64
 }
 
@@ -134,11 +124,6 @@ type SubscriberDeliveries struct {
 // table (which holds only pairs that still owe something: it is empty when
 // every subscriber is keeping up). A subscriber with no such pair is not in
 // the map.
-func DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]SubscriberDeliveries, error) {
-	return Outbox{}.DeliveriesBySubscriber(ctx, db)
-}
-
-// DeliveriesBySubscriber is [DeliveriesBySubscriber] in o's schema.
 func (o Outbox) DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]SubscriberDeliveries, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -169,11 +154,6 @@ func (o Outbox) DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]S
 // for which it is poisoned (its poisoned pairs), by name, in one query; an
 // event with none (poisoned as a whole, or not poisoned) is not in the map.
 // It is what a list of poisoned events shows beside each.
-func PoisonedSubscribers(ctx context.Context, db DB, ids []uuid.UUID) (map[uuid.UUID][]string, error) {
-	return Outbox{}.PoisonedSubscribers(ctx, db, ids)
-}
-
-// PoisonedSubscribers is [PoisonedSubscribers] in o's schema.
 func (o Outbox) PoisonedSubscribers(ctx context.Context, db DB, ids []uuid.UUID) (map[uuid.UUID][]string, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {

@@ -24,7 +24,7 @@ func TestEveryStatementPreparesInTheSearchPathAndInANamedSchema(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pool := testdb.Pool(t, testdb.EmptyURL(t))
-			require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: schema}))
+			require.NoError(t, Outbox{Schema: schema}.Migrate(ctx, pool))
 			set, err := statements.For(schema)
 			require.NoError(t, err)
 			conn, err := pool.Acquire(ctx)

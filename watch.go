@@ -47,7 +47,7 @@ const (
 // Watch describes a trigger that records events for writes to a host table,
 // including writes that never pass through Go (psql, other services, bulk
 // SQL). The events are recorded in the writer's transaction and are ordinary
-// events in every way. Install it with [InstallWatch].
+// events in every way. Install it with [Outbox.InstallWatch].
 type Watch struct {
 	// Table is the watched table. TableSchema qualifies it; empty means the
 	// search_path decides.
@@ -87,6 +87,12 @@ type Watch struct {
 
 var watchNameRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,20}$`)
 
+// Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx
+// (which starts a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // InstallWatch installs w's triggers, replacing any triggers the same watch
 // (same table and Name) had, in one transaction. Installing the same spec
 // again changes nothing and takes no lock on the table (each trigger carries
@@ -97,25 +103,8 @@ var watchNameRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,20}$`)
 // Table and column names are checked against the catalog and quoted as
 // identifiers; an error wrapping [ErrInvalidWatch] names what is wrong.
 //
-// The library's functions are looked for on the search_path; use
-// [Outbox.InstallWatch] for another schema.
-func InstallWatch(ctx context.Context, db Beginner, w Watch) error {
-	return Outbox{}.InstallWatch(ctx, db, w)
-}
-
-// RemoveWatch removes the triggers of the watch named name (default
-// "events") on table. Removing a watch that is not there does nothing.
-func RemoveWatch(ctx context.Context, db Beginner, tableSchema, table, name string) error {
-	return Outbox{}.RemoveWatch(ctx, db, tableSchema, table, name)
-}
-
-// Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx
-// (which starts a savepoint).
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// InstallWatch is [InstallWatch] with o's schema holding the library.
+// The triggers call the library's function in o's schema (the
+// search_path's for the zero Outbox).
 func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -139,25 +128,9 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		if err != nil {
 			return err
 		}
-		has := func(c string) bool { return slices.Contains(cols, c) }
-		for _, c := range append(slices.Clone(w.Columns), w.PayloadColumns...) {
-			if !has(c) {
-				return invalidf(ErrInvalidWatch, "Columns", "table %s has no column %q", table, c)
-			}
-		}
-		subjectCol := w.SubjectColumn
-		switch {
-		case subjectCol == "-":
-			subjectCol = ""
-		case subjectCol == "" && len(pk) == 1:
-			subjectCol = pk[0]
-		case subjectCol == "":
-			return invalidf(ErrInvalidWatch, "SubjectColumn", "is empty and table %s has no single-column primary key: set it (or \"-\" for none)", table)
-		case !has(subjectCol):
-			return invalidf(ErrInvalidWatch, "SubjectColumn", "table %s has no column %q", table, subjectCol)
-		}
-		if w.ScopeColumn != "" && !has(w.ScopeColumn) {
-			return invalidf(ErrInvalidWatch, "ScopeColumn", "table %s has no column %q", table, w.ScopeColumn)
+		subjectCol, err := w.checkColumns(table, cols, pk)
+		if err != nil {
+			return err
 		}
 		ddls, err := w.triggerDDL(sql, table, subjectCol)
 		if err != nil {
@@ -189,6 +162,33 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		}
 		return nil
 	})
+}
+
+// checkColumns checks that the columns w names are among table's cols, and
+// returns the subject column: w's, or the single-column primary key pk when
+// w names none, or "" for none ("-").
+func (w *Watch) checkColumns(table string, cols, pk []string) (string, error) {
+	has := func(c string) bool { return slices.Contains(cols, c) }
+	for _, c := range append(slices.Clone(w.Columns), w.PayloadColumns...) {
+		if !has(c) {
+			return "", invalidf(ErrInvalidWatch, "Columns", "table %s has no column %q", table, c)
+		}
+	}
+	subjectCol := w.SubjectColumn
+	switch {
+	case subjectCol == "-":
+		subjectCol = ""
+	case subjectCol == "" && len(pk) == 1:
+		subjectCol = pk[0]
+	case subjectCol == "":
+		return "", invalidf(ErrInvalidWatch, "SubjectColumn", "is empty and table %s has no single-column primary key: set it (or \"-\" for none)", table)
+	case !has(subjectCol):
+		return "", invalidf(ErrInvalidWatch, "SubjectColumn", "table %s has no column %q", table, subjectCol)
+	}
+	if w.ScopeColumn != "" && !has(w.ScopeColumn) {
+		return "", invalidf(ErrInvalidWatch, "ScopeColumn", "table %s has no column %q", table, w.ScopeColumn)
+	}
+	return subjectCol, nil
 }
 
 // triggerDDL returns the CREATE TRIGGER statement of each trigger of w, by
@@ -278,7 +278,8 @@ func watchInstalled(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, 
 	return true, nil
 }
 
-// RemoveWatch is [RemoveWatch]; o's schema plays no part in it.
+// RemoveWatch removes the triggers of the watch named name (default
+// "events") on table. Removing a watch that is not there does nothing.
 func (o Outbox) RemoveWatch(ctx context.Context, db Beginner, tableSchema, table, name string) error {
 	if name == "" {
 		name = "events"
@@ -396,15 +397,9 @@ func triggerName(name string, op Op) string {
 	return "outbox_watch_" + name + "_" + strings.ToLower(string(op))
 }
 
-// ListWatches lists the watches installed on any table, by table and name.
-// SubjectColumn is "-" for a watch without one; the spec is read back from
+// ListWatches lists the watches installed on any table whose triggers call
+// o's schema's trigger function, by table and name. SubjectColumn is "-" for a watch without one; the spec is read back from
 // the triggers' arguments.
-func ListWatches(ctx context.Context, db DB) ([]Watch, error) {
-	return Outbox{}.ListWatches(ctx, db)
-}
-
-// ListWatches is [ListWatches] for the watches that call o's schema's
-// trigger function.
 func (o Outbox) ListWatches(ctx context.Context, db DB) ([]Watch, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {

@@ -59,7 +59,7 @@ func TestWatchTriggerMakesItsIDsWithOutboxUUIDv7(t *testing.T) {
 	require.Contains(t, uuidSrc, "int8send")
 
 	exec(t, pool, "CREATE TABLE notes_v7 (id int PRIMARY KEY)")
-	require.NoError(t, InstallWatch(ctx, pool, Watch{Table: "notes_v7", Types: map[Op]string{OpInsert: "note.created"}}))
+	require.NoError(t, Outbox{}.InstallWatch(ctx, pool, Watch{Table: "notes_v7", Types: map[Op]string{OpInsert: "note.created"}}))
 	exec(t, pool, "INSERT INTO notes_v7 SELECT g FROM generate_series(1, 50) g")
 	rows, err := pool.Query(ctx, "SELECT id FROM outbox_events WHERE type = 'note.created' ORDER BY seq")
 	require.NoError(t, err)

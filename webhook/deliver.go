@@ -143,22 +143,8 @@ func triesSoFar(metadata []byte) int {
 func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) error {
 	w, a := d.w, job.Args
 	ep, err := w.getForDelivery(ctx, a.EndpointID)
-	switch {
-	case errors.Is(err, ErrNotFound):
-		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was deleted", a.EndpointID))
-	case err != nil:
+	if err := w.deliverable(job, &ep, err); err != nil {
 		return err
-	case !ep.Enabled:
-		return river.JobCancel(fmt.Errorf("webhook: endpoint %s is disabled: %s", ep.ID, ep.DisabledReason))
-	case job.CreatedAt.Before(ep.EnabledAt):
-		// Pending when the endpoint was disabled (running then, so Disable
-		// could not cancel it): it ends as cancelled, as Disable promises.
-		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was disabled after this delivery was made", ep.ID))
-	}
-	tries := triesSoFar(job.Metadata)
-	if age := time.Since(job.CreatedAt); age >= w.config.GiveUpAfter {
-		return river.JobCancel(fmt.Errorf("webhook: gave up the delivery of %s to %s after %d tries in %v (GiveUpAfter)",
-			a.EventID, ep.ID, tries, age.Round(time.Second)))
 	}
 	if !w.acquire(ep.ID, ep.MaxInFlight) {
 		return river.JobSnooze(time.Second) // the endpoint's concurrency is used up in this process; not a try
@@ -172,7 +158,7 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 		return river.JobSnooze(adm.wait) // the breaker is open, or the rate limit's slot is later; not a try
 	}
 
-	tries++
+	tries := triesSoFar(job.Metadata) + 1
 	if err := river.MetadataSet(ctx, metaTries, tries); err != nil {
 		return err
 	}
@@ -181,9 +167,41 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 	// goes to the attempt log and, through the error returned, to
 	// river_job.errors (jsonb, which cannot hold NUL): escaped and capped.
 	out.err = errorText(out.err)
+	return w.settle(ctx, &ep, a, tries, out, retryAfter, adm.probe)
+}
+
+// deliverable returns nil if job may be tried now, else how it ends:
+// cancelled when its endpoint was deleted or disabled, or when it has
+// outlived GiveUpAfter. err is getForDelivery's.
+func (w *Webhooks) deliverable(job *river.Job[DeliverArgs], ep *Endpoint, err error) error {
+	a := job.Args
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was deleted", a.EndpointID))
+	case err != nil:
+		return err
+	case !ep.Enabled:
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s is disabled: %s", ep.ID, ep.DisabledReason))
+	case job.CreatedAt.Before(ep.EnabledAt):
+		// Pending when the endpoint was disabled (running then, so Disable
+		// could not cancel it): it ends as cancelled, as Disable promises.
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was disabled after this delivery was made", ep.ID))
+	}
+	if age := time.Since(job.CreatedAt); age >= w.config.GiveUpAfter {
+		return river.JobCancel(fmt.Errorf("webhook: gave up the delivery of %s to %s after %d tries in %v (GiveUpAfter)",
+			a.EventID, ep.ID, triesSoFar(job.Metadata), age.Round(time.Second)))
+	}
+	return nil
+}
+
+// settle records the attempt and returns how the job goes on: done on
+// success; cancelled on 410 Gone, when the endpoint is disabled for failing
+// too long, or after MaxAttempts tries; snoozed for a Retry-After; otherwise
+// an error, which River retries on the schedule.
+func (w *Webhooks) settle(ctx context.Context, ep *Endpoint, a DeliverArgs, tries int, out outcome, retryAfter time.Duration, probe bool) error {
 	success := out.errorClass == ""
 	gone := out.status == http.StatusGone
-	if err := w.record(ctx, &ep, a, tries, out, success, gone, adm.probe); err != nil {
+	if err := w.record(ctx, ep, a, tries, out, success, gone, probe); err != nil {
 		if success {
 			// Sent and answered 2xx: returning the error would send it again.
 			w.config.Logger.ErrorContext(ctx, "webhook: delivered, but its outcome could not be recorded",
@@ -200,7 +218,7 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s answered 410 Gone: disabled", ep.ID))
 	}
 	// Every failure counts toward auto-disable, Retry-After answers too.
-	if disabled, err := w.autoDisable(ctx, &ep); err != nil || disabled {
+	if disabled, err := w.autoDisable(ctx, ep); err != nil || disabled {
 		if err == nil {
 			w.cancelPendingQuietly(ctx, ep.ID)
 			err = river.JobCancel(fmt.Errorf("webhook: endpoint %s failed for %v: disabled", ep.ID, w.config.AutoDisableAfter))
@@ -235,26 +253,6 @@ func body(a DeliverArgs) ([]byte, error) {
 func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outcome, time.Duration) {
 	w.clientOnce.Do(func() { w.client = w.guard.newClient(w.lookup, nil) })
 	var out outcome
-	b, err := body(a)
-	if err != nil {
-		out.errorClass, out.err = "payload", err.Error()
-		return out, 0
-	}
-	now := time.Now()
-	secrets, err := w.openSecrets(ep, now)
-	var secretHeaders map[string]string
-	if err == nil {
-		secretHeaders, err = w.openHeaders(ep)
-	}
-	if err != nil {
-		out.errorClass, out.err = "secret", err.Error()
-		return out, 0
-	}
-	sig, err := Sign(secrets, a.EventID.String(), now, b)
-	if err != nil {
-		out.errorClass, out.err = "secret", err.Error()
-		return out, 0
-	}
 	// The address the request went to, new connection or reused.
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		if host, _, err := net.SplitHostPort(info.Conn.RemoteAddr().String()); err == nil {
@@ -263,10 +261,47 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	}})
 	ctx, cancel := context.WithTimeout(ctx, ep.Timeout)
 	defer cancel()
+	req, class, err := w.request(ctx, ep, a)
+	if err != nil {
+		out.errorClass, out.err = class, err.Error()
+		return out, 0
+	}
+	start := time.Now()
+	resp, err := w.client.Do(req)
+	out.duration = time.Since(start)
+	if err != nil {
+		out.errorClass, out.err = unanswered(err, req.URL)
+		return out, 0
+	}
+	// Closing without draining the rest: a huge answer is cut off, not read.
+	defer func() { _ = resp.Body.Close() }()
+	snooze := w.answered(resp, start, &out)
+	return out, snooze
+}
+
+// request builds the signed POST of a to ep. When it cannot, it returns the
+// attempt's error class: "payload", "secret" or "request".
+func (w *Webhooks) request(ctx context.Context, ep *Endpoint, a DeliverArgs) (*http.Request, string, error) {
+	b, err := body(a)
+	if err != nil {
+		return nil, "payload", err
+	}
+	now := time.Now()
+	secrets, err := w.openSecrets(ep, now)
+	var secretHeaders map[string]string
+	if err == nil {
+		secretHeaders, err = w.openHeaders(ep)
+	}
+	if err != nil {
+		return nil, "secret", err
+	}
+	sig, err := Sign(secrets, a.EventID.String(), now, b)
+	if err != nil {
+		return nil, "secret", err
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(b))
 	if err != nil {
-		out.errorClass, out.err = "request", err.Error()
-		return out, 0
+		return nil, "request", err
 	}
 	for k, v := range ep.Headers {
 		req.Header.Set(k, v)
@@ -279,29 +314,32 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	req.Header.Set(HeaderID, a.EventID.String())
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
 	req.Header.Set(HeaderSignature, sig)
-	start := time.Now()
-	resp, err := w.client.Do(req)
-	out.duration = time.Since(start)
-	if err != nil {
-		out.err = err.Error()
-		// net/http names the whole URL; its path and query may hold a token.
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			out.err = uerr.Op + " " + req.URL.Scheme + "://" + req.URL.Host + ": " + uerr.Err.Error()
-		}
-		var nerr net.Error
-		switch {
-		case errors.Is(err, ErrForbiddenAddress):
-			out.errorClass = "forbidden_address"
-		case errors.As(err, &nerr) && nerr.Timeout(), errors.Is(err, context.DeadlineExceeded):
-			out.errorClass = "timeout"
-		default:
-			out.errorClass = "network"
-		}
-		return out, 0
+	return req, "", nil
+}
+
+// unanswered classifies a request that got no answer and says why, naming
+// the endpoint by scheme and host only: net/http names the whole URL, whose
+// path and query may hold a token.
+func unanswered(err error, u *url.URL) (class, msg string) {
+	msg = err.Error()
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		msg = uerr.Op + " " + u.Scheme + "://" + u.Host + ": " + uerr.Err.Error()
 	}
-	// Closing without draining the rest: a huge answer is cut off, not read.
-	defer func() { _ = resp.Body.Close() }()
+	var nerr net.Error
+	switch {
+	case errors.Is(err, ErrForbiddenAddress):
+		return "forbidden_address", msg
+	case errors.As(err, &nerr) && nerr.Timeout(), errors.Is(err, context.DeadlineExceeded):
+		return "timeout", msg
+	}
+	return "network", msg
+}
+
+// answered fills out from the receiver's answer to a request sent at start,
+// and returns how long to snooze for a 429, 502, 503 or 504 with
+// Retry-After.
+func (w *Webhooks) answered(resp *http.Response, start time.Time, out *outcome) time.Duration {
 	// At most MaxResponseBytes are read: a huge answer costs nothing more.
 	kept, _ := io.ReadAll(io.LimitReader(resp.Body, int64(w.config.MaxResponseBytes)))
 	out.duration = time.Since(start)
@@ -311,19 +349,19 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	out.status, out.response = resp.StatusCode, cleanText(kept)
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		return out, 0
+		return 0
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
 		out.errorClass, out.err = "redirect", "redirects are not followed: "+resp.Header.Get("Location")
-		return out, 0
+		return 0
 	}
 	out.errorClass, out.err = "status", resp.Status
 	switch resp.StatusCode {
 	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		if d := retryAfter(resp.Header.Get("Retry-After"), time.Now()); d > 0 {
-			return out, min(max(d, minSnooze), maxSnooze)
+			return min(max(d, minSnooze), maxSnooze)
 		}
 	}
-	return out, 0
+	return 0
 }
 
 // maxErrorBytes caps the error text of an attempt, stored in the attempt

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,16 +13,17 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/standmeet/events"
 	"github.com/standmeet/events/internal/glob"
 )
 
 // ErrNotFound is returned for an endpoint ID that does not exist.
 var ErrNotFound = errors.New("webhook: endpoint not found")
 
-// ErrInvalidEndpoint is returned for endpoint parameters that cannot work;
-// the error names the field. A URL refused for its address (a private
-// literal, or a number such as 127.1 that means one) also matches
-// ErrForbiddenAddress.
+// ErrInvalidEndpoint is returned for endpoint parameters that cannot work,
+// as an [*events.ValidationError] naming the field. A URL refused for its
+// address (a private literal, or a number such as 127.1 that means one) also
+// matches ErrForbiddenAddress.
 var ErrInvalidEndpoint = errors.New("webhook: invalid endpoint")
 
 // Endpoint is a registered receiver.
@@ -121,54 +123,27 @@ var deniedHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "
 	http.CanonicalHeaderKey(HeaderID), http.CanonicalHeaderKey(HeaderTimestamp), http.CanonicalHeaderKey(HeaderSignature)}
 
 func (w *Webhooks) validate(p *EndpointParams) error {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s %s", ErrInvalidEndpoint, field, fmt.Sprintf(format, args...))
-	}
 	if _, err := w.guard.validateURL(p.URL); err != nil {
-		// %w: a refused address also matches ErrForbiddenAddress.
-		return fmt.Errorf("%w: URL: %w", ErrInvalidEndpoint, err)
+		// Err: a refused address also matches ErrForbiddenAddress.
+		return &events.ValidationError{Kind: ErrInvalidEndpoint, Field: "URL", Reason: err.Error(), Err: err}
 	}
 	if len(p.Types) == 0 {
-		return bad("Types", "is empty; give at least one glob, such as \"**\"")
+		return invalidEndpoint("Types", "is empty; give at least one glob, such as \"**\"")
 	}
 	for _, t := range p.Types {
 		if _, err := glob.Compile(t); err != nil {
-			return bad("Types", "%v", err)
+			return invalidEndpoint("Types", "%v", err)
 		}
 	}
-	seen := map[string]bool{}
-	for name, value := range mergedHeaders(p.Headers, p.SecretHeaders) {
-		canonical := http.CanonicalHeaderKey(name)
-		switch {
-		case !validHeaderName(name):
-			return bad("Headers", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
-		case !validHeaderValue(value):
-			return bad("Headers", "%s: the value holds a control character (CR, LF, NUL …)", canonical)
-		case seen[canonical]:
-			return bad("Headers", "%s is given twice", canonical)
-		case slices.Contains(deniedHeaders, canonical) || strings.HasPrefix(strings.ToLower(name), "webhook-"):
-			return bad("Headers", "%q may not be set", name)
-		}
-		seen[canonical] = true
+	if err := validateHeaders(mergedHeaders(p.Headers, p.SecretHeaders)); err != nil {
+		return err
 	}
-	if p.Timeout == 0 {
-		p.Timeout = TimeoutDefault
-	}
-	if p.Timeout < 0 || p.Timeout > time.Minute {
-		return bad("Timeout", "%v: must be between 0 and 1m", p.Timeout)
-	}
-	if p.MaxInFlight == 0 {
-		p.MaxInFlight = MaxInFlightDefault
-	}
-	if p.MaxInFlight < 1 {
-		return bad("MaxInFlight", "%d: must be at least 1", p.MaxInFlight)
-	}
-	if p.RateLimit < 0 || p.RateLimit > 1e6 || p.RateLimit != p.RateLimit {
-		return bad("RateLimit", "%v: must be between 0 (none) and 1e6 per second", p.RateLimit)
+	if err := p.limits(); err != nil {
+		return err
 	}
 	if p.Secret != "" {
 		if _, err := secretKey(p.Secret); err != nil {
-			return bad("Secret", "%v", err)
+			return invalidEndpoint("Secret", "%v", err)
 		}
 	}
 	if p.Scopes == nil {
@@ -183,8 +158,56 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 	return nil
 }
 
+// invalidEndpoint is the error for a field of EndpointParams that cannot
+// work.
+func invalidEndpoint(field, format string, args ...any) error {
+	return &events.ValidationError{Kind: ErrInvalidEndpoint, Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// validateHeaders checks an endpoint's headers, plain and secret together:
+// valid names and values, each name once, none that the delivery sets.
+func validateHeaders(headers iter.Seq2[string, string]) error {
+	seen := map[string]bool{}
+	for name, value := range headers {
+		canonical := http.CanonicalHeaderKey(name)
+		switch {
+		case !validHeaderName(name):
+			return invalidEndpoint("Headers", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
+		case !validHeaderValue(value):
+			return invalidEndpoint("Headers", "%s: the value holds a control character (CR, LF, NUL …)", canonical)
+		case seen[canonical]:
+			return invalidEndpoint("Headers", "%s is given twice", canonical)
+		case slices.Contains(deniedHeaders, canonical) || strings.HasPrefix(strings.ToLower(name), "webhook-"):
+			return invalidEndpoint("Headers", "%q may not be set", name)
+		}
+		seen[canonical] = true
+	}
+	return nil
+}
+
+// limits fills p's Timeout and MaxInFlight where they are zero, and checks
+// them and RateLimit.
+func (p *EndpointParams) limits() error {
+	if p.Timeout == 0 {
+		p.Timeout = TimeoutDefault
+	}
+	if p.Timeout < 0 || p.Timeout > time.Minute {
+		return invalidEndpoint("Timeout", "%v: must be between 0 and 1m", p.Timeout)
+	}
+	if p.MaxInFlight == 0 {
+		p.MaxInFlight = MaxInFlightDefault
+	}
+	if p.MaxInFlight < 1 {
+		return invalidEndpoint("MaxInFlight", "%d: must be at least 1", p.MaxInFlight)
+	}
+	if p.RateLimit < 0 || p.RateLimit > 1e6 || p.RateLimit != p.RateLimit {
+		return invalidEndpoint("RateLimit", "%v: must be between 0 (none) and 1e6 per second", p.RateLimit)
+	}
+	return nil
+}
+
 // mergedHeaders iterates both maps, for validation.
-func mergedHeaders(a, b map[string]string) func(func(string, string) bool) {
+func mergedHeaders(a, b map[string]string) iter.Seq2[string, string] {
 	return func(yield func(string, string) bool) {
 		for _, m := range []map[string]string{a, b} {
 			for k, v := range m {
@@ -295,7 +318,7 @@ func (w *Webhooks) sealHeaders(id uuid.UUID, values map[string]string, old map[s
 		if v == Redacted {
 			s, ok := old[name]
 			if !ok {
-				return nil, fmt.Errorf("%w: SecretHeaders %s: %s keeps a stored value, and there is none", ErrInvalidEndpoint, name, Redacted)
+				return nil, &events.ValidationError{Kind: ErrInvalidEndpoint, Field: "SecretHeaders", Reason: fmt.Sprintf("%s: %s keeps a stored value, and there is none", name, Redacted)}
 			}
 			out[name] = s
 			continue
@@ -314,7 +337,7 @@ func (w *Webhooks) sealHeaders(id uuid.UUID, values map[string]string, old map[s
 // concurrency (not its secrets: see RotateSecret).
 func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (Endpoint, error) {
 	if p.Secret != "" {
-		return Endpoint{}, fmt.Errorf("%w: Secret is set at Create; use RotateSecret", ErrInvalidEndpoint)
+		return Endpoint{}, &events.ValidationError{Kind: ErrInvalidEndpoint, Field: "Secret", Reason: "is set at Create; use RotateSecret"}
 	}
 	keep := p.SecretHeaders == nil
 	if err := w.validate(&p); err != nil {

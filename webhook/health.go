@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+
+	"github.com/standmeet/events/internal/backoff"
 )
 
 // Defaults of the circuit breaker (Config.BreakerThreshold,
@@ -149,18 +151,10 @@ func reservedSlot(metadata []byte) time.Time {
 }
 
 func sleepUntil(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return nil
+	if d := time.Until(t); d > 0 {
+		return backoff.Sleep(ctx, d)
 	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return nil
 }
 
 // recordHealth updates the breaker in tx after a request: success closes

@@ -80,13 +80,13 @@ func newKeyring(keys []Key, plain bool) (keyring, error) {
 	k := keyring{aeads: map[string]cipher.AEAD{}, plain: plain}
 	for i, key := range keys {
 		if !validKeyID(key.ID) {
-			return keyring{}, fmt.Errorf("webhook: Keys[%d]: ID %q: 1 to 64 letters, digits, '-', '_' or '.'", i, key.ID)
+			return keyring{}, invalidConfig(fmt.Sprintf("Keys[%d].ID", i), "%q: 1 to 64 letters, digits, '-', '_' or '.'", key.ID)
 		}
 		if _, dup := k.aeads[key.ID]; dup {
-			return keyring{}, fmt.Errorf("webhook: Keys[%d]: ID %q is given twice", i, key.ID)
+			return keyring{}, invalidConfig(fmt.Sprintf("Keys[%d].ID", i), "%q is given twice", key.ID)
 		}
 		if len(key.Key) != 32 {
-			return keyring{}, fmt.Errorf("webhook: Keys[%d] (%s): %d bytes; AES-256 needs 32", i, key.ID, len(key.Key))
+			return keyring{}, invalidConfig(fmt.Sprintf("Keys[%d].Key", i), "(%s): %d bytes; AES-256 needs 32", key.ID, len(key.Key))
 		}
 		block, err := aes.NewCipher(key.Key)
 		if err != nil {

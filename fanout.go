@@ -122,7 +122,7 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, 
 			r.metrics.batchSize.Record(ctx, int64(len(claimed)), r.laneAttr[l])
 		}
 	}()
-	err = beginRound(ctx, db, func(tx pgx.Tx) error {
+	err = r.beginRound(ctx, db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, claimSQL, args...)
 		if err != nil {
 			return err
@@ -162,8 +162,12 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, 
 	return claimed, nil
 }
 
-// roundTx begins a round's own transaction with synchronous_commit off, in
-// the BEGIN's round trip. The round is atomic and idempotent on loss: if the
+// beginRound runs fn in a round's transaction: its own on the pool, or a
+// savepoint of the caller's transaction (FanOutTx), whose commit is the
+// caller's to decide.
+//
+// Its own begins with synchronous_commit off, in the BEGIN's round trip
+// (the Set's BeginRound). The round is atomic and idempotent on loss: if the
 // server crashes before its commit reaches disk (at most about three
 // wal_writer_delay, 600 ms by default), the jobs, the stamps and the
 // notifications vanish together and the rows are claimed again, so nothing
@@ -173,16 +177,11 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, 
 // wait for a synchronous standby) covers the round's commit record, so a job
 // any worker saw is never lost. What the round saves is its own WAL flush on
 // the fan-out path: about a quarter of commit-to-fanned at low rates.
-var roundTx = pgx.TxOptions{BeginQuery: "BEGIN READ WRITE; SET LOCAL synchronous_commit TO off"}
-
-// beginRound runs fn in a round's transaction: its own (see roundTx) on the
-// pool, or a savepoint of the caller's transaction (FanOutTx), whose commit
-// is the caller's to decide.
-func beginRound(ctx context.Context, db Beginner, fn func(pgx.Tx) error) error {
+func (r *Relay) beginRound(ctx context.Context, db Beginner, fn func(pgx.Tx) error) error {
 	if pool, ok := db.(interface {
 		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
 	}); ok {
-		return pgx.BeginTxFunc(ctx, pool, roundTx, fn)
+		return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{BeginQuery: r.sql.BeginRound}, fn)
 	}
 	return pgx.BeginFunc(ctx, db, fn)
 }

@@ -430,7 +430,7 @@ type immediateRetry struct{}
 func (immediateRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now() }
 
 // A round's own transaction commits without waiting for its WAL flush (a
-// lost round is redone whole: see roundTx); a FanOutTx round is the
+// lost round is redone whole: see beginRound); a FanOutTx round is the
 // caller's transaction, whose commit the caller decides.
 func TestARoundCommitsAsynchronouslyAndFanOutTxLeavesTheCallersCommitAlone(t *testing.T) {
 	t.Parallel()

@@ -203,9 +203,9 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.Keys = nil                                // the keyring holds them; a copy of Config should not
-	sql, err := statements.For(cfg.Outbox.Schema) // validated above
-	if err != nil {
+	cfg.Keys = nil // the keyring holds them; a copy of Config should not
+	sql, err := statements.For(cfg.Outbox.Schema)
+	if err != nil { // validate has refused a bad schema already
 		return nil, invalidConfig("Outbox.Schema", "%q: %v", cfg.Outbox.Schema, err)
 	}
 	return &Webhooks{pool: pool, config: cfg, keys: keys, guard: guard{allowed: cfg.AllowedNetworks, ports: cfg.AllowedPorts}, lookup: defaultLookup,

@@ -116,8 +116,8 @@ type Set struct {
 	MigrationApplied, RelationExists, SetChannel                      string
 
 	// SetLocal ($1 setting, $2 value) sets a setting for the rest of the
-	// transaction (session.sql).
-	SetLocal string
+	// transaction; BeginRound begins a relay round's own (session.sql).
+	SetLocal, BeginRound string
 
 	// Webhook is package webhook's (webhook.sql).
 	Webhook Webhook

@@ -356,7 +356,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 		if r.inTx {
 			return ErrStarted
 		}
-		if err := r.prepare(ctx, run, client); err != nil {
+		if err := r.prepare(run.StartContext(), run, client); err != nil {
 			return err
 		}
 		r.launch(ctx, run)

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -38,4 +39,50 @@ func TestOutboxSchemaLengthIsRiversLimit(t *testing.T) {
 	}
 	// A schema at River's limit works end to end, its channels hashed.
 	exerciseAll(t, testdb.Pool(t, testdb.EmptyURL(t)), "S"+strings.Repeat("x", 45), ListenerConfig{PollInterval: time.Hour})
+}
+
+// Stop is bounded by its context also while Start is still preparing the
+// run (registering the subscribers waits on a lock here, as it would on a
+// slow or unreachable database): a shutdown's Stop returns by its deadline
+// instead of waiting for Start, and the Start it interrupted begins no run.
+func TestStopDuringAStartBlockedOnRegistration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	locker, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer locker.Rollback(ctx)
+	_, err = locker.Exec(ctx, "LOCK TABLE outbox_subscribers IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	started := make(chan error, 1)
+	go func() { started <- b.relay.Start(ctx, b.client) }()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&n))
+		return n > 0
+	}, 10*time.Second, 5*time.Millisecond, "Start never waited on the registry")
+
+	stopCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.relay.Stop(stopCtx) }()
+	select {
+	case <-stopped:
+	case <-time.After(3 * time.Second):
+		_ = locker.Rollback(ctx)
+		<-stopped
+		<-started
+		t.Fatal("Stop waited for a blocked Start past its context's deadline")
+	}
+	select {
+	case err := <-started:
+		require.Error(t, err, "the Start that Stop interrupted must not begin a run")
+	case <-time.After(3 * time.Second):
+		t.Fatal("the interrupted Start is still blocked")
+	}
+	require.NoError(t, locker.Rollback(ctx))
+	// The relay starts again afterwards.
+	b.start(t)
+	requireClosed(t, b.relay.Ready(), "relay ready after the interrupted Start")
 }

@@ -86,3 +86,40 @@ func TestStopDuringAStartBlockedOnRegistration(t *testing.T) {
 	b.start(t)
 	requireClosed(t, b.relay.Ready(), "relay ready after the interrupted Start")
 }
+
+// A process's River client works Handle jobs (left from an earlier run, say)
+// while its relay's Start waits on the registry: the worker's lookup of the
+// subscriber must not wait for Start.
+func TestHandleJobsRunWhileTheRelayStartWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	handled := make(chan struct{}, 1)
+	b := setup(t, setupOpts{work: true}, Subscriber{Name: "mail", Types: []string{"**"}, Handle: func(context.Context, Event) error {
+		handled <- struct{}{}
+		return nil
+	}})
+	locker, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer locker.Rollback(ctx)
+	_, err = locker.Exec(ctx, "LOCK TABLE outbox_subscribers IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	startCtx, cancelStart := context.WithCancel(ctx)
+	defer cancelStart()
+	started := make(chan error, 1)
+	go func() { started <- b.relay.Start(startCtx, b.client) }()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&n))
+		return n > 0
+	}, 10*time.Second, 5*time.Millisecond, "Start never waited on the registry")
+
+	_, err = b.client.Insert(ctx, HandleArgs{Subscriber: "mail", Event: Event{Type: "a"}}, nil)
+	require.NoError(t, err)
+	select {
+	case <-handled:
+	case <-time.After(5 * time.Second):
+		t.Error("the Handle job waited for the relay's Start")
+	}
+	cancelStart()
+	require.Error(t, <-started)
+}

@@ -123,3 +123,18 @@ func TestHandleJobsRunWhileTheRelayStartWaits(t *testing.T) {
 	cancelStart()
 	require.Error(t, <-started)
 }
+
+// A process that registers its Handle subscribers both on its relay and with
+// Outbox.AddWorkers, into the same river.Workers, is told what to do: River
+// takes one worker per kind, so the second set would never be looked up.
+func TestAddWorkersTwiceSaysWhy(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, Subscriber{Name: "mail", Types: []string{"**"}, Handle: func(context.Context, Event) error { return nil }})
+	workers := river.NewWorkers()
+	require.NoError(t, b.relay.AddWorkers(workers))
+	err := outbox.AddWorkers(workers, b.pool, Subscriber{Name: "ledger", Types: []string{"**"}, Handle: func(context.Context, Event) error { return nil }})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `"events.handle"`)
+	require.Contains(t, err.Error(), "Relay.AddWorkers")
+	require.Contains(t, err.Error(), "Outbox.AddWorkers")
+}

@@ -67,7 +67,10 @@ func (o Outbox) AddWorkers(workers *river.Workers, pool *pgxpool.Pool, subscribe
 
 func addHandleWorker(workers *river.Workers, w *handleWorker) error {
 	if err := river.AddWorkerSafely(workers, w); err != nil {
-		return fmt.Errorf("events: add workers: %w", err)
+		// River takes one worker per kind: the subscribers of a second call
+		// would never be looked up, so say where they all go.
+		return fmt.Errorf("events: add workers: %w: a process registers its Handle and HandleTx subscribers once, "+
+			"all on its relay (Relay.AddWorkers) or all with Outbox.AddWorkers", err)
 	}
 	return nil
 }

@@ -138,3 +138,47 @@ func TestAddWorkersTwiceSaysWhy(t *testing.T) {
 	require.Contains(t, err.Error(), "Relay.AddWorkers")
 	require.Contains(t, err.Error(), "Outbox.AddWorkers")
 }
+
+// A worker-only process whose Outbox names another schema than its River
+// client (nothing checks them against each other there: no relay) must not
+// take a job of a subscriber it does not know for retired — the registry it
+// would read is not the one the job's relay wrote — and cancel it for good
+// during a rolling deploy. The job fails, saying why, and is retried.
+func TestAWorkerOfAnotherSchemaThanItsClientCancelsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.URL(t)) // the search_path's outbox is migrated too
+	billing := Outbox{Schema: "billing"}
+	require.NoError(t, billing.Migrate(ctx, pool))
+	// The relay's process, in billing, registers "mail".
+	relay, err := NewRelay(pool, &RelayConfig{Outbox: billing, Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, relay.Subscribe(Subscriber{Name: "mail", Types: []string{"**"}, Handle: func(context.Context, Event) error { return nil }}))
+	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: "billing", Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, relay.Start(ctx, inserter))
+	require.NoError(t, relay.Stop(ctx))
+
+	// The worker's process: an older release that does not know "mail", its
+	// Outbox left at the zero value while its River client works billing.
+	workers := river.NewWorkers()
+	require.NoError(t, Outbox{}.AddWorkers(workers, pool))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: "billing", Logger: quietLogger(), Workers: workers,
+		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}, FetchPollInterval: 50 * time.Millisecond, FetchCooldown: 10 * time.Millisecond})
+	require.NoError(t, err)
+	res, err := inserter.Insert(ctx, HandleArgs{Subscriber: "mail", Event: Event{Type: "a"}}, nil)
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, client.Stop(context.WithoutCancel(ctx))) })
+
+	var state string
+	require.Eventually(t, func() bool {
+		var attempted bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT state::text, attempted_at IS NOT NULL FROM billing.river_job WHERE id = $1", res.Job.ID).Scan(&state, &attempted))
+		return attempted && state != "running"
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NotEqual(t, "cancelled", state, "the job of a live subscriber was cancelled for good")
+	var errs []byte
+	require.NoError(t, pool.QueryRow(ctx, "SELECT coalesce(errors::text, '') FROM billing.river_job WHERE id = $1", res.Job.ID).Scan(&errs))
+	require.Contains(t, string(errs), "schema", "the failure names the mismatch")
+}

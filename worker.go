@@ -112,7 +112,14 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 		})
 	}
 	// No process may know it any more (removed and retired), or only the
-	// other release does (a rolling deploy). Ask the registry.
+	// other release does (a rolling deploy). Ask the registry — the one of
+	// the job's schema: a worker-only process has no relay to check its
+	// Outbox against its River client, and another schema's registry would
+	// not have the name and so cancel a live subscriber's job for good.
+	if client, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil && client.Schema() != w.sql.Schema {
+		return fmt.Errorf("events: handler job for subscriber %q: the River client's schema is %q, the Outbox's %q: name the same schema in both",
+			job.Args.Subscriber, client.Schema(), w.sql.Schema)
+	}
 	var retired bool
 	err := w.pool.QueryRow(ctx, w.sql.SubscriberRetired, job.Args.Subscriber).Scan(&retired)
 	switch {

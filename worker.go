@@ -41,7 +41,9 @@ func (r *Relay) AddWorkers(workers *river.Workers) error {
 // relay ([Relay.AddWorkers]). HandleTx transactions begin on pool. A
 // subscriber that could not be registered on a relay is refused the same
 // way: an error wrapping [ErrInvalidSubscriber] naming the field. A job of a
-// subscriber this process does not know waits (see [Subscriber]).
+// subscriber this process does not know waits (see [Subscriber]). o.Schema
+// must be the River client's (river.Config.Schema): a job of an unknown
+// subscriber fails, naming both, when they differ.
 func (o Outbox) AddWorkers(workers *river.Workers, pool *pgxpool.Pool, subscribers ...Subscriber) error {
 	if pool == nil {
 		return invalidf(ErrInvalidConfig, "pool", "is nil")

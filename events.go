@@ -84,7 +84,8 @@ type Outbox struct {
 	// Schema holds the library's tables and River's: the schema
 	// [Outbox.Migrate] creates them in, and the River client's
 	// (river.Config.Schema). Empty means the connection's search_path. At
-	// most 63 letters, digits and underscores.
+	// most 46 letters, digits and underscores: River's client refuses a
+	// longer schema.
 	Schema string
 
 	// NotifyInterval throttles the notification that wakes the relays:

@@ -352,13 +352,20 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	}
 	err := r.svc.Start(ctx, func(run *startstop.Run) error {
 		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.inTx {
+		inTx := r.inTx
+		r.mu.Unlock()
+		if inTx {
 			return ErrStarted
 		}
-		if err := r.prepare(ctx, run, client); err != nil {
+		// From here Subscribe and FanOutTx refuse (the service is starting),
+		// so prepare's I/O runs without mu: the worker's lookups of
+		// subscribers (Handle jobs) take it and must not wait for the
+		// registry.
+		if err := r.prepare(run.StartContext(), run, client); err != nil {
 			return err
 		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
 		r.launch(ctx, run)
 		return nil
 	})
@@ -378,7 +385,7 @@ var errLastRunLingers = fmt.Errorf("%w: an OnPoison call of the last run is stil
 
 // prepare is the part of Start that may fail: the client's schema checked,
 // the subscribers registered, the gauges; then the health and heartbeat
-// state of a new run. The caller holds mu.
+// state of a new run. It runs while the service is starting, without mu.
 func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.Client[pgx.Tx]) error {
 	if err := r.checkSchema(client); err != nil {
 		return err

@@ -41,7 +41,9 @@ func (r *Relay) AddWorkers(workers *river.Workers) error {
 // relay ([Relay.AddWorkers]). HandleTx transactions begin on pool. A
 // subscriber that could not be registered on a relay is refused the same
 // way: an error wrapping [ErrInvalidSubscriber] naming the field. A job of a
-// subscriber this process does not know waits (see [Subscriber]).
+// subscriber this process does not know waits (see [Subscriber]). o.Schema
+// must be the River client's (river.Config.Schema): a job of an unknown
+// subscriber fails, naming both, when they differ.
 func (o Outbox) AddWorkers(workers *river.Workers, pool *pgxpool.Pool, subscribers ...Subscriber) error {
 	if pool == nil {
 		return invalidf(ErrInvalidConfig, "pool", "is nil")
@@ -67,7 +69,10 @@ func (o Outbox) AddWorkers(workers *river.Workers, pool *pgxpool.Pool, subscribe
 
 func addHandleWorker(workers *river.Workers, w *handleWorker) error {
 	if err := river.AddWorkerSafely(workers, w); err != nil {
-		return fmt.Errorf("events: add workers: %w", err)
+		// River takes one worker per kind: the subscribers of a second call
+		// would never be looked up, so say where they all go.
+		return fmt.Errorf("events: add workers: %w: a process registers its Handle and HandleTx subscribers once, "+
+			"all on its relay (Relay.AddWorkers) or all with Outbox.AddWorkers", err)
 	}
 	return nil
 }
@@ -109,7 +114,14 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 		})
 	}
 	// No process may know it any more (removed and retired), or only the
-	// other release does (a rolling deploy). Ask the registry.
+	// other release does (a rolling deploy). Ask the registry — the one of
+	// the job's schema: a worker-only process has no relay to check its
+	// Outbox against its River client, and another schema's registry would
+	// not have the name and so cancel a live subscriber's job for good.
+	if client, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil && client.Schema() != w.sql.Schema {
+		return fmt.Errorf("events: handler job for subscriber %q: the River client's schema is %q, the Outbox's %q: name the same schema in both",
+			job.Args.Subscriber, client.Schema(), w.sql.Schema)
+	}
 	var retired bool
 	err := w.pool.QueryRow(ctx, w.sql.SubscriberRetired, job.Args.Subscriber).Scan(&retired)
 	switch {

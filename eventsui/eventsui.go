@@ -128,8 +128,8 @@ type Config struct {
 	Webhooks *webhook.Webhooks
 
 	// RiverClient is the client that Replay and Recover insert deliveries
-	// with (an insert-only client will do). Without it, the endpoints pages
-	// offer neither.
+	// with (an insert-only client will do), of Outbox's schema. Without it,
+	// the endpoints pages offer neither.
 	RiverClient *river.Client[pgx.Tx]
 
 	// Logger receives errors. Defaults to warnings and errors on standard
@@ -170,6 +170,11 @@ func NewHandler(db events.DB, config *Config) (http.Handler, error) {
 	}
 	if err := config.Outbox.Validate(); err != nil {
 		return nil, err
+	}
+	if c := config.RiverClient; c != nil && c.Schema() != config.Outbox.Schema {
+		// Replay and Recover would insert deliveries where no worker of this
+		// outbox looks (webhook refuses them at the press of a button).
+		return nil, invalidConfig("RiverClient", "the River client's schema is %q, Outbox.Schema %q; name the same schema in both", c.Schema(), config.Outbox.Schema)
 	}
 	h := &handler{db: db, config: *config, pages: map[string]*template.Template{}, csrf: http.NewCrossOriginProtection()}
 	h.config.Prefix = strings.TrimRight(h.config.Prefix, "/")

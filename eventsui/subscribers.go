@@ -23,7 +23,7 @@ import (
 // The subscribers' and pairs' actions.
 const (
 	// ActionPause and ActionResume pause and resume one subscriber
-	// (events.PauseSubscriber, events.ResumeSubscriber). Requeue and
+	// ([events.Outbox.PauseSubscriber], [events.Outbox.ResumeSubscriber]). Requeue and
 	// discard of one (event, subscriber) pair are ActionRequeue and
 	// ActionDiscard, like the event's.
 	ActionPause  Action = "subscriber.pause"

@@ -69,6 +69,18 @@ func (f *fanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) err
 	})
 }
 
+// checkClient refuses a nil River client, and one of another schema than
+// the Outbox's: its jobs would land where no worker of this outbox looks.
+func (w *Webhooks) checkClient(client *river.Client[pgx.Tx]) error {
+	if client == nil {
+		return invalidConfig("client", "is nil")
+	}
+	if schema := client.Schema(); schema != w.outbox.Schema {
+		return invalidConfig("client", "the River client's schema is %q, the Outbox's %q; name the same schema in both", schema, w.outbox.Schema)
+	}
+	return nil
+}
+
 func deliverArgs(endpoint uuid.UUID, e events.Event, replay string) DeliverArgs {
 	return DeliverArgs{EndpointID: endpoint, EventID: e.ID, Type: e.Type, Timestamp: e.CreatedAt, Data: e.Payload, Replay: replay}
 }
@@ -509,8 +521,13 @@ func (w *Webhooks) release(id uuid.UUID) {
 
 // Replay delivers one event to one endpoint again (a new job, whatever
 // became of the first). The event is read from the outbox: a deleted one
-// (retention) returns an error wrapping events.ErrNotFound.
+// (retention) returns an error wrapping events.ErrNotFound. Like
+// events.Relay.Start it refuses a nil client and one whose schema is not
+// Config.Outbox.Schema, with an [*events.ValidationError] for "client".
 func (w *Webhooks) Replay(ctx context.Context, client *river.Client[pgx.Tx], eventID, endpointID uuid.UUID) error {
+	if err := w.checkClient(client); err != nil {
+		return err
+	}
 	info, err := w.outbox.Inspect(ctx, w.pool, eventID)
 	if err != nil {
 		return err
@@ -527,6 +544,9 @@ func (w *Webhooks) Replay(ctx context.Context, client *river.Client[pgx.Tx], eve
 // was fixed (and enabled). It returns how many it queued; events deleted by
 // retention meanwhile are skipped.
 func (w *Webhooks) Recover(ctx context.Context, client *river.Client[pgx.Tx], endpointID uuid.UUID, from, to time.Time) (int, error) {
+	if err := w.checkClient(client); err != nil {
+		return 0, err
+	}
 	rows, err := w.pool.Query(ctx, w.sql.FailedEvents, endpointID, from, to)
 	if err != nil {
 		return 0, err

@@ -44,14 +44,34 @@ type Base struct {
 	StopBeforeRestart bool
 
 	// lifecycle is held through Start and through Stop: one at a time, and
-	// a Start that comes during a Stop waits for it.
-	lifecycle sync.Mutex
+	// a Start that comes during a Stop waits for it. A channel of one, so
+	// that Stop waits for it within its context.
+	lifecycle     chan struct{}
+	lifecycleOnce sync.Once
 
 	mu       sync.Mutex
 	run      *Run // the current run, or the last one; nil before the first
-	starting bool // Start's function is running
+	starting *Run // the run Start's function is preparing, or nil
 	active   bool // run has begun and has not been stopped
 }
+
+// lock takes the lifecycle, or returns ctx's error if it ends first.
+func (b *Base) lock(ctx context.Context) error {
+	b.lifecycleOnce.Do(func() { b.lifecycle = make(chan struct{}, 1) })
+	select {
+	case b.lifecycle <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case b.lifecycle <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *Base) unlock() { <-b.lifecycle }
 
 // Drainer is what a run hands work to that may outlive its goroutines (a
 // queue of host callbacks). Once the goroutines have returned the run calls
@@ -69,6 +89,10 @@ type Drainer interface {
 type Run struct {
 	ctx    context.Context // ends abruptly: Stop's context ended, or Start's
 	cancel context.CancelFunc
+	// startCtx is Start's context, ended too by a Stop that comes while
+	// Start's function runs: see StartContext.
+	startCtx    context.Context
+	cancelStart context.CancelFunc
 	// stopCtx ends when the run begins to stop; its Done is Stopping.
 	stopCtx context.Context
 	stop    context.CancelFunc
@@ -90,9 +114,13 @@ type Run struct {
 // returns that error; start must then have started nothing. Start returns
 // ErrRunning while a run is active and ErrLingering while the last one
 // drains.
+//
+// A Stop that comes while start runs ends the run's [Run.StartContext]:
+// start should do its I/O with that context, so that it returns, and Stop
+// with it.
 func (b *Base) Start(ctx context.Context, start func(run *Run) error) error {
-	b.lifecycle.Lock()
-	defer b.lifecycle.Unlock()
+	_ = b.lock(context.Background())
+	defer b.unlock()
 	b.mu.Lock()
 	switch {
 	case b.active:
@@ -102,13 +130,14 @@ func (b *Base) Start(ctx context.Context, start func(run *Run) error) error {
 		b.mu.Unlock()
 		return ErrLingering
 	}
-	b.starting = true
+	run := newRun(ctx)
+	b.starting = run
 	b.mu.Unlock()
 
-	run := newRun(ctx)
 	err := start(run)
+	run.cancelStart()
 	b.mu.Lock()
-	b.starting = false
+	b.starting = nil
 	if err == nil {
 		b.run, b.active = run, true
 	}
@@ -125,6 +154,7 @@ func (b *Base) Start(ctx context.Context, start func(run *Run) error) error {
 func newRun(ctx context.Context) *Run {
 	r := &Run{ready: make(chan struct{}), returned: make(chan struct{}), done: make(chan struct{})}
 	r.ctx, r.cancel = context.WithCancel(ctx)
+	r.startCtx, r.cancelStart = context.WithCancel(ctx)
 	r.stopCtx, r.stop = context.WithCancel(r.ctx)
 	r.markReady = sync.OnceFunc(func() { close(r.ready) })
 	return r
@@ -174,9 +204,20 @@ func (b *Base) ended(run *Run) {
 // (Stopped is closed once it has, and Start returns ErrLingering until then)
 // and its error is returned. Last, the functions given to OnStop run. Safe
 // before Start and safe twice.
+//
+// A Stop that comes while Start prepares a run ends that run's
+// StartContext, then waits for Start within ctx: ctx's error if Start has
+// not returned by then.
 func (b *Base) Stop(ctx context.Context) error {
-	b.lifecycle.Lock()
-	defer b.lifecycle.Unlock()
+	b.mu.Lock()
+	if b.starting != nil {
+		b.starting.cancelStart()
+	}
+	b.mu.Unlock()
+	if err := b.lock(ctx); err != nil {
+		return err
+	}
+	defer b.unlock()
 	run := b.Current()
 	if run == nil {
 		return nil
@@ -222,7 +263,7 @@ func (b *Base) Current() *Run {
 func (b *Base) Active() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.active || b.starting
+	return b.active || b.starting != nil
 }
 
 // Running reports whether a run is active and its goroutines, drains aside,
@@ -278,6 +319,11 @@ func isClosed(c <-chan struct{}) bool {
 		return false
 	}
 }
+
+// StartContext is the context for the I/O of Start's function (a service
+// registering itself, say): Start's context, ended too once Start's
+// function has returned or a Stop has come meanwhile.
+func (r *Run) StartContext() context.Context { return r.startCtx }
 
 // Go adds a goroutine to the run, started when Start's function returns nil
 // (call Go from there). Its context ends as soon as the run begins to stop.

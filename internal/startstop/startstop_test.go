@@ -243,3 +243,42 @@ func TestEvery(t *testing.T) {
 	close(stopping)
 	requireClosed(t, returned, "Every after stopping")
 }
+
+// A Stop that comes while Start's function runs ends its StartContext and
+// returns once Start has; a Start function that ignores it leaves Stop
+// bounded by Stop's own context.
+func TestStopDuringStart(t *testing.T) {
+	t.Parallel()
+	var b Base
+	inStart := make(chan struct{})
+	started := make(chan error, 1)
+	go func() {
+		started <- b.Start(context.Background(), func(run *Run) error {
+			close(inStart)
+			<-run.StartContext().Done()
+			return run.StartContext().Err()
+		})
+	}()
+	<-inStart
+	require.NoError(t, b.Stop(context.Background()))
+	require.ErrorIs(t, <-started, context.Canceled)
+	require.False(t, b.Active())
+
+	release := make(chan struct{})
+	inStart = make(chan struct{})
+	go func() {
+		started <- b.Start(context.Background(), func(*Run) error {
+			close(inStart)
+			<-release
+			return nil
+		})
+	}()
+	<-inStart
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, b.Stop(ctx), context.DeadlineExceeded)
+	close(release)
+	require.NoError(t, <-started)
+	require.NoError(t, b.Stop(context.Background()), "the run that began after all is stopped")
+	require.False(t, b.Active())
+}

@@ -151,8 +151,13 @@ var (
 	cache    sync.Map // schema -> *Set
 )
 
+// MaxSchemaLength is the longest schema name: River's client refuses a
+// longer one (it keeps "<schema>.<its longest channel>" within PostgreSQL's
+// 63 bytes), so a longer schema could be migrated but never worked.
+const MaxSchemaLength = 46
+
 // ErrSchema is the reason For refuses a schema name.
-var ErrSchema = fmt.Errorf("must be at most 63 letters, digits and underscores, starting with a letter or underscore")
+var ErrSchema = fmt.Errorf("must be at most %d letters, digits and underscores (River's limit), starting with a letter or underscore", MaxSchemaLength)
 
 // For returns the statements of schema ("" for the search_path), built on
 // first use and shared afterwards.
@@ -160,7 +165,7 @@ func For(schema string) (*Set, error) {
 	if s, ok := cache.Load(schema); ok {
 		return s.(*Set), nil
 	}
-	if schema != "" && (len(schema) > 63 || !schemaRE.MatchString(schema)) {
+	if schema != "" && (len(schema) > MaxSchemaLength || !schemaRE.MatchString(schema)) {
 		return nil, ErrSchema
 	}
 	s, _ := cache.LoadOrStore(schema, build(schema))

@@ -20,10 +20,19 @@ import (
 func TestDocsNameNoRemovedIdentifier(t *testing.T) {
 	t.Parallel()
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	names, err := filepath.Glob("*.go")
 	require.NoError(t, err)
+	var files []*ast.File
+	for _, n := range names {
+		if strings.HasSuffix(n, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, n, nil, 0)
+		require.NoError(t, err)
+		files = append(files, f)
+	}
 	exported := map[string]bool{} // "Name", and "Type.Method"/"Type.Field"
-	for _, f := range pkgs["events"].Files {
+	for _, f := range files {
 		for name, obj := range f.Scope.Objects {
 			if !ast.IsExported(name) || obj == nil {
 				continue

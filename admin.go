@@ -29,7 +29,7 @@ type EventInfo struct {
 	// LastError is the error of the last failed attempt, in the form it is
 	// stored: valid UTF-8, with NUL and invalid bytes written as `\xNN`, at
 	// most 2,000 bytes, cut on a rune boundary and ended with "…" if longer.
-	// [Config.OnPoison] gets the error itself.
+	// [RelayConfig.OnPoison] gets the error itself.
 	LastError string
 	// NextAttemptAt is when a failed event will be tried again; zero when not
 	// waiting.
@@ -41,15 +41,15 @@ type EventInfo struct {
 	// tells the pairs apart.
 	PoisonedAt time.Time
 	// Deliveries lists the event's pairs that are still owed or poisoned,
-	// by subscriber; filled by [Inspect] only.
+	// by subscriber; filled by [Outbox.Inspect] only.
 	Deliveries []DeliveryInfo
 }
 
 // Poisoned reports whether the event, or its delivery to some subscriber, is
-// set aside until [Requeue].
+// set aside until [Outbox.Requeue].
 func (e *EventInfo) Poisoned() bool { return !e.PoisonedAt.IsZero() }
 
-// infoRow is an outbox row as Inspect and ListPoisoned select it.
+// infoRow is an outbox row as Inspect and ListEvents select it.
 type infoRow struct {
 	Event
 	FannedOutAt, NextAttemptAt, PoisonedAt *time.Time
@@ -73,11 +73,6 @@ func scanInfo(row pgx.CollectableRow) (EventInfo, error) {
 
 // Inspect returns one event with its relay state, or an error wrapping
 // [ErrNotFound].
-func Inspect(ctx context.Context, db DB, id uuid.UUID) (EventInfo, error) {
-	return Outbox{}.Inspect(ctx, db, id)
-}
-
-// Inspect is [Inspect] in o's schema.
 func (o Outbox) Inspect(ctx context.Context, db DB, id uuid.UUID) (EventInfo, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -112,7 +107,7 @@ func (o Outbox) Inspect(ctx context.Context, db DB, id uuid.UUID) (EventInfo, er
 	return e, nil
 }
 
-// ListState selects the events [ListEvents] lists.
+// ListState selects the events [Outbox.ListEvents] lists.
 type ListState string
 
 // The states of [ListParams].
@@ -123,21 +118,18 @@ const (
 	// oldest first.
 	StateRetrying ListState = "retrying"
 	// StatePoisoned: set aside until Requeue or Discard, as a whole or for
-	// some subscriber (see [ListDeliveries] for the pairs); most recently
+	// some subscriber (see [Outbox.ListDeliveries] for the pairs); most recently
 	// poisoned first.
 	StatePoisoned ListState = "poisoned"
 	// StateRecent: fanned out; most recently fanned out first.
 	StateRecent ListState = "recent"
 )
 
-// ListLimitDefault is the page size of [ListEvents] when [ListParams.Limit]
+// ListLimitDefault is the page size of [Outbox.ListEvents] when [ListParams.Limit]
 // is zero.
 const ListLimitDefault = 50
 
-// ListPoisonedLimitDefault is the page size of [ListPoisoned].
-const ListPoisonedLimitDefault = ListLimitDefault
-
-// ListParams selects and pages the events [ListEvents] lists.
+// ListParams selects and pages the events [Outbox.ListEvents] lists.
 type ListParams struct {
 	// State selects the events. Required.
 	State ListState
@@ -162,11 +154,6 @@ type ListResult struct {
 
 // ListEvents lists events in one state, a page at a time (keyset paging on
 // the state's own index), optionally filtered by type glob and subject.
-func ListEvents(ctx context.Context, db DB, params ListParams) (ListResult, error) {
-	return Outbox{}.ListEvents(ctx, db, params)
-}
-
-// ListEvents is [ListEvents] in o's schema.
 func (o Outbox) ListEvents(ctx context.Context, db DB, params ListParams) (ListResult, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -180,30 +167,11 @@ func (o Outbox) ListEvents(ctx context.Context, db DB, params ListParams) (ListR
 	if limit < 1 || limit > 1000 {
 		return ListResult{}, invalidf(ErrInvalidArgument, "Limit", "%d: must be between 1 and 1000", params.Limit)
 	}
-	var typeRE, subject *string
-	if params.Type != "" {
-		p, err := glob.Compile(params.Type)
-		if err != nil {
-			return ListResult{}, invalidf(ErrInvalidArgument, "Type", "%v", err)
-		}
-		re := p.Regexp()
-		typeRE = &re
+	f, err := params.filter()
+	if err != nil {
+		return ListResult{}, err
 	}
-	if params.Subject != "" {
-		subject = &params.Subject
-	}
-	var (
-		afterSeq *int64
-		afterAt  *time.Time
-	)
-	if params.After != "" {
-		at, seq, err := parseCursor(params.After)
-		if err != nil {
-			return ListResult{}, err
-		}
-		afterSeq, afterAt = &seq, &at
-	}
-	rows, err := db.Query(ctx, query, limit+1, typeRE, subject, afterSeq, afterAt)
+	rows, err := db.Query(ctx, query, limit+1, f.typeRE, f.subject, f.afterSeq, f.afterAt)
 	if err != nil {
 		return ListResult{}, fmt.Errorf("events: list %s: %w", params.State, err)
 	}
@@ -214,49 +182,60 @@ func (o Outbox) ListEvents(ctx context.Context, db DB, params ListParams) (ListR
 	var res ListResult
 	if len(list) > limit {
 		list = list[:limit]
-		last := list[limit-1]
-		var at time.Time
-		switch params.State {
-		case StatePoisoned:
-			at = last.PoisonedAt
-		case StateRecent:
-			at = last.FannedOutAt
-		}
-		micros := int64(0) // seq order: the time plays no part
-		if !at.IsZero() {
-			micros = at.UnixMicro()
-		}
-		res.Next = fmt.Sprintf("%d.%d", micros, last.Seq)
+		res.Next = nextCursor(params.State, list[limit-1])
 	}
 	res.Events = list
 	return res, nil
 }
 
-// ListPoisonedParams pages through poisoned events.
-type ListPoisonedParams struct {
-	// Limit is the page size. Defaults to ListPoisonedLimitDefault (50); at
-	// most 1000.
-	Limit int
-	// After is the Next cursor of the previous page; empty for the first.
-	After string
+// listFilter holds a list query's filters, nil where the params set none.
+type listFilter struct {
+	typeRE, subject *string
+	afterSeq        *int64
+	afterAt         *time.Time
 }
 
-// ListPoisonedResult is one page of poisoned events.
-type ListPoisonedResult = ListResult
-
-// ListPoisoned lists poisoned events, most recently poisoned first, a page
-// at a time: [ListEvents] with [StatePoisoned]. A nil params means the
-// first page of 50.
-func ListPoisoned(ctx context.Context, db DB, params *ListPoisonedParams) (ListPoisonedResult, error) {
-	return Outbox{}.ListPoisoned(ctx, db, params)
-}
-
-// ListPoisoned is [ListPoisoned] in o's schema.
-func (o Outbox) ListPoisoned(ctx context.Context, db DB, params *ListPoisonedParams) (ListPoisonedResult, error) {
-	if params == nil {
-		params = &ListPoisonedParams{}
+// filter reads p's type glob, subject and cursor into a list query's
+// filters.
+func (p ListParams) filter() (listFilter, error) {
+	var f listFilter
+	if p.Type != "" {
+		g, err := glob.Compile(p.Type)
+		if err != nil {
+			return f, invalidf(ErrInvalidArgument, "Type", "%v", err)
+		}
+		re := g.Regexp()
+		f.typeRE = &re
 	}
-	return o.ListEvents(ctx, db, ListParams{State: StatePoisoned, Limit: params.Limit, After: params.After})
+	if p.Subject != "" {
+		f.subject = &p.Subject
+	}
+	if p.After != "" {
+		at, seq, err := parseCursor(p.After)
+		if err != nil {
+			return f, err
+		}
+		f.afterSeq, f.afterAt = &seq, &at
+	}
+	return f, nil
+}
+
+// nextCursor is the Next cursor of a page of state that ends with last:
+// "<micros>.<seq>", with the time the state's list is ordered by (poisoned,
+// fanned out) or 0 for the lists in seq order. parseCursor reads it.
+func nextCursor(state ListState, last EventInfo) string {
+	var at time.Time
+	switch state {
+	case StatePoisoned:
+		at = last.PoisonedAt
+	case StateRecent:
+		at = last.FannedOutAt
+	}
+	micros := int64(0) // seq order: the time plays no part
+	if !at.IsZero() {
+		micros = at.UnixMicro()
+	}
+	return fmt.Sprintf("%d.%d", micros, last.Seq)
 }
 
 func parseCursor(c string) (time.Time, int64, error) {
@@ -271,16 +250,11 @@ func parseCursor(c string) (time.Time, int64, error) {
 
 // Requeue puts a poisoned event back in the queue — the event itself if it
 // was poisoned as a whole, and every poisoned (event, subscriber) pair of it
-// (see [RequeueDelivery]): attempts start again (a pair's error history is
+// (see [Outbox.RequeueDelivery]): attempts start again (a pair's error history is
 // kept), and the relays are woken. It returns an error wrapping
 // [ErrNotFound] for an unknown ID and [ErrNotPoisoned] for an event with
 // nothing poisoned. With db a transaction,
 // the relays see the requeue when it commits.
-func Requeue(ctx context.Context, db DB, id uuid.UUID) error {
-	return Outbox{}.Requeue(ctx, db, id)
-}
-
-// Requeue is [Requeue] in o's schema.
 func (o Outbox) Requeue(ctx context.Context, db DB, id uuid.UUID) error {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -306,11 +280,6 @@ func (o Outbox) Requeue(ctx context.Context, db DB, id uuid.UUID) error {
 // out, is deleted. It returns an error wrapping [ErrNotFound] for an unknown
 // ID and [ErrNotPoisoned] for an event with nothing poisoned. Retention
 // never deletes poisoned events on its own.
-func Discard(ctx context.Context, db DB, id uuid.UUID) error {
-	return Outbox{}.Discard(ctx, db, id)
-}
-
-// Discard is [Discard] in o's schema.
 func (o Outbox) Discard(ctx context.Context, db DB, id uuid.UUID) error {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {

@@ -23,7 +23,7 @@ func TestListEventsByStateWithFiltersAndPages(t *testing.T) {
 		t.Helper()
 		n := 0
 		for {
-			page, err := ListEvents(ctx, b.pool, p)
+			page, err := outbox.ListEvents(ctx, b.pool, p)
 			require.NoError(t, err)
 			n += len(page.Events)
 			if page.Next == "" {
@@ -41,12 +41,12 @@ func TestListEventsByStateWithFiltersAndPages(t *testing.T) {
 	require.Equal(t, 2, count(ListParams{State: StatePending, Type: "note.*", Subject: "note:1"}))
 	require.Equal(t, 0, count(ListParams{State: StatePending, Type: "order"}))
 
-	page, err := ListEvents(ctx, b.pool, ListParams{State: StatePending, Limit: 2})
+	page, err := outbox.ListEvents(ctx, b.pool, ListParams{State: StatePending, Limit: 2})
 	require.NoError(t, err)
 	require.Equal(t, []string{pending[0].ID.String(), pending[1].ID.String()}, []string{page.Events[0].ID.String(), page.Events[1].ID.String()}, "oldest first")
 
 	for _, bad := range []ListParams{{State: "nope"}, {State: StatePending, Limit: 1001}, {State: StatePending, Type: "a*"}, {State: StatePending, After: "x"}} {
-		_, err := ListEvents(ctx, b.pool, bad)
+		_, err := outbox.ListEvents(ctx, b.pool, bad)
 		require.ErrorIs(t, err, ErrInvalidArgument, "%+v", bad)
 	}
 }

@@ -17,7 +17,10 @@ import (
 
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/logging"
+	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
+	"github.com/standmeet/events/internal/wake"
 )
 
 // Receipt says that an event has become River jobs.
@@ -25,7 +28,10 @@ type Receipt struct {
 	EventID uuid.UUID
 	// Fanout maps each subscriber that got a job to the River job's ID (for a
 	// coalesced event, the job it was folded into). Empty when no subscriber
-	// matched.
+	// matched. A relay's round commits without waiting for its WAL flush
+	// (see the README's Guarantees): after a crash of the database server
+	// within a moment of the receipt, the event is fanned out again, to jobs
+	// with other IDs.
 	Fanout map[string]int64
 	// FannedOutAt is when the relay committed the jobs.
 	FannedOutAt time.Time
@@ -36,16 +42,16 @@ type Receipt struct {
 	// event's Fanout then names the job. Nil when none.
 	Owed []string
 	// Poisoned maps each subscriber for which the event is poisoned (its
-	// Map failed MaxAttempts times; see [RequeueDelivery]) to the last
+	// Map failed MaxAttempts times; see [Outbox.RequeueDelivery]) to the last
 	// error. Nil when none.
 	Poisoned map[string]string
 }
 
 // AwaiterConfig configures an [Awaiter]. The zero value works.
 type AwaiterConfig struct {
-	// Schema holds the library's tables. Defaults to the connection's
-	// search_path.
-	Schema string
+	// Outbox is the schema whose events the awaiter waits for. The zero
+	// Outbox is the search_path's.
+	Outbox Outbox
 
 	// NotFoundGrace is how long [Awaiter.AwaitFanout] waits for an ID it
 	// cannot see before returning ErrNotFound. It covers a writer that calls
@@ -70,13 +76,15 @@ func (c *AwaiterConfig) withDefaults() AwaiterConfig {
 	out := *c
 	out.NotFoundGrace = cmp.Or(out.NotFoundGrace, NotFoundGraceDefault)
 	out.Listener = out.Listener.withDefaults()
-	if out.Logger == nil {
-		out.Logger = defaultLogger()
-	}
+	out.Logger = cmp.Or(out.Logger, logging.Default())
+	out.Outbox = out.Outbox.withDefaults()
 	return out
 }
 
 func (c *AwaiterConfig) validate() error {
+	if err := c.Outbox.validate(); err != nil {
+		return err
+	}
 	if c.NotFoundGrace < 0 {
 		return invalidf(ErrInvalidConfig, "NotFoundGrace", "%v: must not be negative", c.NotFoundGrace)
 	}
@@ -97,26 +105,18 @@ type Awaiter struct {
 	// (tests).
 	reconnectPause func(ctx context.Context, d time.Duration)
 
-	kick chan struct{} // to the kicker: wake the relays
+	// svc is the awaiter's lifecycle. A run that ends with its Start context
+	// is over: the awaiter may be started again without Stop.
+	svc startstop.Base
+
+	kick wake.Signal // to the kicker: wake the relays
 
 	mu      sync.Mutex
-	running bool
 	waiters map[uuid.UUID]map[*waiter]struct{}
-	cancel  context.CancelFunc
-	done    chan struct{}
-	ready   chan struct{}
 }
 
 type waiter struct {
-	wake    chan struct{}
-	stopped bool // set under Awaiter.mu when the awaiter stops
-}
-
-func (w *waiter) poke() {
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
+	wake wake.Signal // a notification or a reconnect: read again
 }
 
 // NewAwaiter returns an awaiter reading through pool. Call
@@ -132,7 +132,7 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	sql, err := statementsFor(cfg.Schema)
+	sql, err := statementsFor(cfg.Outbox.Schema)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +140,7 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: awaiter metrics: %w", err)
 	}
-	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, kick: make(chan struct{}, 1),
+	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, kick: wake.New(),
 		waiters: map[uuid.UUID]map[*waiter]struct{}{}}, nil
 }
 
@@ -150,61 +150,31 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 // [Awaiter.Stop]: waits in progress return an error wrapping
 // [ErrNotRunning], and so do later calls, at once.
 func (a *Awaiter) Start(ctx context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.running {
-		return ErrStarted
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	a.cancel, a.done, a.ready, a.running = cancel, make(chan struct{}), make(chan struct{}), true
-	ready := sync.OnceFunc(func() { close(a.ready) })
-	// Every waiter's rows are re-read every PollInterval, listening or not:
-	// a listening connection can die silently (until the ping finds out)
-	// and a notification can be lost, so no receipt waits on a socket
-	// longer than that.
-	run := func(ctx context.Context) { ready(); a.pollLoop(ctx) }
-	if !a.config.Listener.PollOnly {
-		l := &listener.Listener{
-			ConnConfig:      a.pool.Config().ConnConfig,
-			Connect:         a.config.Listener.Connect,
+	err := a.svc.Start(ctx, func(run *startstop.Run) error {
+		// Every waiter's rows are re-read every PollInterval, listening or
+		// not: a listening connection can die silently (until the ping finds
+		// out) and a notification can be lost, so no receipt waits on a
+		// socket longer than that.
+		run.Go(a.pollLoop)
+		run.Go(a.kicker)
+		l := a.config.Listener.listen(run, a.pool, a.config.Logger, &listener.Listener{
 			Channels:        []string{a.sql.ChannelFanned},
 			ApplicationName: listener.AwaiterApplicationName,
 			OnNotify:        func(_, payload string) { a.notified(payload) },
-			OnConnect: func() {
+			OnConnect: func(bool) {
 				a.pokeAll() // notifications sent while away are lost: re-check
-				ready()
+				run.MarkReady()
 			},
-			PingInterval: a.config.Listener.PingInterval,
-			Logger:       a.config.Logger,
-			ReconnectMin: a.config.Listener.ReconnectBackoff,
-			ReconnectMax: a.config.Listener.MaxReconnectBackoff,
-			Sleep:        listener.SleepContext,
+			Sleep: a.reconnectPause,
+		})
+		if l == nil {
+			run.MarkReady() // PollOnly: polling is all there is
 		}
-		if a.reconnectPause != nil {
-			l.Sleep = a.reconnectPause
-		}
-		run = func(ctx context.Context) {
-			var wg sync.WaitGroup
-			wg.Go(func() { a.pollLoop(ctx) })
-			l.Run(ctx)
-			wg.Wait()
-		}
+		return nil
+	})
+	if err != nil {
+		return ErrStarted // a run is active: the base's only refusal here
 	}
-	done := a.done
-	go func() {
-		defer close(done)
-		var kicks sync.WaitGroup
-		kicks.Go(func() { a.kicker(runCtx) })
-		run(runCtx)
-		kicks.Wait()
-		// ctx ended (or Stop): a waiter must not wait for notifications
-		// that no one listens for any more.
-		a.mu.Lock()
-		if a.running && a.done == done {
-			a.halt()
-		}
-		a.mu.Unlock()
-	}()
 	return nil
 }
 
@@ -213,37 +183,38 @@ func (a *Awaiter) Start(ctx context.Context) error {
 // events that waiters wait for, and wakes the waiters of those fanned out or
 // poisoned.
 func (a *Awaiter) pollLoop(ctx context.Context) {
-	t := time.NewTicker(a.config.Listener.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		a.mu.Lock()
-		ids := make([]string, 0, len(a.waiters))
-		for id := range a.waiters {
-			ids = append(ids, id.String())
-		}
-		a.mu.Unlock()
-		if len(ids) == 0 {
-			continue
-		}
-		rows, err := a.pool.Query(ctx, a.sql.AwaitDone, ids)
-		if err != nil {
+	every := a.config.Listener.PollInterval
+	startstop.Every(ctx, nil, every, every, func() {
+		if err := a.poll(ctx); err != nil && ctx.Err() == nil {
 			a.config.Logger.WarnContext(ctx, "events: awaiter poll failed", slog.String("err", err.Error()))
-			continue
 		}
-		done, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			a.config.Logger.WarnContext(ctx, "events: awaiter poll failed", slog.String("err", err.Error()))
-			continue
-		}
-		if len(done) > 0 {
-			a.notified(strings.Join(done, ","))
-		}
+	})
+}
+
+// poll reads which of the events waited for are fanned out or poisoned, and
+// wakes their waiters.
+func (a *Awaiter) poll(ctx context.Context) error {
+	a.mu.Lock()
+	ids := make([]string, 0, len(a.waiters))
+	for id := range a.waiters {
+		ids = append(ids, id.String())
 	}
+	a.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := a.pool.Query(ctx, a.sql.AwaitDone, ids)
+	if err != nil {
+		return err
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	if len(done) > 0 {
+		a.notified(strings.Join(done, ","))
+	}
+	return nil
 }
 
 // kicker wakes the relays on behalf of waiters whose events are not fanned
@@ -265,79 +236,24 @@ func (a *Awaiter) kicker(ctx context.Context) {
 	}
 }
 
-// kickRelays asks the kicker to wake the relays; a kick already asked for
-// covers this one too.
-func (a *Awaiter) kickRelays() {
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
-}
-
-// halt marks the awaiter stopped and wakes every waiter, which then returns
-// ErrNotRunning. Called with a.mu held.
-func (a *Awaiter) halt() {
-	a.running = false
-	a.cancel()
-	for _, ws := range a.waiters {
-		for w := range ws {
-			w.stopped = true
-			w.poke()
-		}
-	}
-}
-
 // Stop stops the awaiter: waits in progress return an error wrapping
 // [ErrNotRunning], the listening connection closes, and no goroutine of the
 // awaiter is left when Stop returns. If ctx ends first, Stop still waits for
-// the goroutine (which is already cancelled) and returns ctx's error, as
+// the goroutines (which are already cancelled) and returns ctx's error, as
 // [Relay.Stop] does. Safe before Start and safe twice.
-func (a *Awaiter) Stop(ctx context.Context) error {
-	a.mu.Lock()
-	if a.running {
-		a.halt()
-	}
-	done := a.done
-	a.mu.Unlock()
-	if done == nil {
-		return nil
-	}
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		<-done
-		return ctx.Err()
-	}
-}
+func (a *Awaiter) Stop(ctx context.Context) error { return a.svc.Stop(ctx) }
 
 // Ready returns a channel that is closed once the awaiter of the current run
 // listens. Waits work before that too (they read the rows), but a
 // notification sent earlier is not seen; tests and readiness probes wait on
 // it. Before the first Start it returns a channel that is never closed.
-func (a *Awaiter) Ready() <-chan struct{} {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.ready == nil {
-		return make(chan struct{})
-	}
-	return a.ready
-}
+func (a *Awaiter) Ready() <-chan struct{} { return a.svc.Ready() }
 
 // Stopped returns a channel that is closed once the current run of the
 // awaiter has stopped (by Stop, or because Start's context ended) and its
-// goroutine has returned. Before the first Start it returns a closed channel.
-func (a *Awaiter) Stopped() <-chan struct{} {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.done == nil {
-		return closedChan
-	}
-	return a.done
-}
-
-// closedChan is what Stopped returns before the first Start.
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+// goroutines have returned. Before the first Start it returns a closed
+// channel.
+func (a *Awaiter) Stopped() <-chan struct{} { return a.svc.Stopped() }
 
 // AwaitFanout blocks until every event in ids has been fanned out, by any
 // relay in any process, and returns their receipts in the order of ids. It
@@ -360,7 +276,25 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // read when the event's round committed: the subscribers still owed then
 // (their Map failed, or no relay that knows them has served them yet) are in
 // [Receipt.Owed], the poisoned ones in [Receipt.Poisoned].
-func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) (receipts []Receipt, err error) {
+func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) ([]Receipt, error) {
+	return a.awaitMeasured(ctx, ids, "")
+}
+
+// AwaitDelivery is [Awaiter.AwaitFanout] for one subscriber: it blocks until
+// every event in ids has been fanned out and, if the event is owed to
+// subscriber (its Map failed and is being retried, it is paused, or the
+// stamping relay did not know it), until a relay delivered it. A receipt
+// then names the subscriber's job in Fanout, or none when the subscriber
+// does not take the event (its types do not match, or its Map skipped it).
+// A pair poisoned for subscriber returns a [*PoisonedError] naming it; the
+// other errors are AwaitFanout's. A subscriber that no running relay has
+// waits until ctx ends: give ctx a deadline.
+func (a *Awaiter) AwaitDelivery(ctx context.Context, subscriber string, ids ...uuid.UUID) ([]Receipt, error) {
+	return a.awaitMeasured(ctx, ids, subscriber)
+}
+
+// awaitMeasured is await, counted and timed by outcome.
+func (a *Awaiter) awaitMeasured(ctx context.Context, ids []uuid.UUID, subscriber string) (receipts []Receipt, err error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
@@ -373,39 +307,15 @@ func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) (receipts [
 		a.metrics.receipts.Add(ctx, 1, o)
 		a.metrics.duration.Record(ctx, time.Since(start).Seconds(), o)
 	}()
-	return a.await(ctx, ids, "")
-}
-
-// AwaitDelivery is [Awaiter.AwaitFanout] for one subscriber: it blocks until
-// every event in ids has been fanned out and, if the event is owed to
-// subscriber (its Map failed and is being retried, it is paused, or the
-// stamping relay did not know it), until a relay delivered it. A receipt
-// then names the subscriber's job in Fanout, or none when the subscriber
-// does not take the event (its types do not match, or its Map skipped it).
-// A pair poisoned for subscriber returns a [*PoisonedError] naming it; the
-// other errors are AwaitFanout's. A subscriber that no running relay has
-// waits until ctx ends: give ctx a deadline.
-func (a *Awaiter) AwaitDelivery(ctx context.Context, subscriber string, ids ...uuid.UUID) (receipts []Receipt, err error) {
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	start := time.Now()
-	defer func() {
-		if a.metrics.receipts == nil {
-			return
-		}
-		o := outcome(err)
-		a.metrics.receipts.Add(ctx, 1, o)
-		a.metrics.duration.Record(ctx, time.Since(start).Seconds(), o)
-	}()
 	return a.await(ctx, ids, subscriber)
 }
 
 // await waits for ids' receipts; with subscriber set, until that
 // subscriber's pair of each is delivered too.
 func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string) ([]Receipt, error) {
-	w := &waiter{wake: make(chan struct{}, 1)}
-	if err := a.register(w, ids); err != nil {
+	w := &waiter{wake: wake.New()}
+	stopping, err := a.register(w, ids)
+	if err != nil {
 		return nil, err
 	}
 	defer a.unregister(w, ids)
@@ -414,33 +324,14 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 	pending := append([]uuid.UUID(nil), ids...)
 	grace := time.NewTimer(a.config.NotFoundGrace)
 	defer grace.Stop()
-	graceOver := false
-	kicked := false
-	failures := 0
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	defer retry.Stop()
+	graceOver, kicked := false, false
 	for {
 		// Registered first, then checked: a fan-out that lands in between
 		// is seen here or wakes us.
-		missing, err := a.check(ctx, pending, receipts, subscriber)
-		if err != nil && isTransient(err) && ctx.Err() == nil {
-			// The database is away (restarting, connection lost): keep
-			// waiting, and look again shortly.
-			failures++
-			a.config.Logger.WarnContext(ctx, "events: await fanout: reading events failed; retrying", slog.String("err", err.Error()))
-			retry.Reset(backoff.Delay(failures, 50*time.Millisecond, time.Second))
-			select {
-			case <-retry.C:
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
+		missing, err := a.checkUntilAnswered(ctx, pending, receipts, subscriber)
 		if err != nil {
 			return nil, err
 		}
-		failures = 0
 		if len(missing) > 0 && graceOver {
 			return nil, fmt.Errorf("%w: %s (not visible after %v)", ErrNotFound, missing[0], a.config.NotFoundGrace)
 		}
@@ -459,16 +350,12 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 		}
 		if !kicked {
 			kicked = true
-			a.kickRelays()
+			a.kick.Send()
 		}
 		select {
 		case <-w.wake:
-			a.mu.Lock()
-			stopped := w.stopped
-			a.mu.Unlock()
-			if stopped {
-				return nil, fmt.Errorf("%w: the awaiter stopped", ErrNotRunning)
-			}
+		case <-stopping:
+			return nil, fmt.Errorf("%w: the awaiter stopped", ErrNotRunning)
 		case <-grace.C:
 			graceOver = true
 		case <-ctx.Done():
@@ -477,12 +364,25 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 	}
 }
 
+// checkUntilAnswered is check, tried again with backoff while the database
+// is away (restarting, connection lost), until ctx ends.
+func (a *Awaiter) checkUntilAnswered(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt, subscriber string) ([]uuid.UUID, error) {
+	for failures := 1; ; failures++ {
+		missing, err := a.check(ctx, pending, receipts, subscriber)
+		if err == nil || !isTransient(err) || ctx.Err() != nil {
+			return missing, err
+		}
+		a.config.Logger.WarnContext(ctx, "events: await fanout: reading events failed; retrying", slog.String("err", err.Error()))
+		if err := backoff.Sleep(ctx, backoff.Delay(failures, 50*time.Millisecond, time.Second)); err != nil {
+			return nil, err
+		}
+	}
+}
+
 // check reads the pending events, fills receipts for the fanned-out ones
 // (with subscriber set, only once they owe it nothing), and returns the IDs
 // it could not see.
 func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt, subscriber string) ([]uuid.UUID, error) {
-	seen := make(map[uuid.UUID]bool, len(pending))
-	var poisonErr error
 	ids := make([]string, len(pending))
 	for i, id := range pending {
 		ids[i] = id.String()
@@ -492,39 +392,16 @@ func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[u
 		return nil, fmt.Errorf("events: await fanout: %w", err)
 	}
 	defer rows.Close()
+	seen := make(map[uuid.UUID]bool, len(pending))
+	var poisonErr error
 	for rows.Next() {
-		var (
-			r         Receipt
-			fannedAt  *time.Time
-			poisoned  bool
-			lastError string
-			pairs     map[string]*string
-		)
-		if err := rows.Scan(&r.EventID, &fannedAt, &r.Fanout, &poisoned, &lastError, &pairs); err != nil {
+		row, err := scanAwaitRow(rows)
+		if err != nil {
 			return nil, fmt.Errorf("events: await fanout: %w", err)
 		}
-		for sub, e := range pairs {
-			if e == nil {
-				r.Owed = append(r.Owed, sub)
-				continue
-			}
-			if r.Poisoned == nil {
-				r.Poisoned = map[string]string{}
-			}
-			r.Poisoned[sub] = *e
-		}
-		slices.Sort(r.Owed)
-		seen[r.EventID] = true
-		switch {
-		case fannedAt != nil && subscriber != "" && r.Poisoned[subscriber] != "" && poisonErr == nil:
-			poisonErr = &PoisonedError{EventID: r.EventID, Subscriber: subscriber, LastError: r.Poisoned[subscriber]}
-		case fannedAt != nil && subscriber != "" && (slices.Contains(r.Owed, subscriber) || hasKey(r.Poisoned, subscriber)):
-			// Still owed to it: wait for the deliveries lane.
-		case fannedAt != nil:
-			r.FannedOutAt = *fannedAt
-			receipts[r.EventID] = r
-		case poisoned && poisonErr == nil:
-			poisonErr = &PoisonedError{EventID: r.EventID, LastError: lastError}
+		seen[row.EventID] = true
+		if err := row.answer(subscriber, receipts); err != nil && poisonErr == nil {
+			poisonErr = err
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -542,12 +419,67 @@ func (a *Awaiter) check(ctx context.Context, pending []uuid.UUID, receipts map[u
 	return missing, nil
 }
 
-func (a *Awaiter) register(w *waiter, ids []uuid.UUID) error {
+// awaitRow is an event as the Await statement reads it: its receipt so far
+// (Owed and Poisoned filled), and whether it is fanned out or poisoned as a
+// whole.
+type awaitRow struct {
+	Receipt
+	fannedAt  *time.Time
+	poisoned  bool
+	lastError string
+}
+
+func scanAwaitRow(rows pgx.Rows) (awaitRow, error) {
+	var (
+		r     awaitRow
+		pairs map[string]*string // owed pairs: nil, or the poisoned one's last error
+	)
+	if err := rows.Scan(&r.EventID, &r.fannedAt, &r.Fanout, &r.poisoned, &r.lastError, &pairs); err != nil {
+		return r, err
+	}
+	for sub, e := range pairs {
+		if e == nil {
+			r.Owed = append(r.Owed, sub)
+			continue
+		}
+		if r.Poisoned == nil {
+			r.Poisoned = map[string]string{}
+		}
+		r.Poisoned[sub] = *e
+	}
+	slices.Sort(r.Owed)
+	return r, nil
+}
+
+// answer files r's receipt in receipts once it answers the wait: the event
+// is fanned out and, with subscriber set, owes it nothing. It returns a
+// [*PoisonedError] for an event poisoned as a whole, or for subscriber's
+// poisoned pair of it.
+func (r awaitRow) answer(subscriber string, receipts map[uuid.UUID]Receipt) error {
+	switch {
+	case r.fannedAt != nil && subscriber != "" && r.Poisoned[subscriber] != "":
+		return &PoisonedError{EventID: r.EventID, Subscriber: subscriber, LastError: r.Poisoned[subscriber]}
+	case r.fannedAt != nil && subscriber != "" && (slices.Contains(r.Owed, subscriber) || hasKey(r.Poisoned, subscriber)):
+		// Still owed to it: wait for the deliveries lane.
+	case r.fannedAt != nil:
+		receipt := r.Receipt
+		receipt.FannedOutAt = *r.fannedAt
+		receipts[r.EventID] = receipt
+	case r.poisoned:
+		return &PoisonedError{EventID: r.EventID, LastError: r.lastError}
+	}
+	return nil
+}
+
+// register adds w as the waiter of ids, and returns the channel that is
+// closed when the run it waits on stops.
+func (a *Awaiter) register(w *waiter, ids []uuid.UUID) (stopping <-chan struct{}, err error) {
+	run := a.svc.Current()
+	if run == nil || run.IsStopping() {
+		return nil, fmt.Errorf("%w: call Awaiter.Start first", ErrNotRunning)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !a.running {
-		return fmt.Errorf("%w: call Awaiter.Start first", ErrNotRunning)
-	}
 	for _, id := range ids {
 		ws := a.waiters[id]
 		if ws == nil {
@@ -556,7 +488,7 @@ func (a *Awaiter) register(w *waiter, ids []uuid.UUID) error {
 		}
 		ws[w] = struct{}{}
 	}
-	return nil
+	return run.Stopping(), nil
 }
 
 func (a *Awaiter) unregister(w *waiter, ids []uuid.UUID) {
@@ -582,7 +514,7 @@ func (a *Awaiter) notified(payload string) {
 			continue
 		}
 		for w := range a.waiters[id] {
-			w.poke()
+			w.wake.Send()
 		}
 	}
 }
@@ -592,7 +524,7 @@ func (a *Awaiter) pokeAll() {
 	defer a.mu.Unlock()
 	for _, ws := range a.waiters {
 		for w := range ws {
-			w.poke()
+			w.wake.Send()
 		}
 	}
 }

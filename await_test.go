@@ -92,7 +92,7 @@ func TestAwaitFanoutOfAPoisonedEvent(t *testing.T) {
 		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
 			return nil, nil, errors.New("no template for this event")
 		}}
-	b := setup(t, setupOpts{config: &Config{MaxAttempts: 1}}, sub, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{MaxAttempts: 1}}, sub, mapSub("audit", false, "**"))
 	a := startAwaiter(t, b, nil)
 	e := b.record(t, Event{Type: "a"})[0]
 	b.start(t)
@@ -286,7 +286,7 @@ func TestAwaiterStartContextCancelledWakesWaiters(t *testing.T) {
 func TestAwaiterKicksTheRelays(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
 	a := startAwaiter(t, b, nil)
 	b.start(t)
 	requireClosed(t, b.relay.Ready(), "relay ready")

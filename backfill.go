@@ -10,7 +10,7 @@ import (
 // is one short statement over a range of the primary key.
 const backfillRange = 5000
 
-// BackfillResult is what [Backfill] did.
+// BackfillResult is what [Outbox.Backfill] did.
 type BackfillResult struct {
 	// Owed counts the pairs it wrote: events now owed to the subscriber,
 	// delivered by the relays that have it.
@@ -33,12 +33,7 @@ type BackfillResult struct {
 // finished, it finds nothing more to owe. The subscriber must be active and
 // registered by a relay of this version (its types are needed): otherwise
 // the error wraps [ErrUnknownSubscriber]. Progress shows as
-// [OutboxStats.Owed] and in [ListSubscribers].
-func Backfill(ctx context.Context, db DB, subscriber string, since time.Time) (BackfillResult, error) {
-	return Outbox{}.Backfill(ctx, db, subscriber, since)
-}
-
-// Backfill is [Backfill] in o's schema.
+// [OutboxStats.Owed] and in [Outbox.ListSubscribers].
 func (o Outbox) Backfill(ctx context.Context, db DB, subscriber string, since time.Time) (BackfillResult, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {

@@ -12,8 +12,8 @@ import (
 )
 
 // poisonAtOnce is a relay config that poisons an event at its first failure.
-func poisonAtOnce(onPoison func(context.Context, Event, error)) *Config {
-	return &Config{MaxAttempts: 1, OnPoison: onPoison}
+func poisonAtOnce(onPoison func(context.Context, Event, error)) *RelayConfig {
+	return &RelayConfig{MaxAttempts: 1, OnPoison: onPoison}
 }
 
 // failingSub fails the mapping of events of type "bad" and maps the others.
@@ -95,7 +95,7 @@ func TestStoppingStopsCallingMap(t *testing.T) {
 	t.Parallel()
 	calls := make(chan struct{}, 1000)
 	release := make(chan struct{})
-	b := setup(t, setupOpts{config: &Config{BatchSize: 500}}, Subscriber{Name: "slow", Types: []string{"**"},
+	b := setup(t, setupOpts{config: &RelayConfig{BatchSize: 500}}, Subscriber{Name: "slow", Types: []string{"**"},
 		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
 			calls <- struct{}{}
 			<-release // ignores its context

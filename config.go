@@ -4,15 +4,17 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 )
 
-// Defaults of [Config], [AwaiterConfig] and [ListenerConfig], applied to
+// Defaults of [RelayConfig], [AwaiterConfig] and [ListenerConfig], applied to
 // fields left zero.
 const (
 	BatchSizeDefault           = 200
@@ -98,9 +100,22 @@ func (c ListenerConfig) validate() error {
 	return nil
 }
 
-// defaultLogger writes warnings and errors to standard error.
-func defaultLogger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+// listen starts, as a goroutine of run, the listening connection that c
+// describes for a service reading through pool: l holds the service's part
+// (its channels, application name, callbacks and test pause), listen the
+// rest. It returns l, whose Listening reports on the connection; with
+// PollOnly it starts nothing and returns nil.
+func (c ListenerConfig) listen(run *startstop.Run, pool *pgxpool.Pool, logger *slog.Logger, l *listener.Listener) *listener.Listener {
+	if c.PollOnly {
+		return nil
+	}
+	l.ConnConfig = pool.Config().ConnConfig
+	l.Connect = c.Connect
+	l.PingInterval = c.PingInterval
+	l.ReconnectMin, l.ReconnectMax = c.ReconnectBackoff, c.MaxReconnectBackoff
+	l.Logger = logger
+	run.Go(l.Run)
+	return l
 }
 
 // statementsFor returns the statements of schema, or a [*ValidationError]
@@ -108,7 +123,7 @@ func defaultLogger() *slog.Logger {
 func statementsFor(schema string) (*statements.Set, error) {
 	s, err := statements.For(schema)
 	if err != nil {
-		return nil, invalidf(ErrInvalidConfig, "Schema", "%q: %v", schema, err)
+		return nil, invalidf(ErrInvalidConfig, "Outbox.Schema", "%q: %v", schema, err)
 	}
 	return s, nil
 }

@@ -82,7 +82,7 @@ func (r *Relay) queueDeliveryCharges(b *pgx.Batch, failures []pairFailure) func(
 }
 
 // alertPair reports a pair this relay just poisoned: an error log at once,
-// and OnPoison off the loop (see Config.OnPoison), with the event and the
+// and OnPoison off the loop (see RelayConfig.OnPoison), with the event and the
 // subscriber's error as it returned it.
 func (r *Relay) alertPair(ctx context.Context, f pairFailure) {
 	e := f.row.Event
@@ -98,7 +98,7 @@ func (r *Relay) alertPair(ctx context.Context, f pairFailure) {
 }
 
 // DeliveryInfo is an (event, subscriber) pair still owed or poisoned, as
-// [ListDeliveries] and [Inspect] report it. Pairs delivered have no state
+// [Outbox.ListDeliveries] and [Outbox.Inspect] report it. Pairs delivered have no state
 // of their own: the event's Fanout names their job.
 type DeliveryInfo struct {
 	// EventID, Seq, Type and Subject are the event's.
@@ -124,7 +124,7 @@ type DeliveryInfo struct {
 	OwedSince time.Time
 }
 
-// Poisoned reports whether the pair is set aside until [RequeueDelivery].
+// Poisoned reports whether the pair is set aside until [Outbox.RequeueDelivery].
 func (d *DeliveryInfo) Poisoned() bool { return !d.PoisonedAt.IsZero() }
 
 // AttemptError is one failed attempt of a pair.
@@ -157,7 +157,7 @@ func scanDelivery(row pgx.CollectableRow) (DeliveryInfo, error) {
 	return d, nil
 }
 
-// DeliveryState selects the pairs [ListDeliveries] lists.
+// DeliveryState selects the pairs [Outbox.ListDeliveries] lists.
 type DeliveryState string
 
 // The states of [ListDeliveriesParams].
@@ -169,7 +169,7 @@ const (
 	DeliveryPoisoned DeliveryState = "poisoned"
 )
 
-// ListDeliveriesParams selects and pages the pairs [ListDeliveries] lists.
+// ListDeliveriesParams selects and pages the pairs [Outbox.ListDeliveries] lists.
 type ListDeliveriesParams struct {
 	// State selects the pairs. Defaults to DeliveryPoisoned.
 	State DeliveryState
@@ -192,8 +192,8 @@ type ListDeliveriesResult struct {
 	Next string
 }
 
-// DeliveryFilter selects poisoned pairs for [RequeueDeliveries] and
-// [DiscardDeliveries]. The zero value selects every poisoned pair.
+// DeliveryFilter selects poisoned pairs for [Outbox.RequeueDeliveries] and
+// [Outbox.DiscardDeliveries]. The zero value selects every poisoned pair.
 type DeliveryFilter struct {
 	// Type is a glob on the event type; empty means every type.
 	Type string
@@ -203,11 +203,6 @@ type DeliveryFilter struct {
 
 // ListDeliveries lists (event, subscriber) pairs that are owed or poisoned,
 // by event and subscriber, a page at a time.
-func ListDeliveries(ctx context.Context, db DB, params ListDeliveriesParams) (ListDeliveriesResult, error) {
-	return Outbox{}.ListDeliveries(ctx, db, params)
-}
-
-// ListDeliveries is [ListDeliveries] in o's schema.
 func (o Outbox) ListDeliveries(ctx context.Context, db DB, params ListDeliveriesParams) (ListDeliveriesResult, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -277,11 +272,6 @@ func typeRegexp(glb string) (*string, error) {
 // returns an error wrapping [ErrNotFound] when the event owes the
 // subscriber nothing and [ErrNotPoisoned] when the pair is owed but not
 // poisoned.
-func RequeueDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
-	return Outbox{}.RequeueDelivery(ctx, db, eventID, subscriber)
-}
-
-// RequeueDelivery is [RequeueDelivery] in o's schema.
 func (o Outbox) RequeueDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -296,12 +286,7 @@ func (o Outbox) RequeueDelivery(ctx context.Context, db DB, eventID uuid.UUID, s
 
 // DiscardDelivery gives up one poisoned (event, subscriber) pair for good:
 // that pair alone is dropped; the event row, and every other subscriber's
-// fanout record on it, stays. Errors as [RequeueDelivery].
-func DiscardDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
-	return Outbox{}.DiscardDelivery(ctx, db, eventID, subscriber)
-}
-
-// DiscardDelivery is [DiscardDelivery] in o's schema.
+// fanout record on it, stays. Errors as [Outbox.RequeueDelivery].
 func (o Outbox) DiscardDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -331,23 +316,13 @@ const filterBatch = 1000
 // RequeueDeliveries requeues every poisoned pair that filter selects, in
 // batches of 1,000 (each its own statement: with a pool, its own
 // transaction), and returns how many.
-func RequeueDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
-	return Outbox{}.RequeueDeliveries(ctx, db, filter)
-}
-
-// RequeueDeliveries is [RequeueDeliveries] in o's schema.
 func (o Outbox) RequeueDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
 	return o.byFilter(ctx, db, filter, true)
 }
 
 // DiscardDeliveries drops every poisoned pair that filter selects, in
 // batches of 1,000, and returns how many. Event rows stay (see
-// [DiscardDelivery]).
-func DiscardDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
-	return Outbox{}.DiscardDeliveries(ctx, db, filter)
-}
-
-// DiscardDeliveries is [DiscardDeliveries] in o's schema.
+// [Outbox.DiscardDelivery]).
 func (o Outbox) DiscardDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
 	return o.byFilter(ctx, db, filter, false)
 }
@@ -385,25 +360,15 @@ func (o Outbox) byFilter(ctx context.Context, db DB, filter DeliveryFilter, requ
 
 // PauseSubscriber pauses one subscriber: from the next round on, no relay
 // maps or inserts anything for it; its events stay owed to it (as pairs),
-// while every other subscriber's flow. [ResumeSubscriber] lets the relays
+// while every other subscriber's flow. [Outbox.ResumeSubscriber] lets the relays
 // deliver what it is owed. It returns an error wrapping
 // [ErrUnknownSubscriber] for a name not registered (or retired).
-func PauseSubscriber(ctx context.Context, db DB, name string) error {
-	return Outbox{}.PauseSubscriber(ctx, db, name)
-}
-
-// PauseSubscriber is [PauseSubscriber] in o's schema.
 func (o Outbox) PauseSubscriber(ctx context.Context, db DB, name string) error {
 	return o.pause(ctx, db, name, true)
 }
 
 // ResumeSubscriber resumes a paused subscriber and wakes the relays. Resuming
 // one that is not paused is not an error.
-func ResumeSubscriber(ctx context.Context, db DB, name string) error {
-	return Outbox{}.ResumeSubscriber(ctx, db, name)
-}
-
-// ResumeSubscriber is [ResumeSubscriber] in o's schema.
 func (o Outbox) ResumeSubscriber(ctx context.Context, db DB, name string) error {
 	return o.pause(ctx, db, name, false)
 }

@@ -105,17 +105,17 @@ func TestRetiredSubscriberIsNeitherCaughtUpNorFannedOut(t *testing.T) {
 	waitFannedOut(t, b.pool, 10*time.Second)
 	require.Equal(t, 2, catchUpPending(t, b), "stamped by a relay lacking gone: both wait for it")
 
-	list, err := ListSubscribers(ctx, b.pool)
+	list, err := outbox.ListSubscribers(ctx, b.pool)
 	require.NoError(t, err)
 	require.Len(t, list, 2)
 	require.Equal(t, "gone", list[0].Name)
 	require.True(t, list[0].RetiredAt.IsZero())
 
-	require.NoError(t, RetireSubscriber(ctx, b.pool, "gone"))
-	require.NoError(t, RetireSubscriber(ctx, b.pool, "gone"), "retiring twice is fine")
-	require.ErrorIs(t, RetireSubscriber(ctx, b.pool, "never"), ErrUnknownSubscriber)
+	require.NoError(t, outbox.RetireSubscriber(ctx, b.pool, "gone"))
+	require.NoError(t, outbox.RetireSubscriber(ctx, b.pool, "gone"), "retiring twice is fine")
+	require.ErrorIs(t, outbox.RetireSubscriber(ctx, b.pool, "never"), ErrUnknownSubscriber)
 	require.Equal(t, 0, catchUpPending(t, b))
-	list, err = ListSubscribers(ctx, b.pool)
+	list, err = outbox.ListSubscribers(ctx, b.pool)
 	require.NoError(t, err)
 	require.False(t, list[0].RetiredAt.IsZero())
 
@@ -141,7 +141,7 @@ func TestHandleJobsOfAnUnknownSubscriber(t *testing.T) {
 	b := setup(t, setupOpts{work: true})
 	_, err := registerSubscribers(ctx, b.pool, defaultSQL(t), []string{"active-elsewhere", "removed"})
 	require.NoError(t, err)
-	require.NoError(t, RetireSubscriber(ctx, b.pool, "removed"))
+	require.NoError(t, outbox.RetireSubscriber(ctx, b.pool, "removed"))
 	var ids [2]int64
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		for i, name := range []string{"active-elsewhere", "removed"} {

@@ -17,9 +17,29 @@
 //		return err
 //	})
 //
+// # One handle
+//
+// An [Outbox] names the schema of the library's tables (and River's) and the
+// settings its parts share; the zero Outbox is the search_path's. It is said
+// once: every component is built from it ([RelayConfig.Outbox],
+// [AwaiterConfig.Outbox], the webhook and web view packages' configs), and
+// every operation on the tables is one of its methods:
+//
+//	var outbox events.Outbox // or events.Outbox{Schema: "billing"}, and river.Config{Schema: "billing"}
+//	if err := outbox.Migrate(ctx, pool); err != nil { … }
+//	relay, err := events.NewRelay(pool, &events.RelayConfig{Outbox: outbox})
+//	…
+//	st, err := outbox.Stats(ctx, pool)
+//	err = outbox.RequeueDelivery(ctx, pool, eventID, "search")
+//
+// [Record], [RecordMany] and [RecordedInTx] write to the zero Outbox, the
+// case of almost every service; [Outbox.Record] and its siblings write to a
+// schema of its own. A process that works jobs but runs no relay registers
+// its handlers with [Outbox.AddWorkers].
+//
 // # Relaying
 //
-// A [Relay] runs in every process. Each round claims up to [Config.BatchSize]
+// A [Relay] runs in every process. Each round claims up to [RelayConfig.BatchSize]
 // rows that are not yet fanned out, with FOR UPDATE SKIP LOCKED (never a
 // sequence cursor, which loses events whose transactions commit out of
 // order), inserts one River job per matching [Subscriber] with a single
@@ -38,14 +58,15 @@
 // Relays register their subscribers in the database when they start, so
 // during a rolling deploy a relay that lacks a new subscriber leaves the
 // events it stamps to be caught up by one that has it; see [Relay.Start] and
-// [RetireSubscriber].
+// [Outbox.RetireSubscriber].
 //
 // # Subscribers
 //
 // A subscriber selects events by type with glob patterns ("note.*",
 // "supplier.**") and either maps each event to the host's own River job args
 // ([Subscriber.Map]) or handles the event in a job worked by the library's
-// worker ([Subscriber.Handle], registered by [Relay.AddWorkers]). A subscriber
+// worker ([Subscriber.Handle], registered by [Relay.AddWorkers], or by
+// [Outbox.AddWorkers] in a process without a relay). A subscriber
 // may coalesce: one job per subject per batch, for the latest event. A
 // subscriber may be ordered ([Subscriber.Ordered]): one subject's jobs run
 // one at a time, in the order the relays append them (commit order when the
@@ -66,11 +87,11 @@
 //
 // Delivery state is kept per (event, subscriber). A subscriber whose Map
 // fails for an event (an error, a panic, a job River refuses) is retried for
-// that pair alone with backoff and, after [Config.MaxAttempts] failures,
-// poisoned for that subscriber alone: set aside ([ListDeliveries],
-// [RequeueDelivery], [DiscardDelivery]) and reported through
-// [Config.OnPoison]; the event's other subscribers get their jobs at once.
-// Failures of the database are never counted. [PauseSubscriber] holds one
+// that pair alone with backoff and, after [RelayConfig.MaxAttempts] failures,
+// poisoned for that subscriber alone: set aside ([Outbox.ListDeliveries],
+// [Outbox.RequeueDelivery], [Outbox.DiscardDelivery]) and reported through
+// [RelayConfig.OnPoison]; the event's other subscribers get their jobs at once.
+// Failures of the database are never counted. [Outbox.PauseSubscriber] holds one
 // subscriber's deliveries back while the others flow. Refused input is a
 // [*ValidationError] that names the field; an event poisoned as a whole
 // makes a receipt a [*PoisonedError].

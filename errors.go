@@ -21,7 +21,7 @@ var (
 	// that cannot be registered, as a [*ValidationError] naming the field.
 	ErrInvalidSubscriber = errors.New("events: invalid subscriber")
 
-	// ErrInvalidConfig is returned by [NewRelay], [NewAwaiter], [Migrate] and
+	// ErrInvalidConfig is returned by [NewRelay], [NewAwaiter], [Outbox.Migrate] and
 	// the [Outbox] methods for a configuration that cannot work (a bad
 	// Schema, say), as a [*ValidationError] naming the field.
 	ErrInvalidConfig = errors.New("events: invalid config")
@@ -31,7 +31,7 @@ var (
 	// [*ValidationError] naming it.
 	ErrInvalidArgument = errors.New("events: invalid argument")
 
-	// ErrInvalidWatch is returned by [InstallWatch] for a watch that cannot
+	// ErrInvalidWatch is returned by [Outbox.InstallWatch] for a watch that cannot
 	// be installed: a missing table or column, or a bad field.
 	ErrInvalidWatch = errors.New("events: invalid watch")
 
@@ -41,14 +41,14 @@ var (
 
 	// ErrPoisoned is returned by [Awaiter.AwaitFanout] for an event that the
 	// relay set aside after repeated failures, as a [*PoisonedError]. See
-	// [Requeue].
+	// [Outbox.Requeue].
 	ErrPoisoned = errors.New("events: event poisoned")
 
-	// ErrNotPoisoned is returned by [Requeue] for an event that is not
+	// ErrNotPoisoned is returned by [Outbox.Requeue] for an event that is not
 	// poisoned.
 	ErrNotPoisoned = errors.New("events: event not poisoned")
 
-	// ErrUnknownSubscriber is returned by [RetireSubscriber] for a name that
+	// ErrUnknownSubscriber is returned by [Outbox.RetireSubscriber] for a name that
 	// no relay ever registered.
 	ErrUnknownSubscriber = errors.New("events: unknown subscriber")
 
@@ -63,7 +63,9 @@ var (
 
 // ValidationError is a refused input: which field, and why. It matches its
 // sentinel ([ErrInvalidEvent], [ErrInvalidSubscriber], [ErrInvalidConfig],
-// [ErrInvalidArgument] or [ErrInvalidWatch]) with [errors.Is].
+// [ErrInvalidArgument] or [ErrInvalidWatch]; package webhook's
+// ErrInvalidEndpoint) with [errors.Is]. Every package of the library reports
+// a refused config, argument or input as one.
 type ValidationError struct {
 	// Kind is the sentinel: what was refused.
 	Kind error
@@ -72,14 +74,24 @@ type ValidationError struct {
 	Field string
 	// Reason says what is wrong with it.
 	Reason string
+	// Err is the cause, when the refusal has one to check with [errors.Is]
+	// (package webhook's ErrForbiddenAddress for a URL refused for its
+	// address, say). Usually nil.
+	Err error
 }
 
 func (e *ValidationError) Error() string {
 	return fmt.Sprintf("%v: %s %s", e.Kind, e.Field, e.Reason)
 }
 
-// Unwrap returns the sentinel, for [errors.Is].
-func (e *ValidationError) Unwrap() error { return e.Kind }
+// Unwrap returns the sentinel and the cause, for [errors.Is] and
+// [errors.As].
+func (e *ValidationError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{e.Kind}
+	}
+	return []error{e.Kind, e.Err}
+}
 
 func invalidf(kind error, field, format string, args ...any) *ValidationError {
 	return &ValidationError{Kind: kind, Field: field, Reason: fmt.Sprintf(format, args...)}

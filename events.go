@@ -62,7 +62,7 @@ const (
 // Notification channels. Record and table triggers notify ChannelEvents in
 // the writing transaction, so relays wake when it commits; relays notify
 // ChannelFanned with the IDs of the events they fanned out. These are the
-// channels of the default schema; in a schema of its own ([MigrateOpts])
+// channels of the default schema; in a schema of its own ([Outbox.Schema])
 // each is qualified as "<schema>.<channel>" (River does the same), so relays
 // of one schema are not woken by another's writes.
 const (
@@ -70,14 +70,22 @@ const (
 	ChannelFanned = statements.ChannelFanned
 )
 
-// Outbox is the library's tables in one schema. The package-level functions
-// ([Record], [Requeue], …) use the zero Outbox: the tables on the
-// connection's search_path. Use an Outbox with Schema set when [Migrate] was
-// given one. An Outbox's statements are built once per schema and shared by
-// every part of the library.
+// Outbox is the library's handle: its tables in one schema, and the
+// settings every part of it shares. Every component is built from one —
+// [RelayConfig.Outbox], [AwaiterConfig.Outbox], and the webhook and web view
+// packages' configs — and every operator operation is one of its methods
+// ([Outbox.Migrate], [Outbox.Stats], [Outbox.Requeue], …), so the schema is
+// said once. The zero Outbox is the tables on the connection's search_path,
+// as River's zero Schema is; [Record] and [RecordMany] write there, and
+// [Outbox.Record] to another schema. An Outbox is a small value, safe to copy
+// and to use from many goroutines; its statements are built once per schema
+// and shared.
 type Outbox struct {
-	// Schema holds the library's tables, as given to [MigrateOpts]. Empty
-	// means the connection's search_path.
+	// Schema holds the library's tables and River's: the schema
+	// [Outbox.Migrate] creates them in, and the River client's
+	// (river.Config.Schema). Empty means the connection's search_path. At
+	// most 46 letters, digits and underscores: River's client refuses a
+	// longer schema.
 	Schema string
 
 	// NotifyInterval throttles the notification that wakes the relays:
@@ -93,10 +101,34 @@ type Outbox struct {
 
 	// OrphanAfter is how long a registered, active subscriber may go
 	// unserved by every running relay before [Outbox.Stats] reports it
-	// orphaned. Defaults to OrphanAfterDefault (15 min), as
-	// [Config.OrphanAfter].
+	// orphaned: by [Relay.Health], by a warning log naming the fix (deploy
+	// it, or [Outbox.RetireSubscriber]), and by [Outbox.Stats]. Its owed
+	// pairs keep their events from retention until then and after. Defaults
+	// to OrphanAfterDefault (15 min).
 	OrphanAfter time.Duration
 }
+
+func (o Outbox) withDefaults() Outbox {
+	o.OrphanAfter = cmp.Or(o.OrphanAfter, OrphanAfterDefault)
+	return o
+}
+
+// validate refuses an Outbox no component can work with; the field names
+// are those of a config's Outbox field.
+func (o Outbox) validate() error {
+	if _, err := statementsFor(o.Schema); err != nil {
+		return err
+	}
+	if o.OrphanAfter < 0 {
+		return invalidf(ErrInvalidConfig, "Outbox.OrphanAfter", "%v: must not be negative", o.OrphanAfter)
+	}
+	return nil
+}
+
+// Validate reports whether o can be used, as every component built from it
+// checks: an error wrapping [ErrInvalidConfig] that names the field. Other
+// packages building on the library (webhook, eventsui) call it.
+func (o Outbox) Validate() error { return o.validate() }
 
 // Notification throttling of [Outbox.NotifyInterval].
 const (

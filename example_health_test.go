@@ -16,6 +16,7 @@ import (
 // A readiness probe: the relay's own health, and how far behind the outbox
 // is, in one cheap query.
 func ExampleRelay_Healthy() {
+	var outbox events.Outbox // the tables on the search_path
 	pool := examplePool()
 	defer pool.Close()
 	relay, stop := startRelay(pool, nil, events.Subscriber{Name: "audit", Types: []string{"**"},
@@ -23,7 +24,7 @@ func ExampleRelay_Healthy() {
 	defer stop()
 
 	ready := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		st, err := events.Stats(r.Context(), pool)
+		st, err := outbox.Stats(r.Context(), pool)
 		switch {
 		case err != nil:
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)

@@ -26,10 +26,10 @@ func (SearchArgs) Kind() string { return "search.reindex" }
 
 // startRelay starts a relay with subs on pool, with an insert-only River
 // client, and returns it and its stop function.
-func startRelay(pool *pgxpool.Pool, config *events.Config, subs ...events.Subscriber) (*events.Relay, func()) {
+func startRelay(pool *pgxpool.Pool, config *events.RelayConfig, subs ...events.Subscriber) (*events.Relay, func()) {
 	ctx := context.Background()
 	if config == nil {
-		config = &events.Config{}
+		config = &events.RelayConfig{}
 	}
 	config.Logger = slog.New(slog.DiscardHandler) // keep the examples' output clean
 	relay, err := events.NewRelay(pool, config)
@@ -92,7 +92,8 @@ func ExampleAwaiter_AwaitFanout() {
 }
 
 // A watch records events for writes that never pass through Go.
-func ExampleInstallWatch() {
+func ExampleOutbox_InstallWatch() {
+	var outbox events.Outbox // the tables on the search_path
 	ctx := context.Background()
 	pool := examplePool()
 	defer pool.Close()
@@ -100,7 +101,7 @@ func ExampleInstallWatch() {
 		INSERT INTO invoices VALUES (9, 'open')`); err != nil {
 		log.Fatal(err)
 	}
-	err := events.InstallWatch(ctx, pool, events.Watch{
+	err := outbox.InstallWatch(ctx, pool, events.Watch{
 		Table:          "invoices",
 		Types:          map[events.Op]string{events.OpUpdate: "invoice.status.changed"},
 		Columns:        []string{"status"}, // only when status really changes
@@ -131,13 +132,14 @@ func ExampleInstallWatch() {
 // A subscriber whose Map keeps failing for an event is poisoned for that
 // event alone (every other subscriber gets its job); once the cause is
 // fixed an operator puts the pair back in the queue.
-func ExampleRequeueDelivery() {
+func ExampleOutbox_RequeueDelivery() {
+	var outbox events.Outbox // the tables on the search_path
 	ctx := context.Background()
 	pool := examplePool()
 	defer pool.Close()
 	var fixed atomic.Bool
 	poisoned := make(chan events.Event, 1)
-	_, stop := startRelay(pool, &events.Config{MaxAttempts: 1, OnPoison: func(_ context.Context, e events.Event, _ error) { poisoned <- e }},
+	_, stop := startRelay(pool, &events.RelayConfig{MaxAttempts: 1, OnPoison: func(_ context.Context, e events.Event, _ error) { poisoned <- e }},
 		events.Subscriber{Name: "search", Types: []string{"**"},
 			Map: func(_ context.Context, e events.Event) (river.JobArgs, *river.InsertOpts, error) {
 				if !fixed.Load() {
@@ -155,7 +157,7 @@ func ExampleRequeueDelivery() {
 		log.Fatal(err)
 	}
 	e := <-poisoned
-	page, err := events.ListDeliveries(ctx, pool, events.ListDeliveriesParams{State: events.DeliveryPoisoned})
+	page, err := outbox.ListDeliveries(ctx, pool, events.ListDeliveriesParams{State: events.DeliveryPoisoned})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -163,11 +165,11 @@ func ExampleRequeueDelivery() {
 	fmt.Println("poisoned:", d.Subject, "for", d.Subscriber, "-", d.LastError)
 
 	fixed.Store(true)
-	if err := events.RequeueDelivery(ctx, pool, e.ID, "search"); err != nil {
+	if err := outbox.RequeueDelivery(ctx, pool, e.ID, "search"); err != nil {
 		log.Fatal(err)
 	}
 	for {
-		info, err := events.Inspect(ctx, pool, e.ID)
+		info, err := outbox.Inspect(ctx, pool, e.ID)
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -19,7 +19,7 @@ import (
 // it into a River job, and handle it. README.md shows this same code.
 func Example() {
 	ctx := context.Background()
-	pool := examplePool() // any *pgxpool.Pool on which events.Migrate has run
+	pool := examplePool() // any *pgxpool.Pool on which outbox.Migrate has run
 	defer pool.Close()
 
 	// 1. A relay with one subscriber. Handle subscribers get a River job

@@ -55,8 +55,8 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 	t.Helper()
 	ctx := context.Background()
 	o := Outbox{Schema: schema}
-	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: schema}))
-	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: schema}), "twice")
+	require.NoError(t, Outbox{Schema: schema}.Migrate(ctx, pool))
+	require.NoError(t, Outbox{Schema: schema}.Migrate(ctx, pool), "twice")
 
 	var fail = true
 	broken := Subscriber{Name: "broken", Types: []string{"broken.*"},
@@ -66,7 +66,7 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 			}
 			return testArgs{EventID: e.ID}, nil, nil
 		}}
-	relay, err := NewRelay(pool, &Config{MaxAttempts: 1, Logger: quietLogger(), Listener: listen})
+	relay, err := NewRelay(pool, &RelayConfig{Outbox: o, MaxAttempts: 1, Logger: quietLogger(), Listener: listen})
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(mapSub("audit", false, "**")))
 	require.NoError(t, relay.Subscribe(mapSub("search", true, "note.*")))
@@ -118,7 +118,7 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 	}), errRollback)
 
 	// The relay, receipts, a poisoned event, operators.
-	awaiter, err := NewAwaiter(pool, &AwaiterConfig{Schema: schema, Logger: quietLogger(), Listener: listen})
+	awaiter, err := NewAwaiter(pool, &AwaiterConfig{Outbox: Outbox{Schema: schema}, Logger: quietLogger(), Listener: listen})
 	require.NoError(t, err)
 	require.NoError(t, awaiter.Start(ctx))
 	defer awaiter.Stop(ctx)
@@ -159,10 +159,10 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 	_, err = awaiter.AwaitFanout(within(t, 20*time.Second), whole.ID)
 	var pe *PoisonedError
 	require.ErrorAs(t, err, &pe)
-	page, err := o.ListPoisoned(ctx, pool, &ListPoisonedParams{Limit: 1})
+	page, err := o.ListEvents(ctx, pool, ListParams{State: StatePoisoned, Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1)
-	page, err = o.ListPoisoned(ctx, pool, &ListPoisonedParams{Limit: 1, After: fmt.Sprintf("%d.%d", time.Now().Add(time.Hour).UnixMicro(), 1<<40)})
+	page, err = o.ListEvents(ctx, pool, ListParams{State: StatePoisoned, Limit: 1, After: fmt.Sprintf("%d.%d", time.Now().Add(time.Hour).UnixMicro(), 1<<40)})
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1, "keyset page after a cursor")
 	require.NoError(t, o.Discard(ctx, pool, whole.ID))

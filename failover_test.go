@@ -56,7 +56,7 @@ func failover(t *testing.T, outage time.Duration) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	relay, err := NewRelay(pool, &Config{Logger: quietLogger()})
+	relay, err := NewRelay(pool, &RelayConfig{Logger: quietLogger()})
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(mapSub("audit", false, "**")))
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()})

@@ -42,7 +42,7 @@ func TestBusyRelayStillRetriesAndPrunes(t *testing.T) {
 			time.Sleep(time.Millisecond)
 			return testArgs{EventID: e.ID}, nil, nil
 		}}
-	b := setup(t, setupOpts{config: &Config{
+	b := setup(t, setupOpts{config: &RelayConfig{
 		BatchSize: batch, MaxRoundsInFlight: 1, RetryBackoff: backoff, MaxRetryBackoff: backoff,
 		Retention: time.Hour, RetentionInterval: 50 * time.Millisecond,
 	}}, sub)

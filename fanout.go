@@ -126,7 +126,7 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, 
 			r.metrics.batchSize.Record(ctx, int64(len(claimed)), r.laneAttr[l])
 		}
 	}()
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err = r.beginRound(ctx, db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, claimSQL, args...)
 		if err != nil {
 			return err
@@ -166,6 +166,30 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, 
 	return claimed, nil
 }
 
+// beginRound runs fn in a round's transaction: its own on the pool, or a
+// savepoint of the caller's transaction (FanOutTx), whose commit is the
+// caller's to decide.
+//
+// Its own begins with synchronous_commit off, in the BEGIN's round trip
+// (the Set's BeginRound). The round is atomic and idempotent on loss: if the
+// server crashes before its commit reaches disk (at most about three
+// wal_writer_delay, 600 ms by default), the jobs, the stamps and the
+// notifications vanish together and the rows are claimed again, so nothing
+// is lost and the database never holds two fan-outs of one event. Every
+// transaction that depends on the round commits synchronously after it —
+// River's fetch of a job, a worker's completion — and its flush (and its
+// wait for a synchronous standby) covers the round's commit record, so a job
+// any worker saw is never lost. What the round saves is its own WAL flush on
+// the fan-out path: about a quarter of commit-to-fanned at low rates.
+func (r *Relay) beginRound(ctx context.Context, db Beginner, fn func(pgx.Tx) error) error {
+	if pool, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{BeginQuery: r.sql.BeginRound}, fn)
+	}
+	return pgx.BeginFunc(ctx, db, fn)
+}
+
 // fanOut inserts the jobs of a claimed batch and stamps it, inside tx. A
 // pair whose subscriber's mapping fails (or, with isolate, whose job is
 // refused) is charged a failed attempt in the same transaction and stays
@@ -178,34 +202,47 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 	}
 	// Ordered subscribers' jobs take their places in their chains (a no-op
 	// without any); a job that must wait for an earlier event is taken out
-	// and its pairs deferred.
+	// and its pairs deferred (ordered.go).
 	chains, err := r.orderChains(ctx, tx, l, batch, &p)
 	if err != nil {
 		return nil, err
 	}
-	results := chains.replaced(p.jobs) // a replaced pending tail is not inserted
-	if len(p.jobs) > 0 && !isolate {
-		params := make([]river.InsertManyParams, 0, len(p.jobs))
-		at := make([]int, 0, len(p.jobs))
-		for i, j := range p.jobs {
-			if results[i] == nil {
-				params = append(params, river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)})
-				at = append(at, i)
-			}
-		}
-		if len(params) > 0 {
-			inserted, err := r.client.InsertManyTx(ctx, tx, params)
-			if err != nil {
-				return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
-			}
-			if len(inserted) != len(params) {
-				return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(inserted))
-			}
-			for k, i := range at {
-				results[i] = inserted[k]
-			}
-		}
+	results, err := r.insertJobs(ctx, tx, &p, isolate, batch, chains.replaced(p.jobs))
+	if err != nil {
+		return nil, err
 	}
+	if r.hooks.afterInsert != nil {
+		r.hooks.afterInsert(ctx, tx)
+	}
+	fanout := fanoutByEvent(p.jobs, results, len(batch))
+	var b pgx.Batch
+	fanned := 0
+	if l == laneOwed {
+		r.queueStampOwed(&b, batch, fanout, p.failed, chains)
+	} else {
+		r.queueStampPending(&b, batch, fanout)
+		fanned = len(batch)
+	}
+	if err := chains.queue(&b, batch, p.jobs, results); err != nil {
+		return nil, err
+	}
+	poisonedAt := r.queueDeliveryCharges(&b, p.failed)
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return nil, fmt.Errorf("stamping %d events: %w", len(batch), err)
+	}
+	r.countFanOut(ctx, fanned, p.jobs, results)
+	return poisonedAt(), nil
+}
+
+// insertJobs inserts p's jobs in tx, all in one call, and returns their
+// results in the order of p.jobs: results, where it holds one already (an
+// ordered subscriber's job that replaces a waiting one is not inserted), and
+// the inserted job's otherwise. With isolate each job is inserted in a
+// savepoint of its own: one refused on its own account has a nil result and
+// its pairs are added to p.failed.
+func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, p *roundPlan, isolate bool, batch []claimedRow,
+	results []*rivertype.JobInsertResult,
+) ([]*rivertype.JobInsertResult, error) {
 	if isolate {
 		for i, j := range p.jobs {
 			if results[i] != nil {
@@ -224,14 +261,38 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 				p.failed = append(p.failed, pairFailure{row: batch[ev], sub: j.sub, attempts: attemptsOf(batch[ev], j.sub.Name), err: re.err})
 			}
 		}
+		return results, nil
 	}
-	if r.hooks.afterInsert != nil {
-		r.hooks.afterInsert(ctx, tx)
-	}
-
-	// fanout per event: subscriber name -> job ID, in subscriber order.
-	fanout := make([][]fanoutEntry, len(batch))
+	params := make([]river.InsertManyParams, 0, len(p.jobs))
+	at := make([]int, 0, len(p.jobs))
 	for i, j := range p.jobs {
+		if results[i] == nil {
+			params = append(params, river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)})
+			at = append(at, i)
+		}
+	}
+	if len(params) == 0 {
+		return results, nil
+	}
+	inserted, err := r.client.InsertManyTx(ctx, tx, params)
+	if err != nil {
+		return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
+	}
+	if len(inserted) != len(params) {
+		return nil, fmt.Errorf("inserting %d jobs: River returned %d results", len(params), len(inserted))
+	}
+	for k, i := range at {
+		results[i] = inserted[k]
+	}
+	return results, nil
+}
+
+// fanoutByEvent lists, for each of n events, the jobs that name it:
+// subscriber name -> job ID, in subscriber order. A job that was refused
+// (no result) names nothing.
+func fanoutByEvent(jobs []plannedJob, results []*rivertype.JobInsertResult, n int) [][]fanoutEntry {
+	fanout := make([][]fanoutEntry, n)
+	for i, j := range jobs {
 		if results[i] == nil {
 			continue
 		}
@@ -239,73 +300,79 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 			fanout[ev] = append(fanout[ev], fanoutEntry{j.sub.Name, results[i].Job.ID})
 		}
 	}
+	return fanout
+}
+
+// queueStampPending queues, in b, the stamp of a pending-lane batch: every
+// event fanned out with its fanout, and owed to the registered subscribers
+// the round did not serve; then the notifications that answer the events'
+// receipts, delivered at commit and only if it commits. Receipts are
+// answered at the first fan-out (AwaitDelivery waits for the lane).
+func (r *Relay) queueStampPending(b *pgx.Batch, batch []claimedRow, fanout [][]fanoutEntry) {
+	seqs, docs, ids := make([]int64, len(batch)), make([]string, len(batch)), make([]uuid.UUID, len(batch))
+	for i, c := range batch {
+		seqs[i], docs[i], ids[i] = c.Seq, encodeFanout(fanout[i]), c.ID
+	}
+	b.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused))
+	r.queueNotifyFanned(b, ids)
+}
+
+// queueStampOwed queues, in b, the stamp of a deliveries-lane batch: the
+// events' fanout extended with their new jobs, and every claimed pair that
+// did not fail and was not deferred (an ordered subscriber's, behind an
+// earlier event) served (its job inserted, or its Map skipped it, or it no
+// longer matches); then the notifications that wake AwaitDelivery's
+// waiters, at commit.
+func (r *Relay) queueStampOwed(b *pgx.Batch, batch []claimedRow, fanout [][]fanoutEntry, failed []pairFailure, chains *chainPlan) {
+	isFailed := make(map[[2]any]bool, len(failed))
+	for _, f := range failed {
+		isFailed[[2]any{f.row.Seq, f.sub.Name}] = true
+	}
 	var (
-		seqs    = make([]int64, 0, len(batch))
-		docs    = make([]string, 0, len(batch))
-		ids     = make([]uuid.UUID, 0, len(batch))
-		sendBuf pgx.Batch
+		seqs     = make([]int64, 0, len(batch))
+		docs     = make([]string, 0, len(batch))
+		doneSeqs []int64
+		doneSubs []string
+		served   []uuid.UUID
 	)
-	switch l {
-	case laneOwed:
-		// Every claimed pair that did not fail is served: its job inserted,
-		// or its Map skipped it, or it no longer matches.
-		failed := map[[2]any]bool{}
-		for _, f := range p.failed {
-			failed[[2]any{f.row.Seq, f.sub.Name}] = true
-		}
-		var doneSeqs []int64
-		var doneSubs []string
-		for i, c := range batch {
-			if len(fanout[i]) > 0 {
-				seqs = append(seqs, c.Seq)
-				docs = append(docs, encodeFanout(fanout[i]))
-			}
-			for _, o := range c.owed {
-				if !failed[[2]any{c.Seq, o.sub}] && !chains.isDeferred(c.Seq, o.sub) {
-					doneSeqs = append(doneSeqs, c.Seq)
-					doneSubs = append(doneSubs, o.sub)
-				}
-			}
-		}
-		if len(seqs) > 0 || len(doneSeqs) > 0 {
-			sendBuf.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs)
-			// Wakes AwaitDelivery's waiters, at commit.
-			var served []uuid.UUID
-			for i, c := range batch {
-				if len(fanout[i]) > 0 || len(c.owed) > 0 {
-					served = append(served, c.ID)
-				}
-			}
-			for _, payload := range notifyPayloads(served) {
-				sendBuf.Queue(r.sql.NotifyFanned, payload)
-			}
-		}
-	default:
-		for i, c := range batch {
+	for i, c := range batch {
+		if len(fanout[i]) > 0 {
 			seqs = append(seqs, c.Seq)
 			docs = append(docs, encodeFanout(fanout[i]))
-			ids = append(ids, c.ID)
 		}
-		sendBuf.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused))
-		// Delivered at commit, and only if it commits. Receipts are
-		// answered at the first fan-out (AwaitDelivery waits for the lane).
-		for _, payload := range notifyPayloads(ids) {
-			sendBuf.Queue(r.sql.NotifyFanned, payload)
+		for _, o := range c.owed {
+			if !isFailed[[2]any{c.Seq, o.sub}] && !chains.isDeferred(c.Seq, o.sub) {
+				doneSeqs = append(doneSeqs, c.Seq)
+				doneSubs = append(doneSubs, o.sub)
+			}
+		}
+		if len(fanout[i]) > 0 || len(c.owed) > 0 {
+			served = append(served, c.ID)
 		}
 	}
-	if err := chains.queue(&sendBuf, batch, p.jobs, results); err != nil {
-		return nil, err
+	if len(seqs) == 0 && len(doneSeqs) == 0 {
+		return
 	}
-	poisonedAt := r.queueDeliveryCharges(&sendBuf, p.failed)
-	if err := tx.SendBatch(ctx, &sendBuf).Close(); err != nil {
-		return nil, fmt.Errorf("stamping %d events: %w", len(batch), err)
+	b.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs)
+	r.queueNotifyFanned(b, served)
+}
+
+// queueNotifyFanned queues the ChannelFanned notifications for ids.
+func (r *Relay) queueNotifyFanned(b *pgx.Batch, ids []uuid.UUID) {
+	for _, payload := range notifyPayloads(ids) {
+		b.Queue(r.sql.NotifyFanned, payload)
 	}
-	// Counted before the commit: a round that then fails to commit counts
-	// its events twice, which a metric may; nothing else does.
-	if l == lanePending {
-		r.metrics.fanned.Add(ctx, int64(len(seqs)))
+}
+
+// countFanOut records a round's metrics: the events it fanned out, its jobs,
+// and the events folded into coalesced jobs. Counted before the commit: a
+// round that then fails to commit counts its events twice, which a metric
+// may; nothing else does.
+func (r *Relay) countFanOut(ctx context.Context, fanned int, jobs []plannedJob, results []*rivertype.JobInsertResult) {
+	if fanned > 0 {
+		r.metrics.fanned.Add(ctx, int64(fanned))
 	}
-	for i, j := range p.jobs {
+	for i, j := range jobs {
 		if results[i] == nil {
 			continue
 		}
@@ -319,7 +386,6 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 			r.metrics.coalesced.Add(ctx, int64(n), j.sub.metricAttrs)
 		}
 	}
-	return poisonedAt(), nil
 }
 
 // insertIsolated inserts one job in a savepoint of tx. A refusal that is
@@ -512,30 +578,28 @@ func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pg
 	if client == nil {
 		return 0, invalidf(ErrInvalidConfig, "client", "is nil")
 	}
-	sql, err := statementsFor(client.Schema())
-	if err != nil {
+	if err := r.checkSchema(client); err != nil {
 		return 0, err
 	}
 	// The relay is borrowed for this call: its run state is set under mu
-	// with running, so Start refuses meanwhile, and with inTx, so Stop knows
-	// there is no run to stop.
+	// with inTx, so Start refuses meanwhile; Stop finds no run to stop.
 	r.mu.Lock()
-	if r.running {
+	if r.inTx || r.svc.Active() {
 		r.mu.Unlock()
 		return 0, fmt.Errorf("%w: FanOutTx is for a relay that is not started", ErrStarted)
 	}
-	if err := r.lastRunLingers(); err != nil {
+	if r.svc.Lingering() {
 		r.mu.Unlock()
-		return 0, err
+		return 0, errLastRunLingers
 	}
 	callbacks := hostcall.Start(ctx, r.logger, callbackQueue)
-	r.running, r.inTx = true, true
-	r.sql, r.client, r.stopCh, r.callbacks = sql, client, nil, callbacks
+	r.inTx = true
+	r.client, r.run, r.callbacks = client, nil, callbacks
 	r.mu.Unlock()
 	defer func() {
 		_ = callbacks.Stop(context.WithoutCancel(ctx)) // waits for OnPoison calls; no deadline
 		r.mu.Lock()
-		r.running, r.inTx = false, false
+		r.inTx = false
 		r.mu.Unlock()
 	}()
 	if err := r.register(ctx, tx); err != nil {

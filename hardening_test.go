@@ -50,7 +50,7 @@ func TestLeastPrivilegedHostRoleKeepsWritingAfterMigrate(t *testing.T) {
 	ctx := context.Background()
 	url := testdb.EmptyURL(t)
 	pool := testdb.Pool(t, url)
-	require.NoError(t, migrate(ctx, pool, nil, previousRelease))
+	require.NoError(t, migrate(ctx, pool, outbox, previousRelease))
 
 	role := fmt.Sprintf("host_app_%d", time.Now().UnixNano())
 	ident := pgx.Identifier{role}.Sanitize()
@@ -79,8 +79,8 @@ func TestLeastPrivilegedHostRoleKeepsWritingAfterMigrate(t *testing.T) {
 	}
 	require.NoError(t, asHost(sqlRecord), "the previous release: the host role records from SQL")
 
-	require.NoError(t, Migrate(ctx, pool, nil))
-	require.NoError(t, InstallWatch(ctx, pool, Watch{Table: "orders", Types: map[Op]string{OpInsert: "order.created"}}))
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	require.NoError(t, outbox.InstallWatch(ctx, pool, Watch{Table: "orders", Types: map[Op]string{OpInsert: "order.created"}}))
 
 	require.NoError(t, asHost(sqlRecord), "after Migrate: outbox_record() as the host role")
 	require.NoError(t, asHost(func(tx pgx.Tx) error {
@@ -132,7 +132,7 @@ func TestARolledBackNotifyDelaysCommittedOnesAtMostAPoll(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			const poll = 300 * time.Millisecond
-			b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: poll}}}, mapSub("audit", false, "**"))
+			b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: poll}}}, mapSub("audit", false, "**"))
 			// One notification an hour: none has been sent this hour.
 			exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '1 hour'")
 			conn := listenEvents(t, b.url)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/standmeet/events/internal/startstop"
 )
 
 // Heartbeats. Every running relay writes a row of outbox_relays every
@@ -26,7 +28,7 @@ import (
 // heartbeatInterval is how often a relay reports in.
 const heartbeatInterval = 5 * time.Second
 
-// RelayInfo is a relay as it last reported in, as [ListRelays] reports it.
+// RelayInfo is a relay as it last reported in, as [Outbox.ListRelays] reports it.
 type RelayInfo struct {
 	// ID identifies one run of a relay (a new one at every Start).
 	ID uuid.UUID
@@ -51,11 +53,6 @@ type RelayInfo struct {
 // ListRelays lists the relays that reported in during the last day, the
 // running ones and the stopped or dead, oldest first: the operator's view of
 // which process serves which subscriber.
-func ListRelays(ctx context.Context, db DB) ([]RelayInfo, error) {
-	return Outbox{}.ListRelays(ctx, db)
-}
-
-// ListRelays is [ListRelays] in o's schema.
 func (o Outbox) ListRelays(ctx context.Context, db DB) ([]RelayInfo, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -101,24 +98,13 @@ var libraryVersion = sync.OnceValue(func() string {
 
 // heartbeater reports in until the relay stops, then marks the run stopped.
 func (r *Relay) heartbeater(ctx context.Context) {
-	every := min(heartbeatInterval, max(r.config.OrphanAfter/3, 10*time.Millisecond))
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-r.stopCh:
-			r.markStopped(ctx)
-			return
-		case <-ctx.Done():
-			r.markStopped(ctx)
-			return
-		}
+	every := min(heartbeatInterval, max(r.config.Outbox.OrphanAfter/3, 10*time.Millisecond))
+	startstop.Every(ctx, r.run.Stopping(), 0, every, func() {
 		if err := r.heartbeat(ctx); err != nil && ctx.Err() == nil {
 			r.logger.WarnContext(ctx, "events: relay heartbeat failed", slog.String("err", err.Error()))
 		}
-		t.Reset(every)
-	}
+	})
+	r.markStopped(ctx)
 }
 
 // heartbeat writes the relay's row and reads the orphaned subscribers,
@@ -133,7 +119,7 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	h := r.Health()
 	var orphaned []string
 	err := r.pool.QueryRow(ctx, r.sql.Heartbeat, r.runID, host, os.Getpid(), libraryVersion(), r.known, r.startedAt,
-		h.Listening, h.PollOnly, h.ConsecutiveFailures, lastRound, r.config.OrphanAfter.Microseconds()).Scan(&orphaned)
+		h.Listening, h.PollOnly, h.ConsecutiveFailures, lastRound, r.config.Outbox.OrphanAfter.Microseconds()).Scan(&orphaned)
 	if err != nil {
 		return err
 	}
@@ -141,8 +127,8 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	for _, name := range orphaned {
 		if before == nil || !slices.Contains(*before, name) {
 			r.logger.WarnContext(ctx, "events: subscriber is orphaned: no running relay has served it; its events stay owed to it"+
-				" and are kept from retention. Deploy a release that has it, or retire it with events.RetireSubscriber",
-				slog.String("subscriber", name), slog.Duration("orphan_after", r.config.OrphanAfter))
+				" and are kept from retention. Deploy a release that has it, or retire it with Outbox.RetireSubscriber",
+				slog.String("subscriber", name), slog.Duration("orphan_after", r.config.Outbox.OrphanAfter))
 		}
 	}
 	if len(orphaned) == 0 {

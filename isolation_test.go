@@ -82,7 +82,7 @@ func TestEveryWritePathAtEveryIsolationLevel(t *testing.T) {
 				exec(t, b.pool, "ALTER TABLE corpus_notes SET (fillfactor = 50)")
 				exec(t, b.pool, "VACUUM FULL corpus_notes")
 				exec(t, b.pool, "ANALYZE corpus_notes, plain_notes")
-				require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
+				require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
 				// Every SQL-side transaction would notify if the throttle
 				// let it: the throttle must decide without a shared row.
 				exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '1 millisecond'")

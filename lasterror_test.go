@@ -45,7 +45,7 @@ func TestHostErrorTextIsStoredSafely(t *testing.T) {
 			}
 			return testArgs{EventID: e.ID}, nil, nil
 		}}
-	b := setup(t, setupOpts{config: &Config{MaxAttempts: 1, OnPoison: func(_ context.Context, e Event, err error) {
+	b := setup(t, setupOpts{config: &RelayConfig{MaxAttempts: 1, OnPoison: func(_ context.Context, e Event, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		alerts[e.ID] = err
@@ -69,7 +69,7 @@ func TestHostErrorTextIsStoredSafely(t *testing.T) {
 
 	var fannedAt []time.Time
 	for _, e := range es {
-		info, err := Inspect(ctx, b.pool, e.ID)
+		info, err := outbox.Inspect(ctx, b.pool, e.ID)
 		require.NoError(t, err)
 		mapErr, bad := mapErrs[e.Subject]
 		if !bad {

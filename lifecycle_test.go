@@ -81,7 +81,7 @@ func TestConfigAndSubscriberErrorsNameTheField(t *testing.T) {
 	_, err := NewRelay(nil, nil)
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	b := setup(t, setupOpts{})
-	for cfg, field := range map[*Config]string{
+	for cfg, field := range map[*RelayConfig]string{
 		{BatchSize: -1}:                                           "BatchSize",
 		{MaxAttempts: -1}:                                         "MaxAttempts",
 		{RetryBackoff: -time.Second}:                              "RetryBackoff",
@@ -96,8 +96,8 @@ func TestConfigAndSubscriberErrorsNameTheField(t *testing.T) {
 		require.Equal(t, field, ve.Field, "%v", err)
 	}
 	for cfg, field := range map[*AwaiterConfig]string{
-		{NotFoundGrace: -1}: "NotFoundGrace",
-		{Schema: "a-b"}:     "Schema",
+		{NotFoundGrace: -1}:                                       "NotFoundGrace",
+		{Outbox: Outbox{Schema: "a-b"}}:                           "Outbox.Schema",
 		{Listener: ListenerConfig{ReconnectBackoff: time.Minute}}: "Listener.MaxReconnectBackoff",
 	} {
 		_, err = NewAwaiter(b.pool, cfg)

@@ -21,7 +21,7 @@ import (
 
 func TestMain(m *testing.M) {
 	code := testdb.Main(m, func(ctx context.Context, pool *pgxpool.Pool) error {
-		return Migrate(ctx, pool, nil)
+		return outbox.Migrate(ctx, pool)
 	})
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -43,7 +43,7 @@ type testBundle struct {
 
 // setupOpts shapes setup; the zero value is an insert-only River client.
 type setupOpts struct {
-	config *Config
+	config *RelayConfig
 	url    string // an existing database (another "process"); default: a new one
 	// work makes the River client work jobs (handler subscribers, the sweep).
 	work         bool
@@ -63,7 +63,7 @@ func setup(t *testing.T, opts setupOpts, subs ...Subscriber) *testBundle {
 	b.pool = testdb.Pool(t, b.url)
 	cfg := opts.config
 	if cfg == nil {
-		cfg = &Config{}
+		cfg = &RelayConfig{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
@@ -155,6 +155,10 @@ func (b *testBundle) record(t *testing.T, es ...Event) []Event {
 	}))
 	return out
 }
+
+// outbox is the zero Outbox: the tables on the search_path, as a host with
+// no schema of its own has them.
+var outbox Outbox
 
 // eventRow is an outbox row as tests see it.
 type eventRow struct {

@@ -19,19 +19,9 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/standmeet/events/internal/backoff"
-	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/migrations"
 )
-
-// MigrateOpts configures [Migrate].
-type MigrateOpts struct {
-	// Schema is the PostgreSQL schema that holds the library's and River's
-	// tables. It is created if missing.
-	//
-	// Defaults to empty: tables go where the connection's search_path puts
-	// them, as with River.
-	Schema string
-}
 
 // migrateLockKey is the advisory lock that serialises Migrate across processes.
 const migrateLockKey = 7_365_109_225_001
@@ -49,11 +39,15 @@ const migrateLockKey = 7_365_109_225_001
 // tries again, rather than queue every writer behind it. Run it before
 // rolling out a new release (see the README's "Upgrading the library"): the
 // previous release keeps working on the migrated schema.
-func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
-	return migrate(ctx, pool, opts, 0)
+//
+// River's tables and the library's go into o's Schema, created if missing;
+// the zero Outbox puts them where the connection's search_path does, as
+// River does.
+func (o Outbox) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return migrate(ctx, pool, o, 0)
 }
 
-// migrateLockTimeout bounds how long one step of [Migrate] waits for a lock
+// migrateLockTimeout bounds how long one step of [Outbox.Migrate] waits for a lock
 // before it rolls back and tries again (up to migrateLockTries times), so
 // that writers never queue behind a waiting migration for longer.
 const migrateLockTimeout = 500 * time.Millisecond
@@ -62,15 +56,12 @@ const migrateLockTries = 20
 
 // migrate is Migrate up to version to (0: all), for tests that need an
 // earlier release's schema.
-func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int) error {
-	if opts == nil {
-		opts = &MigrateOpts{}
-	}
-	sql, err := statementsFor(opts.Schema)
+func migrate(ctx context.Context, pool *pgxpool.Pool, o Outbox, to int) error {
+	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return err
 	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: opts.Schema})
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: o.Schema})
 	if err != nil {
 		return fmt.Errorf("events: migrate: %w", err)
 	}
@@ -78,29 +69,64 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int)
 	if err != nil {
 		return err
 	}
-	// Every transaction takes the migration lock first, a transaction-level
-	// advisory lock, so Migrate works through a transaction-pooling proxy
-	// (PgBouncer): a session lock would stay with whichever server
-	// connection took it. River's migrations run one per transaction (a
-	// later one uses an enum value an earlier one adds, which only a commit
-	// makes usable); ours too, each holding its locks only as long as it
-	// runs.
-	step := func(f func(tx pgx.Tx) error) error {
+	step, err := migrationTx(ctx, pool, sql)
+	if err != nil {
+		return err
+	}
+	if err := migrateRiver(ctx, step, migrator); err != nil {
+		return err
+	}
+	for _, m := range files {
+		if to > 0 && m.version > to {
+			break
+		}
+		if err := migrateStep(ctx, sql, step, m); err != nil {
+			return err
+		}
+	}
+	// The SQL functions notify the schema's own channel.
+	return step(func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sql.SetChannel, sql.ChannelEvents); err != nil {
+			return fmt.Errorf("events: migrate: settings: %w", err)
+		}
+		return nil
+	})
+}
+
+// migrationTx returns what runs each step of [Outbox.Migrate] in a transaction of
+// its own, in sql's schema (created if missing). Every transaction takes the
+// migration lock first, a transaction-level advisory lock, so Migrate works
+// through a transaction-pooling proxy (PgBouncer): a session lock would stay
+// with whichever server connection took it.
+func migrationTx(ctx context.Context, pool *pgxpool.Pool, sql *statements.Set) (func(func(pgx.Tx) error) error, error) {
+	schema := pgx.Identifier{sql.Schema}.Sanitize()
+	createSchema, err := statements.Render(sql.CreateSchema, map[string]string{"schema_name": schema})
+	if err != nil {
+		return nil, err
+	}
+	return func(f func(tx pgx.Tx) error) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey)); err != nil {
+			if _, err := tx.Exec(ctx, sql.MigrateLock, int64(migrateLockKey)); err != nil {
 				return fmt.Errorf("events: migrate: taking the migration lock: %w", err)
 			}
-			if opts.Schema != "" {
-				if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
-					return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
+			if sql.Schema != "" {
+				if _, err := tx.Exec(ctx, createSchema); err != nil {
+					return fmt.Errorf("events: migrate: schema %s: %w", sql.Schema, err)
 				}
-				if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
-					return fmt.Errorf("events: migrate: schema %s: %w", opts.Schema, err)
+				if _, err := tx.Exec(ctx, sql.SetLocal, "search_path", schema); err != nil {
+					return fmt.Errorf("events: migrate: schema %s: %w", sql.Schema, err)
 				}
 			}
 			return f(tx)
 		})
-	}
+	}, nil
+}
+
+// migrateRiver applies River's migrations one per transaction, as River
+// requires: a later one uses an enum value an earlier one adds, which only a
+// commit makes usable. (The library's run one per transaction too, each
+// holding its locks only as long as it runs.)
+func migrateRiver(ctx context.Context, step func(func(pgx.Tx) error) error, migrator *rivermigrate.Migrator[pgx.Tx]) error {
 	for {
 		var applied int
 		err := step(func(tx pgx.Tx) error {
@@ -112,58 +138,38 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts, to int)
 			applied = len(res.Versions)
 			return nil
 		})
-		if err != nil {
-			return err
-		}
-		if applied == 0 {
-			break
-		}
-	}
-	for _, m := range files {
-		if to > 0 && m.version > to {
-			break
-		}
-		if err := migrateStep(ctx, step, m); err != nil {
+		if err != nil || applied == 0 {
 			return err
 		}
 	}
-	// The SQL functions notify the schema's own channel.
-	return step(func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "UPDATE outbox_settings SET channel = $1 WHERE channel <> $1", sql.ChannelEvents); err != nil {
-			return fmt.Errorf("events: migrate: settings: %w", err)
-		}
-		return nil
-	})
 }
 
 // migrateStep applies m unless the database has it, in one transaction whose
 // lock waits are bounded by migrateLockTimeout; a step that timed out is
 // retried after a pause.
-func migrateStep(ctx context.Context, step func(func(pgx.Tx) error) error, m migrationFile) error {
+func migrateStep(ctx context.Context, sql *statements.Set, step func(func(pgx.Tx) error) error, m migrationFile) error {
 	for try := 1; ; try++ {
 		err := step(func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS outbox_migration (
-				version    integer     PRIMARY KEY,
-				applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			if _, err := tx.Exec(ctx, sql.CreateMigrationTable); err != nil {
 				return fmt.Errorf("events: migrate: %w", err)
 			}
 			// Each version the database lacks is applied, not only those above
 			// its highest: versions may land out of number order (008 before
 			// 007), and one applied later must not be skipped.
-			var applied bool
-			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox_migration WHERE version = $1)", m.version).Scan(&applied); err != nil {
+			var have []int
+			if err := tx.QueryRow(ctx, sql.MigrationVersions).Scan(&have); err != nil {
 				return fmt.Errorf("events: migrate: %w", err)
 			}
-			if applied {
+			if slices.Contains(have, m.version) {
 				return nil
 			}
-			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", migrateLockTimeout.Milliseconds())); err != nil {
+			if _, err := tx.Exec(ctx, sql.SetLocal, "lock_timeout", strconv.FormatInt(migrateLockTimeout.Milliseconds(), 10)); err != nil {
 				return fmt.Errorf("events: migrate: %w", err)
 			}
 			if _, err := tx.Exec(ctx, m.up); err != nil {
 				return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO outbox_migration (version) VALUES ($1)", m.version); err != nil {
+			if _, err := tx.Exec(ctx, sql.MigrationApplied, m.version); err != nil {
 				return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
 			}
 			return nil
@@ -172,9 +178,8 @@ func migrateStep(ctx context.Context, step func(func(pgx.Tx) error) error, m mig
 		if err == nil || try == migrateLockTries || !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.LockNotAvailable {
 			return err
 		}
-		listener.SleepContext(ctx, backoff.Delay(try, 100*time.Millisecond, 2*time.Second))
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if err := backoff.Sleep(ctx, backoff.Delay(try, 100*time.Millisecond, 2*time.Second)); err != nil {
+			return err
 		}
 	}
 }
@@ -226,7 +231,7 @@ func loadMigrations() ([]migrationFile, error) {
 	return out, nil
 }
 
-// MigrationInfo is one migration, as [MigrationStatus] reports it.
+// MigrationInfo is one migration, as [Outbox.MigrationStatus] reports it.
 type MigrationInfo struct {
 	// Line is "river" (River's own tables) or "events" (this library's).
 	Line    string
@@ -239,24 +244,22 @@ type MigrationInfo struct {
 }
 
 // MigrationStatus lists River's migrations and the library's, in the order
-// [Migrate] applies them, each with whether the database has it. It
+// [Outbox.Migrate] applies them, each with whether the database has it. It
 // changes nothing: it is what `events migrate --dry-run` and `events migrate
 // list` print.
-func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) ([]MigrationInfo, error) {
-	if opts == nil {
-		opts = &MigrateOpts{}
-	}
-	if _, err := statementsFor(opts.Schema); err != nil {
+func (o Outbox) MigrationStatus(ctx context.Context, pool *pgxpool.Pool) ([]MigrationInfo, error) {
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
 		return nil, err
 	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: opts.Schema})
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: o.Schema})
 	if err != nil {
 		return nil, fmt.Errorf("events: migration status: %w", err)
 	}
 	var out []MigrationInfo
 	applied := map[int]bool{}
 	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(opts.Schema, "river_migration")).Scan(&exists); err != nil {
+	if err := pool.QueryRow(ctx, sql.RelationExists, schemaTable(o.Schema, "river_migration")).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("events: migration status: %w", err)
 	}
 	if exists {
@@ -276,11 +279,11 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts)
 		return nil, err
 	}
 	var have []int
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schemaTable(opts.Schema, "outbox_migration")).Scan(&exists); err != nil {
+	if err := pool.QueryRow(ctx, sql.RelationExists, schemaTable(o.Schema, "outbox_migration")).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("events: migration status: %w", err)
 	}
 	if exists {
-		if err := pool.QueryRow(ctx, "SELECT coalesce(array_agg(version), '{}') FROM "+schemaTable(opts.Schema, "outbox_migration")).Scan(&have); err != nil {
+		if err := pool.QueryRow(ctx, sql.MigrationVersions).Scan(&have); err != nil {
 			return nil, fmt.Errorf("events: migration status: %w", err)
 		}
 	}
@@ -290,7 +293,8 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts)
 	return out, nil
 }
 
-// schemaTable is a table's name in schema, quoted, or bare for "".
+// schemaTable is a table's name in schema, quoted, or bare for "": a value
+// for to_regclass.
 func schemaTable(schema, table string) string {
 	if schema == "" {
 		return table

@@ -20,14 +20,14 @@ func TestMigrateConcurrentlyAndTwice(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = Migrate(ctx, pool, nil)
+			errs[i] = outbox.Migrate(ctx, pool)
 		}()
 	}
 	wg.Wait()
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	require.NoError(t, Migrate(ctx, pool, nil))
+	require.NoError(t, outbox.Migrate(ctx, pool))
 	var versions int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_migration").Scan(&versions))
 	files, err := loadMigrations()
@@ -64,7 +64,7 @@ func TestMigrationFilesGoDownAndUp(t *testing.T) {
 
 func TestMigrateRefusesABadSchema(t *testing.T) {
 	t.Parallel()
-	err := Migrate(context.Background(), testdb.New(t), &MigrateOpts{Schema: "bad-name"})
+	err := Outbox{Schema: "bad-name"}.Migrate(context.Background(), testdb.New(t))
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.Contains(t, err.Error(), "Schema")
 }

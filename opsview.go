@@ -7,8 +7,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/standmeet/events/internal/statements"
 )
 
 // Read-only queries for an operator's view (package eventsui): what became of
@@ -43,24 +41,12 @@ type FanoutJob struct {
 // of each, in one query joining River's job table (in the same schema) by
 // job ID, ordered by subscriber. It returns none for an event not fanned
 // out, or unknown.
-func FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJob, error) {
-	return Outbox{}.FanoutJobs(ctx, db, id)
-}
-
-// FanoutJobs is [FanoutJobs] in o's schema.
 func (o Outbox) FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJob, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, `SELECT f.subscriber, f.job_id, j.id IS NOT NULL, coalesce(j.state::text, ''), coalesce(j.kind, ''),
-			coalesce(j.attempt, 0), coalesce(j.max_attempts, 0),
-			coalesce(j.errors[array_upper(j.errors, 1)] ->> 'error', ''), j.attempted_at, j.finalized_at
-		  FROM `+opsTable(sql, statements.EventsTable)+` e
-		 CROSS JOIN LATERAL (SELECT key, value::bigint FROM jsonb_each_text(e.fanout)) AS f(subscriber, job_id)
-		  LEFT JOIN `+opsTable(sql, "river_job")+` j ON j.id = f.job_id
-		 WHERE e.id = $1
-		 ORDER BY f.subscriber`, id)
+	rows, err := db.Query(ctx, sql.FanoutJobs, id)
 	if err != nil {
 		return nil, fmt.Errorf("events: fanout jobs %s: %w", id, err)
 	}
@@ -78,7 +64,7 @@ func (o Outbox) FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJo
 	return jobs, nil
 }
 
-// MinuteStats is one minute of fan-out, as [FanoutByMinute] reports it.
+// MinuteStats is one minute of fan-out, as [Outbox.FanoutByMinute] reports it.
 type MinuteStats struct {
 	// Minute is the minute's start.
 	Minute time.Time
@@ -96,17 +82,12 @@ type MinuteStats struct {
 // each row's recording time, so a day of a busy outbox reads many rows:
 // keep the range to what a chart shows. Retention bounds how far back there
 // is anything to count.
-func FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]MinuteStats, error) {
-	return Outbox{}.FanoutByMinute(ctx, db, since)
-}
-
-// FanoutByMinute is [FanoutByMinute] in o's schema.
 func (o Outbox) FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]MinuteStats, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, fanoutByMinuteSQL(sql), since)
+	rows, err := db.Query(ctx, sql.FanoutByMinute, since)
 	if err != nil {
 		return nil, fmt.Errorf("events: fanout by minute: %w", err)
 	}
@@ -123,36 +104,8 @@ func (o Outbox) FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]M
 	return out, nil
 }
 
-// opsTable is a table of the statements' schema: the library's or River's
-// (Migrate puts both in the same schema), quoted, or bare for the
-// search_path.
-func opsTable(sql *statements.Set, table string) string {
-	if sql.Schema == "" {
-		return table
-	}
-	return pgx.Identifier{sql.Schema, table}.Sanitize()
-}
-
-// fanoutByMinuteSQL is FanoutByMinute's query ($1 since). The range
-// condition on fanned_out_at and the index's own predicate (fanned_out_at IS
-// NOT NULL AND poisoned_at IS NULL) let the planner read
-// outbox_events_fanned_idx over the range only.
-func fanoutByMinuteSQL(sql *statements.Set) string {
-	return `WITH m AS (
-		SELECT date_trunc('minute', fanned_out_at) AS minute, count(*) AS n,
-		       extract(epoch FROM max(fanned_out_at - created_at)) AS max_lag
-		  FROM ` + opsTable(sql, statements.EventsTable) + `
-		 WHERE fanned_out_at >= date_trunc('minute', $1::timestamptz)
-		   AND fanned_out_at IS NOT NULL AND poisoned_at IS NULL
-		 GROUP BY 1)
-	SELECT g.minute, coalesce(m.n, 0), coalesce(m.max_lag, 0)
-	  FROM generate_series(date_trunc('minute', $1::timestamptz), date_trunc('minute', now()), interval '1 minute') AS g(minute)
-	  LEFT JOIN m USING (minute)
-	 ORDER BY g.minute`
-}
-
 // SubscriberDeliveries is how one subscriber's pairs stand, as
-// [DeliveriesBySubscriber] reports them.
+// [Outbox.DeliveriesBySubscriber] reports them.
 type SubscriberDeliveries struct {
 	// Subscriber is the subscriber's name.
 	Subscriber string
@@ -161,8 +114,8 @@ type SubscriberDeliveries struct {
 	// the oldest of them was first owed, zero when none is.
 	Owed            int64
 	OldestOwedSince time.Time
-	// Poisoned counts its pairs set aside until [RequeueDelivery] or
-	// [DiscardDelivery].
+	// Poisoned counts its pairs set aside until [Outbox.RequeueDelivery] or
+	// [Outbox.DiscardDelivery].
 	Poisoned int64
 }
 
@@ -171,20 +124,12 @@ type SubscriberDeliveries struct {
 // table (which holds only pairs that still owe something: it is empty when
 // every subscriber is keeping up). A subscriber with no such pair is not in
 // the map.
-func DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]SubscriberDeliveries, error) {
-	return Outbox{}.DeliveriesBySubscriber(ctx, db)
-}
-
-// DeliveriesBySubscriber is [DeliveriesBySubscriber] in o's schema.
 func (o Outbox) DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]SubscriberDeliveries, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, `SELECT subscriber, count(*) FILTER (WHERE poisoned_at IS NULL),
-			min(created_at) FILTER (WHERE poisoned_at IS NULL), count(*) FILTER (WHERE poisoned_at IS NOT NULL)
-		  FROM `+opsTable(sql, statements.DeliveriesTable)+`
-		 GROUP BY subscriber`)
+	rows, err := db.Query(ctx, sql.DeliveriesBySubscriber)
 	if err != nil {
 		return nil, fmt.Errorf("events: deliveries by subscriber: %w", err)
 	}
@@ -209,11 +154,6 @@ func (o Outbox) DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]S
 // for which it is poisoned (its poisoned pairs), by name, in one query; an
 // event with none (poisoned as a whole, or not poisoned) is not in the map.
 // It is what a list of poisoned events shows beside each.
-func PoisonedSubscribers(ctx context.Context, db DB, ids []uuid.UUID) (map[uuid.UUID][]string, error) {
-	return Outbox{}.PoisonedSubscribers(ctx, db, ids)
-}
-
-// PoisonedSubscribers is [PoisonedSubscribers] in o's schema.
 func (o Outbox) PoisonedSubscribers(ctx context.Context, db DB, ids []uuid.UUID) (map[uuid.UUID][]string, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -223,11 +163,7 @@ func (o Outbox) PoisonedSubscribers(ctx context.Context, db DB, ids []uuid.UUID)
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := db.Query(ctx, `SELECT e.id, d.subscriber
-		  FROM `+opsTable(sql, statements.EventsTable)+` e
-		  JOIN `+opsTable(sql, statements.DeliveriesTable)+` d ON d.event_seq = e.seq
-		 WHERE e.id = ANY($1) AND d.poisoned_at IS NOT NULL
-		 ORDER BY e.id, d.subscriber`, ids)
+	rows, err := db.Query(ctx, sql.PoisonedSubscribers, ids)
 	if err != nil {
 		return nil, fmt.Errorf("events: poisoned subscribers: %w", err)
 	}

@@ -57,7 +57,7 @@ func TestOpsviewFanoutJobsJoinsRiversJobs(t *testing.T) {
 				pool = testdb.Pool(t, testdb.URL(t))
 			} else {
 				pool = testdb.Pool(t, testdb.EmptyURL(t))
-				require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: schema}))
+				require.NoError(t, Outbox{Schema: schema}.Migrate(ctx, pool))
 				jobTable = schema + ".river_job"
 			}
 			o := Outbox{Schema: schema}
@@ -122,7 +122,7 @@ func TestOpsviewFanoutByMinuteCountsEveryMinute(t *testing.T) {
 		opsviewExec(t, pool, `INSERT INTO outbox_events (id, type, created_at, fanned_out_at, fanout, poisoned_at)
 			VALUES (gen_random_uuid(), 'x', $1, $2, '{}', `+poisoned+`)`, r.fanned.Add(-r.waited), r.fanned)
 	}
-	got, err := FanoutByMinute(ctx, pool, now.Add(-5*time.Minute+30*time.Second))
+	got, err := outbox.FanoutByMinute(ctx, pool, now.Add(-5*time.Minute+30*time.Second))
 	require.NoError(t, err)
 	for got[len(got)-1].Minute.After(now) { // the minute turned during the test
 		got = got[:len(got)-1]
@@ -153,7 +153,7 @@ func TestOpsviewFanoutByMinuteUsesTheFannedIndex(t *testing.T) {
 
 	sql, err := statementsFor("")
 	require.NoError(t, err)
-	query := fanoutByMinuteSQL(sql)
+	query := sql.FanoutByMinute
 	var plan strings.Builder
 	rows, err := pool.Query(ctx, "EXPLAIN "+query, time.Now().Add(-time.Hour))
 	require.NoError(t, err)
@@ -167,7 +167,7 @@ func TestOpsviewFanoutByMinuteUsesTheFannedIndex(t *testing.T) {
 	require.Contains(t, plan.String(), "outbox_events_fanned_idx", plan.String())
 	require.NotContains(t, plan.String(), "Seq Scan on outbox_events", plan.String())
 
-	got, err := FanoutByMinute(ctx, pool, time.Now().Add(-time.Hour))
+	got, err := outbox.FanoutByMinute(ctx, pool, time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 	var total int64
 	for _, m := range got {

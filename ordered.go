@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 )
 
@@ -107,14 +108,6 @@ func validateOrdered(s Subscriber, bad func(field, msg string, args ...any) erro
 	return nil
 }
 
-func orderedStatementsFor(schema string) (*statements.Ordered, error) {
-	o, err := statements.OrderedFor(schema)
-	if err != nil {
-		return nil, invalidf(ErrInvalidConfig, "Schema", "%q: %v", schema, err)
-	}
-	return o, nil
-}
-
 // chainJob is a planned job's place in its chain.
 type chainJob struct {
 	pos int64
@@ -183,10 +176,7 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	sql, err := orderedStatementsFor(r.sql.Schema)
-	if err != nil {
-		return nil, err
-	}
+	sql := &r.sql.Ordered
 	// A pair of this round whose mapping failed stays owed: it is an earlier
 	// event for the jobs of its chain that come after it.
 	failedAt := map[chainKey]int64{}
@@ -232,7 +222,7 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 			pairSeqs, pairSubs = append(pairSeqs, c.Seq), append(pairSubs, o.sub)
 		}
 	}
-	rows, err := tx.Query(ctx, sql.Prepare, subs, subjects, maxSeqs, res, blocks, counts, claimed, pairSeqs, pairSubs,
+	rows, err := tx.Query(ctx, sql.ChainPrepare, subs, subjects, maxSeqs, res, blocks, counts, claimed, pairSeqs, pairSubs,
 		int32(orderedWait.Milliseconds()))
 	if err != nil {
 		return nil, fmt.Errorf("preparing chains: %w", err)
@@ -365,10 +355,10 @@ func (cp *chainPlan) queue(b *pgx.Batch, batch []claimedRow, jobs []plannedJob, 
 		}
 	}
 	if len(lJobs) > 0 {
-		b.Queue(cp.sql.Append, lSubs, lSubjects, lPos, lJobs, lSeqs, lIDs, lTypes, cSubs, cSubjects, cFirst, cLast, rIDs, rArgs)
+		b.Queue(cp.sql.ChainAppend, lSubs, lSubjects, lPos, lJobs, lSeqs, lIDs, lTypes, cSubs, cSubjects, cFirst, cLast, rIDs, rArgs)
 	}
 	if len(cp.defSeqs) > 0 {
-		b.Queue(cp.sql.Defer, cp.defSeqs, cp.defSubs, deferBase.Microseconds(), deferMax.Microseconds(), cp.defDue)
+		b.Queue(cp.sql.ChainDefer, cp.defSeqs, cp.defSubs, deferBase.Microseconds(), deferMax.Microseconds(), cp.defDue)
 	}
 	return nil
 }
@@ -394,13 +384,9 @@ func (e *chainRefusal) Error() string {
 // completes job: a compare-and-set on the chain's head and on River running
 // the job in job.Attempt. A refusal is a *chainRefusal; tx must then be
 // rolled back.
-func advanceChain(ctx context.Context, tx pgx.Tx, schema string, job *rivertype.JobRow) error {
-	sql, err := orderedStatementsFor(schema)
-	if err != nil {
-		return err
-	}
+func advanceChain(ctx context.Context, tx pgx.Tx, sql *statements.Set, job *rivertype.JobRow) error {
 	var outcome string
-	if err := tx.QueryRow(ctx, sql.Advance, job.ID, job.Attempt, nilIfEmpty(schema)).Scan(&outcome, nil); err != nil {
+	if err := tx.QueryRow(ctx, sql.Ordered.ChainAdvance, job.ID, job.Attempt, nilIfEmpty(sql.Schema)).Scan(&outcome, nil); err != nil {
 		return fmt.Errorf("events: moving the chain of job %d on: %w", job.ID, err)
 	}
 	if outcome != "advanced" {
@@ -433,14 +419,14 @@ type beginFunc func(ctx context.Context) (pgx.Tx, error)
 // transaction of its own that also moves its chain on (releasing the next
 // job), so that a crash does neither or both. A refused completion is
 // settled by settleRefusal.
-func completeOrdered(ctx context.Context, begin beginFunc, schema string, job *rivertype.JobRow) error {
+func completeOrdered(ctx context.Context, begin beginFunc, sql *statements.Set, job *rivertype.JobRow) error {
 	err := func() error {
 		tx, err := begin(ctx)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if err := advanceChain(ctx, tx, schema, job); err != nil {
+		if err := advanceChain(ctx, tx, sql, job); err != nil {
 			return err
 		}
 		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, &river.Job[orderedArgs]{JobRow: job}); err != nil {
@@ -448,7 +434,7 @@ func completeOrdered(ctx context.Context, begin beginFunc, schema string, job *r
 		}
 		return tx.Commit(ctx)
 	}()
-	return settleRefusal(ctx, begin, schema, job, err)
+	return settleRefusal(ctx, begin, sql, job, err)
 }
 
 // settleRefusal turns a refused completion into what the worker returns to
@@ -457,11 +443,11 @@ func completeOrdered(ctx context.Context, begin beginFunc, schema string, job *r
 // to another worker) returns the refusal once the run that superseded it
 // has finished (see settleSuperseded). Other errors pass, after the same
 // wait: a zombie's failure must not end the live run's job either.
-func settleRefusal(ctx context.Context, begin beginFunc, schema string, job *rivertype.JobRow, err error) error {
+func settleRefusal(ctx context.Context, begin beginFunc, sql *statements.Set, job *rivertype.JobRow, err error) error {
 	var ref *chainRefusal
 	if !errors.As(err, &ref) {
 		if err != nil {
-			settleSuperseded(ctx, begin, schema, job)
+			settleSuperseded(ctx, begin, sql, job)
 		}
 		return err
 	}
@@ -471,7 +457,7 @@ func settleRefusal(ctx context.Context, begin beginFunc, schema string, job *riv
 	case "waiting":
 		return river.JobSnooze(outOfTurnSnooze)
 	}
-	settleSuperseded(ctx, begin, schema, job)
+	settleSuperseded(ctx, begin, sql, job)
 	return ref
 }
 
@@ -483,11 +469,7 @@ func settleRefusal(ctx context.Context, begin beginFunc, schema string, job *riv
 // that run is over, the zombie's outcome meets a job no longer running and
 // changes nothing. A worker whose job is still its own returns at once,
 // after one query.
-func settleSuperseded(ctx context.Context, begin beginFunc, schema string, job *rivertype.JobRow) {
-	sql, err := orderedStatementsFor(schema)
-	if err != nil {
-		return
-	}
+func settleSuperseded(ctx context.Context, begin beginFunc, sql *statements.Set, job *rivertype.JobRow) {
 	for ctx.Err() == nil {
 		var (
 			state   string
@@ -499,7 +481,7 @@ func settleSuperseded(ctx context.Context, begin beginFunc, schema string, job *
 				return err
 			}
 			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-			return tx.QueryRow(ctx, sql.JobState, job.ID).Scan(&state, &attempt)
+			return tx.QueryRow(ctx, sql.Ordered.JobState, job.ID).Scan(&state, &attempt)
 		}()
 		if qerr != nil || state != string(rivertype.JobStateRunning) || attempt <= job.Attempt {
 			return
@@ -547,10 +529,14 @@ func (*OrderedMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInn
 		}
 		return driver.UnwrapTx(etx), nil
 	}
-	if workErr != nil {
-		return settleRefusal(ctx, begin, client.Schema(), job, workErr)
+	sql, err := statementsFor(client.Schema())
+	if err != nil {
+		return errors.Join(workErr, err)
 	}
-	return completeOrdered(ctx, begin, client.Schema(), job)
+	if workErr != nil {
+		return settleRefusal(ctx, begin, sql, job, workErr)
+	}
+	return completeOrdered(ctx, begin, sql, job)
 }
 
 // orderedSubs returns the names of the run's ordered subscribers, and those
@@ -576,33 +562,20 @@ func (r *Relay) chainSweeper(ctx context.Context) {
 	if len(subs) == 0 {
 		return
 	}
-	t := time.NewTicker(orderedSweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-r.stopCh:
-			return
-		case <-ctx.Done():
-			return
-		}
+	startstop.Every(ctx, r.run.Stopping(), orderedSweepInterval, orderedSweepInterval, func() {
 		if err := r.sweepChains(ctx, subs, cont); err != nil && ctx.Err() == nil && !r.stopping() {
 			r.logger.WarnContext(ctx, "events: sweeping ordered chains failed", slog.String("err", err.Error()))
 		}
-	}
+	})
 }
 
 // sweepChains runs one sweep, statement after statement while they come
 // back full.
 func (r *Relay) sweepChains(ctx context.Context, subs, cont []string) error {
-	sql, err := orderedStatementsFor(r.sql.Schema)
-	if err != nil {
-		return err
-	}
 	for !r.stopping() && ctx.Err() == nil {
 		n := 0
 		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, sql.Sweep, subs, cont, orderedSweepBatch, nilIfEmpty(r.sql.Schema), orderedSweepLockClass)
+			rows, err := tx.Query(ctx, r.sql.Ordered.ChainSweep, subs, cont, orderedSweepBatch, nilIfEmpty(r.sql.Schema), orderedSweepLockClass)
 			if err != nil {
 				return err
 			}
@@ -699,7 +672,7 @@ type ListChainsResult struct {
 // job with River's state of it, how many jobs wait, and whether it is
 // blocked.
 func (o Outbox) ListChains(ctx context.Context, db DB, params ListChainsParams) (ListChainsResult, error) {
-	sql, err := orderedStatementsFor(o.Schema)
+	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return ListChainsResult{}, err
 	}
@@ -721,7 +694,7 @@ func (o Outbox) ListChains(ctx context.Context, db DB, params ListChainsParams) 
 		}
 		afterSub, afterSubject = &cur[0], &cur[1]
 	}
-	rows, err := db.Query(ctx, sql.ListChains, limit+1, subscriber, params.Blocked, afterSub, afterSubject)
+	rows, err := db.Query(ctx, sql.Ordered.ListChains, limit+1, subscriber, params.Blocked, afterSub, afterSubject)
 	if err != nil {
 		return ListChainsResult{}, fmt.Errorf("events: list chains: %w", err)
 	}
@@ -794,13 +767,13 @@ func (o Outbox) chainAction(ctx context.Context, db DB, subscriber, subject stri
 	case subject == "":
 		return invalidf(ErrInvalidArgument, "subject", "is empty: events without a subject are not ordered")
 	}
-	sql, err := orderedStatementsFor(o.Schema)
+	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return err
 	}
-	stmt, verb := sql.Skip, "skip"
+	stmt, verb := sql.Ordered.ChainSkip, "skip"
 	if resume {
-		stmt, verb = sql.Resume, "resume"
+		stmt, verb = sql.Ordered.ChainResume, "resume"
 	}
 	var outcome string
 	if err := db.QueryRow(ctx, stmt, subscriber, subject, nilIfEmpty(o.Schema)).Scan(&outcome); err != nil {

@@ -82,7 +82,7 @@ func TestOrderedWorkerProcess(t *testing.T) {
 	logPool, err := pgxpool.New(ctx, withAppName(url, chaosLogApp+"-"+id))
 	require.NoError(t, err)
 	h := &chaosHandlers{log: logPool, proc: id}
-	relay, err := NewRelay(pool, &Config{Logger: quietLogger()})
+	relay, err := NewRelay(pool, &RelayConfig{Logger: quietLogger()})
 	require.NoError(t, err)
 	for _, s := range h.subscribers() {
 		require.NoError(t, relay.Subscribe(s))
@@ -360,7 +360,7 @@ func (c *orderedChaos) rescuer(stop <-chan struct{}) {
 
 func (c *orderedChaos) startSlot(s *chaosSlot) {
 	t := c.t
-	relay, err := NewRelay(s.pool, &Config{BatchSize: 1 + rand.IntN(40), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
+	relay, err := NewRelay(s.pool, &RelayConfig{BatchSize: 1 + rand.IntN(40), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
 		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond}, Logger: quietLogger()})
 	require.NoError(t, err)
 	for _, sub := range c.h.subscribers() {

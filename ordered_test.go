@@ -36,7 +36,7 @@ type orderedNode struct {
 
 // nodeOpts shapes an orderedNode; the zero value works.
 type nodeOpts struct {
-	config     *Config
+	config     *RelayConfig
 	maxWorkers int
 	workers    func(*river.Workers)
 	clientID   string
@@ -54,7 +54,7 @@ func startNode(t *testing.T, url string, opts nodeOpts, subs ...Subscriber) *ord
 	n := &orderedNode{pool: testdb.Pool(t, url)}
 	cfg := opts.config
 	if cfg == nil {
-		cfg = &Config{}
+		cfg = &RelayConfig{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
@@ -386,7 +386,7 @@ func TestOrderedZombieCompletionIsRefused(t *testing.T) {
 // blockedChains reads Stats.BlockedChains.
 func blockedChains(t *testing.T, pool *pgxpool.Pool) int64 {
 	t.Helper()
-	st, err := Stats(context.Background(), pool)
+	st, err := outbox.Stats(context.Background(), pool)
 	require.NoError(t, err)
 	return st.BlockedChains
 }
@@ -658,7 +658,7 @@ func TestOrderedThroughDeployBackfillPauseAndRetention(t *testing.T) {
 	ctx := context.Background()
 	url := testdb.URL(t)
 	pool := testdb.Pool(t, url)
-	retention := &Config{Retention: time.Millisecond, RetentionInterval: 20 * time.Millisecond, BatchSize: 7,
+	retention := &RelayConfig{Retention: time.Millisecond, RetentionInterval: 20 * time.Millisecond, BatchSize: 7,
 		RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond}
 	subjects := []string{"s1", "s2", "s3", "s4"}
 	produce := func(round, per int) []Event {
@@ -683,7 +683,7 @@ func TestOrderedThroughDeployBackfillPauseAndRetention(t *testing.T) {
 	// (Its River client
 	// works no jobs: an old release's worker snoozes a handler job of a
 	// subscriber it does not know for a minute, as for any subscriber.)
-	old := startNode(t, url, nodeOpts{config: &Config{Retention: -1, BatchSize: 7}, noWork: true}, mapSub("x", false, "**"))
+	old := startNode(t, url, nodeOpts{config: &RelayConfig{Retention: -1, BatchSize: 7}, noWork: true}, mapSub("x", false, "**"))
 	since := time.Now()
 	history := produce(0, 10)
 	waitFannedOut(t, pool, 20*time.Second)
@@ -707,7 +707,7 @@ func TestOrderedThroughDeployBackfillPauseAndRetention(t *testing.T) {
 	// history, before the new relay — whose retention deletes whatever owes
 	// nothing — starts.
 	registerOther(t, &testBundle{pool: pool}, audit)
-	res, err := Backfill(ctx, pool, "audit", since)
+	res, err := outbox.Backfill(ctx, pool, "audit", since)
 	require.NoError(t, err)
 	require.EqualValues(t, len(history), res.Owed)
 	newer := startNode(t, url, nodeOpts{config: retention}, mapSub("x", false, "**"), audit)
@@ -720,7 +720,7 @@ func TestOrderedThroughDeployBackfillPauseAndRetention(t *testing.T) {
 		}
 		t.FailNow()
 	}
-	require.NoError(t, PauseSubscriber(ctx, pool, "audit"))
+	require.NoError(t, outbox.PauseSubscriber(ctx, pool, "audit"))
 	paused := produce(2, 5) // owed while paused, behind s2's block too
 	// Retention meanwhile deletes whatever owes nothing; s2's waiting jobs
 	// carry their events.
@@ -729,7 +729,7 @@ func TestOrderedThroughDeployBackfillPauseAndRetention(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events").Scan(&left))
 		return left < len(history)+len(recent)+len(paused)-20
 	}, 20*time.Second, 20*time.Millisecond, "retention deletes events that owe nothing")
-	require.NoError(t, ResumeSubscriber(ctx, pool, "audit"))
+	require.NoError(t, outbox.ResumeSubscriber(ctx, pool, "audit"))
 	require.NoError(t, Outbox{}.ResumeChain(ctx, pool, "audit", "s2"))
 
 	all := append(append(append([]Event{}, history...), recent...), paused...)
@@ -818,7 +818,7 @@ func TestOrderedLaterEventWaitsForAnEarlierOwedOne(t *testing.T) {
 		url := testdb.URL(t)
 		pool := testdb.Pool(t, url)
 		var failFirst sync.Map
-		startNode(t, url, nodeOpts{config: &Config{RetryBackoff: 500 * time.Millisecond}, workers: worker(log)}, newSub(log, &failFirst))
+		startNode(t, url, nodeOpts{config: &RelayConfig{RetryBackoff: 500 * time.Millisecond}, workers: worker(log)}, newSub(log, &failFirst))
 		first := recordEach(t, pool, ev(1))[0]
 		require.Eventually(t, func() bool { return loadPairs(t, pool)[first.ID]["audit"].Attempts == 1 }, 10*time.Second, 5*time.Millisecond)
 		second := recordEach(t, pool, ev(2))[0] // while the first waits for its retry
@@ -1004,7 +1004,7 @@ func TestOrderedInputIsValidated(t *testing.T) {
 		{func() error {
 			_, err := (Outbox{Schema: "bad-name"}).ListChains(ctx, pool, ListChainsParams{})
 			return err
-		}(), "Schema"},
+		}(), "Outbox.Schema"},
 	} {
 		var invalid *ValidationError
 		require.ErrorAs(t, tc.err, &invalid)

@@ -73,7 +73,7 @@ func TestDatabaseRestartLosesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	cluster := testdb.NewCluster(t)
-	cfg := &Config{RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
+	cfg := &RelayConfig{RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
 		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond}, MaxAttempts: 1}
 	subs := []Subscriber{mapSub("audit", false, "**"), mapSub("search", true, "**")}
 	relays := []*testBundle{setup(t, setupOpts{url: cluster.URL, config: cfg}, subs...), setup(t, setupOpts{url: cluster.URL, config: cfg}, subs...)}
@@ -150,7 +150,7 @@ func TestConnectionLossInARetryIsNotCharged(t *testing.T) {
 			}
 			return testArgs{EventID: e.ID}, nil, nil
 		}}
-	b := setup(t, setupOpts{config: &Config{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond, MaxAttempts: 2}}, sub)
+	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond, MaxAttempts: 2}}, sub)
 	admin := testdb.Pool(t, b.url)
 	var killed atomic.Bool
 	b.relay.hooks.afterInsert = func(ctx context.Context, tx pgx.Tx) {
@@ -167,7 +167,7 @@ func TestConnectionLossInARetryIsNotCharged(t *testing.T) {
 	b.start(t)
 	waitDelivered(t, b.pool, 20*time.Second)
 	require.True(t, killed.Load())
-	info, err := Inspect(ctx, b.pool, e.ID)
+	info, err := outbox.Inspect(ctx, b.pool, e.ID)
 	require.NoError(t, err)
 	require.Empty(t, info.Deliveries, "poisoned by a lost connection")
 	require.EqualValues(t, 1, charged.Load(), "only the mapping failure counts")

@@ -30,22 +30,20 @@ const convertEvery = time.Second
 const convertBatch = 1000
 
 // owedOrFail runs the deliveries lane until it has nothing more due for this
-// relay. On a failed round it backs off with fail and retries the claimed
-// events one by one. It reports whether the loop should go on.
-func (r *Relay) owedOrFail(ctx context.Context, fail func(error) bool) bool {
+// relay. On a failed round it backs off with fail (which reports whether to
+// go on) and retries the claimed events one by one. It reports whether the
+// loop should go on.
+func (r *Relay) owedOrFail(ctx context.Context, fail func(context.Context, error) bool) bool {
 	if len(r.known) == 0 {
 		return true
 	}
 	if err := r.convertCatchUp(ctx); err != nil {
-		if r.stopping() || ctx.Err() != nil || !fail(err) {
-			return false
-		}
-		return true
+		return fail(ctx, err)
 	}
 	for !r.stopping() && ctx.Err() == nil {
 		claimed, err := r.round(ctx, laneOwed, r.sql.ClaimOwed, r.known, int64(r.config.BatchSize))
 		if err != nil {
-			if r.stopping() || ctx.Err() != nil || !fail(err) {
+			if !fail(ctx, err) {
 				return false
 			}
 			if err := r.rowByRow(ctx, laneOwed, claimed); err != nil && ctx.Err() == nil {

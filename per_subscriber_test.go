@@ -62,8 +62,8 @@ func TestAnOrphanedSubscriberIsReportedAndRetentionPrunesWhatOwesNothing(t *test
 	ctx := context.Background()
 	const orphanAfter = 400 * time.Millisecond
 	logs := &syncBuffer{}
-	b := setup(t, setupOpts{config: &Config{
-		OrphanAfter: orphanAfter, Retention: time.Millisecond, RetentionInterval: 20 * time.Millisecond,
+	b := setup(t, setupOpts{config: &RelayConfig{
+		Outbox: Outbox{OrphanAfter: orphanAfter}, Retention: time.Millisecond, RetentionInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}}, mapSub("x", false, "**"))
 	registerOther(t, b, mapSub("ghost", false, "order.*"))
@@ -86,7 +86,7 @@ func TestAnOrphanedSubscriberIsReportedAndRetentionPrunesWhatOwesNothing(t *test
 	require.NoError(t, err)
 	require.Equal(t, []string{"ghost"}, st.Orphaned)
 	require.EqualValues(t, 20, st.Owed, "only the events ghost's types match are owed to it")
-	st, err = Stats(ctx, b.pool)
+	st, err = outbox.Stats(ctx, b.pool)
 	require.NoError(t, err)
 	require.Empty(t, st.Orphaned, "the default OrphanAfter is 15 minutes")
 	require.Contains(t, logs.String(), "subscriber=ghost")
@@ -99,14 +99,14 @@ func TestAnOrphanedSubscriberIsReportedAndRetentionPrunesWhatOwesNothing(t *test
 		_, kept := rows[e.ID]
 		require.Equal(t, e.Type == "order.placed", kept, "event %s (%s)", e.ID, e.Type)
 	}
-	relays, err := ListRelays(ctx, b.pool)
+	relays, err := outbox.ListRelays(ctx, b.pool)
 	require.NoError(t, err)
 	require.Len(t, relays, 1)
 	require.Equal(t, []string{"x"}, relays[0].Subscribers)
 	require.Equal(t, os.Getpid(), relays[0].PID)
 	require.True(t, relays[0].StoppedAt.IsZero())
 
-	require.NoError(t, RetireSubscriber(ctx, b.pool, "ghost"))
+	require.NoError(t, outbox.RetireSubscriber(ctx, b.pool, "ghost"))
 	require.Eventually(t, func() bool { return len(loadRows(t, b.pool)) == 0 }, 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return len(b.relay.Health().Orphaned) == 0 }, 5*time.Second, 5*time.Millisecond)
 }
@@ -123,7 +123,7 @@ func TestRetireSubscriberWhileRelaysStamp(t *testing.T) {
 		loops = 10
 	}
 	for i := range loops {
-		lacking := setup(t, setupOpts{config: &Config{BatchSize: 20}}, mapSub("x", false, "**"))
+		lacking := setup(t, setupOpts{config: &RelayConfig{BatchSize: 20}}, mapSub("x", false, "**"))
 		registerOther(t, lacking, mapSub("gone", false, "**"))
 		lacking.start(t)
 		func() {
@@ -160,7 +160,7 @@ func TestRetireSubscriberWhileRelaysStamp(t *testing.T) {
 			}
 			// Let pairs pile up, then retire in the middle of it.
 			require.Eventually(t, func() bool { return owedCount(t, lacking.pool) >= 20 }, 10*time.Second, time.Millisecond)
-			require.NoError(t, RetireSubscriber(ctx, lacking.pool, "gone"))
+			require.NoError(t, outbox.RetireSubscriber(ctx, lacking.pool, "gone"))
 			owedToGone := func() int {
 				var n int
 				require.NoError(t, lacking.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_deliveries WHERE subscriber = 'gone')
@@ -193,7 +193,7 @@ func TestAnOldReleasesCatchUpListIsServed(t *testing.T) {
 	// z by one since retired.
 	registerOther(t, b, mapSub("y", false, "order.*"))
 	registerOther(t, b, mapSub("z", false, "**"))
-	require.NoError(t, RetireSubscriber(ctx, b.pool, "z"))
+	require.NoError(t, outbox.RetireSubscriber(ctx, b.pool, "z"))
 	es := b.record(t, Event{Type: "order.placed"}, Event{Type: "note.changed"})
 	// An old relay knowing only x claims and stamps them: catch_up = {y}.
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
@@ -232,7 +232,7 @@ func TestMigrationCarriesCatchUpListsOver(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.EmptyURL(t))
-	require.NoError(t, migrate(ctx, pool, nil, 4))
+	require.NoError(t, migrate(ctx, pool, outbox, 4))
 	exec(t, pool, `INSERT INTO outbox_subscribers (name) VALUES ('x'), ('y'), ('old')`)
 	exec(t, pool, `UPDATE outbox_subscribers SET retired_at = now() WHERE name = 'old'`)
 	exec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, catch_up) VALUES
@@ -240,7 +240,7 @@ func TestMigrationCarriesCatchUpListsOver(t *testing.T) {
 		('0194f1c6-7d6a-7000-8000-000000000002', 'a', now(), '{"x": 2}', NULL)`)
 	exec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, catch_up, attempts, last_error, poisoned_at) VALUES
 		('0194f1c6-7d6a-7000-8000-000000000003', 'a', now(), '{"x": 3}', ARRAY['y'], 5, 'y failed', now())`)
-	require.NoError(t, Migrate(ctx, pool, nil))
+	require.NoError(t, outbox.Migrate(ctx, pool))
 	pairs := loadPairs(t, pool)
 	require.Len(t, pairs, 2)
 	require.Equal(t, pairRow{}, pairs[uuid.MustParse("0194f1c6-7d6a-7000-8000-000000000001")]["y"])
@@ -269,8 +269,8 @@ func TestPausedSubscriberIsOwedAndResumed(t *testing.T) {
 	b := setup(t, setupOpts{}, slow, mapSub("fast", false, "**"))
 	b.start(t)
 	b.settle(t)
-	require.NoError(t, PauseSubscriber(ctx, b.pool, "slow"))
-	require.ErrorIs(t, PauseSubscriber(ctx, b.pool, "nobody"), ErrUnknownSubscriber)
+	require.NoError(t, outbox.PauseSubscriber(ctx, b.pool, "slow"))
+	require.ErrorIs(t, outbox.PauseSubscriber(ctx, b.pool, "nobody"), ErrUnknownSubscriber)
 	es := b.record(t, Event{Type: "a"}, Event{Type: "b"}, Event{Type: "c"})
 	waitFannedOut(t, b.pool, 10*time.Second)
 	require.Eventually(t, func() bool { return len(loadJobs(t, b.pool)) == 3 }, 10*time.Second, 5*time.Millisecond)
@@ -280,12 +280,12 @@ func TestPausedSubscriberIsOwedAndResumed(t *testing.T) {
 	for _, e := range es {
 		require.Equal(t, pairRow{}, pairs[e.ID]["slow"], "event %s is owed to slow", e.ID)
 	}
-	st, err := Stats(ctx, b.pool)
+	st, err := outbox.Stats(ctx, b.pool)
 	require.NoError(t, err)
 	require.Equal(t, []string{"slow"}, st.Paused)
 	require.EqualValues(t, 3, st.Owed)
 
-	require.NoError(t, ResumeSubscriber(ctx, b.pool, "slow"))
+	require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
 	waitDelivered(t, b.pool, 10*time.Second)
 	perPair := map[string]int{}
 	for _, j := range loadJobs(t, b.pool) {
@@ -318,7 +318,7 @@ func TestPairErrorsAreStoredSafely(t *testing.T) {
 		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
 			return nil, nil, errors.New(msgs[e.Subject])
 		}}
-	b := setup(t, setupOpts{config: &Config{MaxAttempts: 1, OnPoison: func(_ context.Context, e Event, err error) {
+	b := setup(t, setupOpts{config: &RelayConfig{MaxAttempts: 1, OnPoison: func(_ context.Context, e Event, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		got[e.Subject] = err
@@ -327,7 +327,7 @@ func TestPairErrorsAreStoredSafely(t *testing.T) {
 	es := b.record(t, Event{Type: "a", Subject: "rune"}, Event{Type: "a", Subject: "nul"}, Event{Type: "a", Subject: "huge"})
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 3 }, 10*time.Second, 5*time.Millisecond)
 	for _, e := range es {
-		info, err := Inspect(ctx, b.pool, e.ID)
+		info, err := outbox.Inspect(ctx, b.pool, e.ID)
 		require.NoError(t, err)
 		require.Len(t, info.Deliveries, 1)
 		d := info.Deliveries[0]
@@ -365,7 +365,7 @@ func TestReceiptsPerSubscriber(t *testing.T) {
 		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
 			return nil, nil, errors.New("never")
 		}}
-	b := setup(t, setupOpts{config: &Config{MaxAttempts: 3, RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond}},
+	b := setup(t, setupOpts{config: &RelayConfig{MaxAttempts: 3, RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond}},
 		flaky, broken, mapSub("fast", false, "**"))
 	a := startAwaiter(t, b, nil)
 	b.start(t)
@@ -401,7 +401,7 @@ func TestReceiptsPerSubscriber(t *testing.T) {
 func TestBackfillOwesEachMatchingEventOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	old := setup(t, setupOpts{config: &Config{BatchSize: 500}}, mapSub("x", false, "**"))
+	old := setup(t, setupOpts{config: &RelayConfig{BatchSize: 500}}, mapSub("x", false, "**"))
 	old.start(t)
 	before := old.record(t, Event{Type: "order.placed"})[0]
 	waitFannedOut(t, old.pool, 10*time.Second)
@@ -416,7 +416,7 @@ func TestBackfillOwesEachMatchingEventOnce(t *testing.T) {
 	waitFannedOut(t, old.pool, 60*time.Second)
 
 	// The new subscriber's relay starts: from now on stamps reach it.
-	newer := setup(t, setupOpts{url: old.url, config: &Config{BatchSize: 500}}, mapSub("x", false, "**"), mapSub("y", false, "order.*"))
+	newer := setup(t, setupOpts{url: old.url, config: &RelayConfig{BatchSize: 500}}, mapSub("x", false, "**"), mapSub("y", false, "order.*"))
 	newer.start(t)
 	stop := make(chan struct{})
 	var writers sync.WaitGroup
@@ -436,19 +436,19 @@ func TestBackfillOwesEachMatchingEventOnce(t *testing.T) {
 			}
 		}
 	})
-	res, err := Backfill(ctx, old.pool, "y", since)
+	res, err := outbox.Backfill(ctx, old.pool, "y", since)
 	close(stop)
 	writers.Wait()
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, res.Owed, int64(5000), "the 5,000 order events recorded before y existed")
 	waitDelivered(t, old.pool, 60*time.Second)
 
-	again, err := Backfill(ctx, old.pool, "y", since)
+	again, err := outbox.Backfill(ctx, old.pool, "y", since)
 	require.NoError(t, err)
 	require.Zero(t, again.Owed, "nothing more to owe")
-	_, err = Backfill(ctx, old.pool, "nobody", since)
+	_, err = outbox.Backfill(ctx, old.pool, "nobody", since)
 	require.ErrorIs(t, err, ErrUnknownSubscriber)
-	subs, err := ListSubscribers(ctx, old.pool)
+	subs, err := outbox.ListSubscribers(ctx, old.pool)
 	require.NoError(t, err)
 	require.Equal(t, "y", subs[1].Name)
 	require.False(t, subs[1].BackfillDoneAt.IsZero(), "progress is visible")
@@ -558,7 +558,7 @@ func TestHandleTxWorkerProcess(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
-	relay, err := NewRelay(pool, &Config{Logger: quietLogger()})
+	relay, err := NewRelay(pool, &RelayConfig{Logger: quietLogger()})
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(handleTxSubscriber()))
 	workers := river.NewWorkers()

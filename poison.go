@@ -61,7 +61,7 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 }
 
 // alert reports an event this relay just poisoned: an error log at once,
-// and OnPoison off the loop (see Config.OnPoison). The log gets the error's
+// and OnPoison off the loop (see RelayConfig.OnPoison). The log gets the error's
 // stored form; OnPoison gets err itself.
 func (r *Relay) alert(ctx context.Context, e Event, err error) {
 	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.Int64("seq", e.Seq), slog.String("type", e.Type),

@@ -46,7 +46,7 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 			}
 			return testArgs{EventID: e.ID}, nil, nil
 		}}
-	b = setup(t, setupOpts{config: &Config{
+	b = setup(t, setupOpts{config: &RelayConfig{
 		RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 70 * time.Millisecond,
 		OnPoison: func(_ context.Context, e Event, err error) {
 			mu.Lock()
@@ -83,7 +83,7 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 		return ok && p.Poisoned
 	}
 	require.Eventually(t, poisonedPair, 30*time.Second, 5*time.Millisecond)
-	info, err := Inspect(ctx, b.pool, bad.ID)
+	info, err := outbox.Inspect(ctx, b.pool, bad.ID)
 	require.NoError(t, err)
 	require.False(t, loadRows(t, b.pool)[bad.ID].Poisoned, "the event is not poisoned as a whole: only its pair is")
 	require.True(t, info.Poisoned(), "Inspect reports the poisoned pair")
@@ -109,35 +109,35 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 	b.waitIdle(t)
 	require.EqualValues(t, 5, badCalls.Load())
 
-	list, err := ListDeliveries(ctx, b.pool, ListDeliveriesParams{State: DeliveryPoisoned})
+	list, err := outbox.ListDeliveries(ctx, b.pool, ListDeliveriesParams{State: DeliveryPoisoned})
 	require.NoError(t, err)
 	require.Len(t, list.Deliveries, 1)
 	require.Equal(t, bad.ID, list.Deliveries[0].EventID)
-	list, err = ListDeliveries(ctx, b.pool, ListDeliveriesParams{State: DeliveryPoisoned, Subscriber: "audit"})
+	list, err = outbox.ListDeliveries(ctx, b.pool, ListDeliveriesParams{State: DeliveryPoisoned, Subscriber: "audit"})
 	require.NoError(t, err)
 	require.Empty(t, list.Deliveries)
-	events, err := ListPoisoned(ctx, b.pool, nil)
+	events, err := outbox.ListEvents(ctx, b.pool, ListParams{State: StatePoisoned})
 	require.NoError(t, err)
 	require.Len(t, events.Events, 1, "the event list shows it, by its poisoned pair")
 	require.Contains(t, events.Events[0].LastError, "template missing")
 
 	// Requeued before the fix: five more attempts, and the history keeps the
 	// last ten.
-	require.ErrorIs(t, RequeueDelivery(ctx, b.pool, bad.ID, "audit"), ErrNotFound)
-	require.NoError(t, RequeueDelivery(ctx, b.pool, bad.ID, "mailer"))
-	require.ErrorIs(t, RequeueDelivery(ctx, b.pool, bad.ID, "mailer"), ErrNotPoisoned)
+	require.ErrorIs(t, outbox.RequeueDelivery(ctx, b.pool, bad.ID, "audit"), ErrNotFound)
+	require.NoError(t, outbox.RequeueDelivery(ctx, b.pool, bad.ID, "mailer"))
+	require.ErrorIs(t, outbox.RequeueDelivery(ctx, b.pool, bad.ID, "mailer"), ErrNotPoisoned)
 	require.Eventually(t, func() bool { return badCalls.Load() == 10 && poisonedPair() }, 30*time.Second, 5*time.Millisecond)
 	p := loadPairs(t, b.pool)[bad.ID]["mailer"]
 	require.Equal(t, 5, p.Attempts)
 	require.Equal(t, 10, p.Errors, "the history survives the requeue, bounded")
 
 	fixed.Store(true)
-	require.NoError(t, RequeueDelivery(ctx, b.pool, bad.ID, "mailer"))
+	require.NoError(t, outbox.RequeueDelivery(ctx, b.pool, bad.ID, "mailer"))
 	require.Eventually(t, func() bool {
-		info, err := Inspect(ctx, b.pool, bad.ID)
+		info, err := outbox.Inspect(ctx, b.pool, bad.ID)
 		return err == nil && info.Fanout["mailer"] != 0
 	}, 10*time.Second, 5*time.Millisecond)
-	info, err = Inspect(ctx, b.pool, bad.ID)
+	info, err = outbox.Inspect(ctx, b.pool, bad.ID)
 	require.NoError(t, err)
 	require.Empty(t, info.Deliveries)
 	perPair := map[string]int{}
@@ -163,14 +163,14 @@ func TestMappingThatFailsTwiceThenSucceedsIsNeverPoisoned(t *testing.T) {
 			}
 			return testArgs{EventID: e.ID}, nil, nil
 		}}
-	b := setup(t, setupOpts{config: &Config{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond}}, sub)
+	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond}}, sub)
 	e := b.record(t, Event{Type: "a"})[0]
 	b.start(t)
 	require.Eventually(t, func() bool {
-		info, err := Inspect(context.Background(), b.pool, e.ID)
+		info, err := outbox.Inspect(context.Background(), b.pool, e.ID)
 		return err == nil && len(info.Fanout) == 1
 	}, 10*time.Second, 5*time.Millisecond)
-	info, err := Inspect(context.Background(), b.pool, e.ID)
+	info, err := outbox.Inspect(context.Background(), b.pool, e.ID)
 	require.NoError(t, err)
 	require.False(t, info.Poisoned())
 	require.Zero(t, info.Attempts, "the event itself never failed")
@@ -188,7 +188,7 @@ func TestPanickingMapIsChargedToItsEvent(t *testing.T) {
 			}
 			return testArgs{EventID: e.ID}, nil, nil
 		}}
-	b := setup(t, setupOpts{config: &Config{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}}, sub)
+	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}}, sub)
 	es := b.record(t, Event{Type: "a", Subject: "boom"}, Event{Type: "a", Subject: "fine"})
 	b.start(t)
 	waitDelivered(t, b.pool, 10*time.Second)
@@ -217,7 +217,7 @@ func TestBatchFailuresAreRetriedRowByRow(t *testing.T) {
 		}}
 	var mu sync.Mutex
 	var pauses []time.Duration
-	b := setup(t, setupOpts{config: &Config{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 3}}, sub)
+	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 3}}, sub)
 	b.relay.hooks.pause = func(_ context.Context, d time.Duration) bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -289,7 +289,7 @@ func TestRoundBackoffDoublesAndIsCapped(t *testing.T) {
 	mu.Unlock()
 	_, err = b.pool.Exec(ctx, "ALTER TABLE outbox_events_away RENAME TO outbox_events")
 	require.NoError(t, err)
-	info, err := Inspect(ctx, b.pool, e.ID)
+	info, err := outbox.Inspect(ctx, b.pool, e.ID)
 	require.NoError(t, err)
 	require.Zero(t, info.Attempts)
 }
@@ -313,9 +313,9 @@ func TestListPoisonedPagesNewestFirst(t *testing.T) {
 	require.NoError(t, err)
 
 	var got []uuid.UUID
-	params := &ListPoisonedParams{Limit: 3}
+	params := ListParams{State: StatePoisoned, Limit: 3}
 	for {
-		page, err := ListPoisoned(ctx, b.pool, params)
+		page, err := outbox.ListEvents(ctx, b.pool, params)
 		require.NoError(t, err)
 		require.LessOrEqual(t, len(page.Events), 3)
 		for _, e := range page.Events {
@@ -329,7 +329,7 @@ func TestListPoisonedPagesNewestFirst(t *testing.T) {
 	want := []uuid.UUID{es[6].ID, es[5].ID, es[4].ID, es[3].ID, es[2].ID, es[1].ID, es[0].ID}
 	require.Equal(t, want, got)
 
-	_, err = ListPoisoned(ctx, b.pool, &ListPoisonedParams{After: "garbage"})
+	_, err = outbox.ListEvents(ctx, b.pool, ListParams{State: StatePoisoned, After: "garbage"})
 	require.ErrorContains(t, err, "After")
 }
 
@@ -338,9 +338,9 @@ func TestRequeueRefusesWhatIsNotPoisoned(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	e := b.record(t, Event{Type: "a"})[0]
-	require.ErrorIs(t, Requeue(ctx, b.pool, e.ID), ErrNotPoisoned)
-	require.ErrorIs(t, Requeue(ctx, b.pool, uuid.New()), ErrNotFound)
-	_, err := Inspect(ctx, b.pool, uuid.New())
+	require.ErrorIs(t, outbox.Requeue(ctx, b.pool, e.ID), ErrNotPoisoned)
+	require.ErrorIs(t, outbox.Requeue(ctx, b.pool, uuid.New()), ErrNotFound)
+	_, err := outbox.Inspect(ctx, b.pool, uuid.New())
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
@@ -350,7 +350,7 @@ func TestRequeueRefusesWhatIsNotPoisoned(t *testing.T) {
 func TestAnIdleRelayRetriesWhatADeadRelayFailed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	survivor := setup(t, setupOpts{config: &Config{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond}},
+	survivor := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond}},
 		mapSub("mailer", false, "**"))
 	survivor.start(t)
 	survivor.settle(t)
@@ -363,10 +363,10 @@ func TestAnIdleRelayRetriesWhatADeadRelayFailed(t *testing.T) {
 	require.NoError(t, err)
 
 	require.Eventually(t, func() bool {
-		info, err := Inspect(ctx, survivor.pool, id)
+		info, err := outbox.Inspect(ctx, survivor.pool, id)
 		return err == nil && !info.FannedOutAt.IsZero()
 	}, 10*time.Second, 10*time.Millisecond, "the idle relay never retried the event")
-	info, err := Inspect(ctx, survivor.pool, id)
+	info, err := outbox.Inspect(ctx, survivor.pool, id)
 	require.NoError(t, err)
 	require.Equal(t, 1, info.Attempts)
 	require.Len(t, info.Fanout, 1)

@@ -142,7 +142,7 @@ func TestRecordInASchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.New(t)
-	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: "outbox"}))
+	require.NoError(t, Outbox{Schema: "outbox"}.Migrate(ctx, pool))
 	rec := Outbox{Schema: "outbox"}
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := rec.Record(ctx, tx, Event{Type: "a"})
@@ -157,7 +157,7 @@ func TestRecordInASchema(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	var ve *ValidationError
 	require.ErrorAs(t, err, &ve)
-	require.Equal(t, "Schema", ve.Field)
+	require.Equal(t, "Outbox.Schema", ve.Field)
 }
 
 // Channels are qualified by schema: a relay of one schema is not woken by
@@ -167,8 +167,8 @@ func TestChannelsAreQualifiedBySchema(t *testing.T) {
 	ctx := context.Background()
 	url := testdb.URL(t)
 	pool := testdb.Pool(t, url)
-	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: "tenant_a"}))
-	require.NoError(t, Migrate(ctx, pool, &MigrateOpts{Schema: "tenant_b"}))
+	require.NoError(t, Outbox{Schema: "tenant_a"}.Migrate(ctx, pool))
+	require.NoError(t, Outbox{Schema: "tenant_b"}.Migrate(ctx, pool))
 
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)

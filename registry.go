@@ -17,10 +17,10 @@ import (
 // every active registered subscriber it does not know whose types match; and
 // a relay that knows it delivers the pair in the deliveries lane (owed.go).
 // Relays record, every few seconds, which subscribers they serve
-// (heartbeat.go): one that no relay has served for Config.OrphanAfter is
+// (heartbeat.go): one that no relay has served for RelayConfig.OrphanAfter is
 // reported orphaned.
 
-// SubscriberInfo is a registered subscriber, as [ListSubscribers] reports it.
+// SubscriberInfo is a registered subscriber, as [Outbox.ListSubscribers] reports it.
 type SubscriberInfo struct {
 	// Name is the subscriber's name.
 	Name string
@@ -29,14 +29,14 @@ type SubscriberInfo struct {
 	Types []string
 	// RegisteredAt is when a relay first started with it.
 	RegisteredAt time.Time
-	// RetiredAt is when [RetireSubscriber] retired it; zero if it is active.
+	// RetiredAt is when [Outbox.RetireSubscriber] retired it; zero if it is active.
 	RetiredAt time.Time
 	// LastServedAt is when a running relay that has it last reported in
-	// (see [ListRelays]); zero if none ever did.
+	// (see [Outbox.ListRelays]); zero if none ever did.
 	LastServedAt time.Time
-	// PausedAt is when [PauseSubscriber] paused it; zero unless paused.
+	// PausedAt is when [Outbox.PauseSubscriber] paused it; zero unless paused.
 	PausedAt time.Time
-	// BackfillSince is the since of its last [Backfill]; BackfillSeq how
+	// BackfillSince is the since of its last [Outbox.Backfill]; BackfillSeq how
 	// far that got (by event seq); BackfillDoneAt when it finished. Zero if
 	// none.
 	BackfillSince  time.Time
@@ -76,11 +76,6 @@ func registerSubscribers(ctx context.Context, db DB, sql *statements.Set, names 
 // process (see the README's "Deploying"). A retired name cannot be used again:
 // give a revived subscriber a new name. Retiring twice is not an error; an
 // unknown name returns an error wrapping [ErrUnknownSubscriber].
-func RetireSubscriber(ctx context.Context, db DB, name string) error {
-	return Outbox{}.RetireSubscriber(ctx, db, name)
-}
-
-// RetireSubscriber is [RetireSubscriber] in o's schema.
 func (o Outbox) RetireSubscriber(ctx context.Context, db DB, name string) error {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -117,11 +112,6 @@ func (o Outbox) RetireSubscriber(ctx context.Context, db DB, name string) error 
 const retireBatch = 1000
 
 // ListSubscribers lists the registered subscribers, by name.
-func ListSubscribers(ctx context.Context, db DB) ([]SubscriberInfo, error) {
-	return Outbox{}.ListSubscribers(ctx, db)
-}
-
-// ListSubscribers is [ListSubscribers] in o's schema.
 func (o Outbox) ListSubscribers(ctx context.Context, db DB) ([]SubscriberInfo, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {

@@ -3,6 +3,7 @@ package events
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -21,12 +22,22 @@ import (
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/hostcall"
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/logging"
+	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
+	"github.com/standmeet/events/internal/wake"
 )
 
-// Config configures a [Relay]. The zero value works; every field documents
-// its default.
-type Config struct {
+// RelayConfig configures a [Relay]. The zero value works; every field
+// documents its default.
+type RelayConfig struct {
+	// Outbox is the schema the relay serves, with the settings every
+	// component of it shares. It must name the schema of the River client
+	// given to [Relay.Start] (River's tables and the library's live
+	// together: see [Outbox.Migrate]). The zero Outbox is the search_path's,
+	// as River's zero Schema is.
+	Outbox Outbox
+
 	// BatchSize is the most rows one round claims, and so the size of its
 	// transaction. Defaults to BatchSizeDefault (200); at most 10,000.
 	BatchSize int
@@ -35,7 +46,7 @@ type Config struct {
 	// may fail (its Map returns an error or panics, or River or PostgreSQL
 	// refuses its job) before that (event, subscriber) pair is poisoned:
 	// set aside for that subscriber alone, never attempted again until
-	// [RequeueDelivery] or [Requeue]; the event's other subscribers are not
+	// [Outbox.RequeueDelivery] or [Outbox.Requeue]; the event's other subscribers are not
 	// held back. Defaults to MaxAttemptsDefault (5).
 	MaxAttempts int
 
@@ -65,8 +76,8 @@ type Config struct {
 	// relay that yields while it drains a backlog (see the README's
 	// "Retention"). An event that still owes something — a pair owed or
 	// poisoned, for any subscriber, an orphaned one included — is never
-	// deleted automatically, nor is an event poisoned as a whole ([Discard]
-	// and [DiscardDelivery] give them up). Defaults to RetentionDefault (7 days); a negative value
+	// deleted automatically, nor is an event poisoned as a whole ([Outbox.Discard]
+	// and [Outbox.DiscardDelivery] give them up). Defaults to RetentionDefault (7 days); a negative value
 	// keeps everything.
 	Retention time.Duration
 
@@ -100,20 +111,12 @@ type Config struct {
 	// the last call has returned.
 	OnPoison func(ctx context.Context, e Event, err error)
 
-	// OrphanAfter is how long a registered, active subscriber may go
-	// unserved by every running relay (none that has it reported in: see
-	// [ListRelays]) before it is reported orphaned — by [Relay.Health], by
-	// a warning log naming the fix (deploy it, or [RetireSubscriber]), and
-	// by [Stats]. Its owed pairs keep their events from retention until
-	// then and after. Defaults to OrphanAfterDefault (15 min).
-	OrphanAfter time.Duration
-
 	// Logger receives the relay's logs. Defaults to warnings and errors on
 	// standard error.
 	Logger *slog.Logger
 }
 
-func (c *Config) withDefaults() Config {
+func (c *RelayConfig) withDefaults() RelayConfig {
 	out := *c
 	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
 	out.MaxAttempts = cmp.Or(out.MaxAttempts, MaxAttemptsDefault)
@@ -122,15 +125,16 @@ func (c *Config) withDefaults() Config {
 	out.MaxRoundsInFlight = cmp.Or(out.MaxRoundsInFlight, MaxRoundsInFlightDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
 	out.RetentionInterval = cmp.Or(out.RetentionInterval, RetentionIntervalDefault)
-	out.OrphanAfter = cmp.Or(out.OrphanAfter, OrphanAfterDefault)
+	out.Outbox = out.Outbox.withDefaults()
 	out.Listener = out.Listener.withDefaults()
-	if out.Logger == nil {
-		out.Logger = defaultLogger()
-	}
+	out.Logger = cmp.Or(out.Logger, logging.Default())
 	return out
 }
 
-func (c *Config) validate() error {
+func (c *RelayConfig) validate() error {
+	if err := c.Outbox.validate(); err != nil {
+		return err
+	}
 	switch {
 	case c.BatchSize < 1 || c.BatchSize > 10_000:
 		return invalidf(ErrInvalidConfig, "BatchSize", "%d: must be between 1 and 10000", c.BatchSize)
@@ -140,8 +144,6 @@ func (c *Config) validate() error {
 		return invalidf(ErrInvalidConfig, "RetryBackoff", "%v: must not be negative", c.RetryBackoff)
 	case c.MaxRetryBackoff < c.RetryBackoff:
 		return invalidf(ErrInvalidConfig, "MaxRetryBackoff", "%v: must be at least RetryBackoff (%v)", c.MaxRetryBackoff, c.RetryBackoff)
-	case c.OrphanAfter < 0:
-		return invalidf(ErrInvalidConfig, "OrphanAfter", "%v: must not be negative", c.OrphanAfter)
 	case c.RetentionInterval < 0:
 		return invalidf(ErrInvalidConfig, "RetentionInterval", "%v: must not be negative", c.RetentionInterval)
 	case c.MaxRoundsInFlight < 1 || c.MaxRoundsInFlight > 16:
@@ -156,7 +158,7 @@ func (c *Config) validate() error {
 // need no leader.
 type Relay struct {
 	pool   *pgxpool.Pool
-	config Config
+	config RelayConfig
 	logger *slog.Logger
 	hooks  testHooks
 
@@ -164,46 +166,41 @@ type Relay struct {
 	meter    metric.Meter
 	tracer   trace.Tracer
 	laneAttr [2]metric.MeasurementOption
-	gauges   metric.Registration // backlog and lag, while running
 
 	// Health, for Health and Healthy.
 	lastSuccess atomic.Int64 // unix nanoseconds of the last round or poll that worked
 	failing     atomic.Int32 // consecutive failures
 	busy        atomic.Bool  // the last pending round came back full
 
-	mu      sync.RWMutex
-	subs    []*subscription
-	byName  map[string]*subscription
-	running bool
-	// inTx says running is borrowed by a FanOutTx call, not a run: Stop has
-	// nothing to stop.
+	// svc is the relay's lifecycle: its runs, Ready, Stopped and Stop. A
+	// run's OnPoison queue is its drain: Stop waits for it only within its
+	// context.
+	svc startstop.Base
+
+	sql *statements.Set // the statements of the relay's RelayConfig.Outbox
+
+	mu     sync.RWMutex
+	subs   []*subscription
+	byName map[string]*subscription
+	// inTx says a FanOutTx call has borrowed the run state below: Start
+	// refuses meanwhile, and Stop has no run to stop.
 	inTx bool
 
 	// Set by Start, for one run, or by FanOutTx, for one call, while it holds
-	// mu and sets running. Read without mu only by the run's (or the call's)
-	// own goroutines, and by Stop once it saw a run under mu.
+	// mu (and svc is starting, or inTx set). Read without mu only by the
+	// run's (or the call's) own goroutines.
+	run       *startstop.Run // nil for FanOutTx: never stopping
 	client    *river.Client[pgx.Tx]
-	sql       *statements.Set
 	active    []*subscription // subs less the retired ones
 	known     []string        // names of active
 	callbacks *hostcall.Runner
-	listening atomic.Bool // the listener's LISTEN is in effect
-	// connectedOnce is set at the run's first connect: later ones are
-	// reconnects.
-	connectedOnce atomic.Bool
-	// reconnected receives when the listener (re)connects: the database is
+	// listener is the run's listening connection; nil with PollOnly.
+	listener atomic.Pointer[listener.Listener]
+	// reconnected is sent when the listener (re)connects: the database is
 	// back, so the loop ends any backoff at once.
-	reconnected chan struct{}
-	ready       chan struct{}
-	markReady   func()
-	wake        chan struct{} // the main loop's: notifications
-	helpWake    chan struct{} // the helper loops': plenty of work
-	stopCh      chan struct{}
-	cancel      context.CancelFunc
-	loopDone    chan struct{} // closed once the loops and the listener returned
-	done        chan struct{} // closed once the OnPoison calls returned too
-
-	stopMu sync.Mutex
+	reconnected wake.Signal
+	wake        wake.Signal // the main loop's: notifications
+	helpWake    wake.Signal // the helper loops': plenty of work
 
 	// retryCheck asks the loop to read the retry schedule now: this relay
 	// has just failed an event.
@@ -268,12 +265,12 @@ type testHooks struct {
 // subscribers with [Relay.Subscribe] and their workers with
 // [Relay.AddWorkers], build the River client, then call [Relay.Start].
 // A nil config means the defaults.
-func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
+func NewRelay(pool *pgxpool.Pool, config *RelayConfig) (*Relay, error) {
 	if pool == nil {
 		return nil, invalidf(ErrInvalidConfig, "pool", "is nil")
 	}
 	if config == nil {
-		config = &Config{}
+		config = &RelayConfig{}
 	}
 	cfg := config.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -283,12 +280,26 @@ func NewRelay(pool *pgxpool.Pool, config *Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: relay metrics: %w", err)
 	}
-	return &Relay{pool: pool, config: cfg, logger: cfg.Logger, byName: map[string]*subscription{},
+	sql, err := statementsFor(cfg.Outbox.Schema)
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{pool: pool, config: cfg, logger: cfg.Logger, sql: sql, byName: map[string]*subscription{},
+		svc:     startstop.Base{StopBeforeRestart: true}, // Stop unregisters the gauges
 		metrics: metrics, meter: meter, tracer: newTracer(cfg.TracerProvider),
 		laneAttr: [2]metric.MeasurementOption{
 			metric.WithAttributes(attribute.String(attrLane, "pending")),
 			metric.WithAttributes(attribute.String(attrLane, "deliveries")),
 		}}, nil
+}
+
+// checkSchema refuses a River client of another schema than the relay's:
+// its jobs would land where no worker of this outbox looks.
+func (r *Relay) checkSchema(client *river.Client[pgx.Tx]) error {
+	if schema := client.Schema(); schema != r.config.Outbox.Schema {
+		return invalidf(ErrInvalidConfig, "Outbox.Schema", "%q: the River client's schema is %q; name the same schema in both", r.config.Outbox.Schema, schema)
+	}
+	return nil
 }
 
 // Subscribe registers a subscriber. Call it before [Relay.Start]; names are
@@ -300,7 +311,7 @@ func (r *Relay) Subscribe(s Subscriber) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.running {
+	if r.inTx || r.svc.Active() {
 		return fmt.Errorf("%w: subscribe %q before Start", ErrStarted, s.Name)
 	}
 	if _, dup := r.byName[s.Name]; dup {
@@ -319,18 +330,18 @@ func (r *Relay) subscription(name string) *subscription {
 
 // Start starts the relay: a listener for [ChannelEvents] on a dedicated
 // connection and the loop that claims and fans out events, inserting jobs
-// through client. The library's tables are looked for in client's schema.
+// through client, whose schema must be the relay's [RelayConfig.Outbox].
 // Start returns once both are running; the first round starts at once.
 //
 // Start first registers the relay's subscribers in the database, with their
-// type globs (a name not seen before is added; see [ListSubscribers]), and
+// type globs (a name not seen before is added; see [Outbox.ListSubscribers]), and
 // returns an error if that fails. From then on every event whose
 // transaction commits after Start returned reaches every subscriber of this
 // relay that it matches, whichever relay fans it out: a relay that lacks one
 // of them (another release, during a rolling deploy) writes the pair as
 // owed, and a relay that has it delivers it. A subscriber that was retired
-// ([RetireSubscriber]) is left out of this run, with a warning. While it
-// runs, the relay reports in every few seconds (see [ListRelays]).
+// ([Outbox.RetireSubscriber]) is left out of this run, with a warning. While it
+// runs, the relay reports in every few seconds (see [Outbox.ListRelays]).
 //
 // Cancelling ctx stops the relay abruptly (a round in flight rolls back);
 // [Relay.Stop] stops it gracefully, and must be called before the relay can
@@ -339,125 +350,105 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	if client == nil {
 		return invalidf(ErrInvalidConfig, "client", "is nil")
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.running {
+	err := r.svc.Start(ctx, func(run *startstop.Run) error {
+		r.mu.Lock()
+		inTx := r.inTx
+		r.mu.Unlock()
+		if inTx {
+			return ErrStarted
+		}
+		// From here Subscribe and FanOutTx refuse (the service is starting),
+		// so prepare's I/O runs without mu: the worker's lookups of
+		// subscribers (Handle jobs) take it and must not wait for the
+		// registry.
+		if err := r.prepare(run.StartContext(), run, client); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.launch(ctx, run)
+		return nil
+	})
+	switch {
+	case errors.Is(err, startstop.ErrRunning):
 		return ErrStarted
+	case errors.Is(err, startstop.ErrLingering):
+		return errLastRunLingers
 	}
-	if err := r.lastRunLingers(); err != nil {
+	return err
+}
+
+// errLastRunLingers refuses a run, or a FanOutTx call, while an OnPoison
+// call of the last run, left running by a Stop that gave up, has not
+// returned: the new one would call OnPoison alongside it.
+var errLastRunLingers = fmt.Errorf("%w: an OnPoison call of the last run is still running: wait for Stopped", ErrStarted)
+
+// prepare is the part of Start that may fail: the client's schema checked,
+// the subscribers registered, the gauges; then the health and heartbeat
+// state of a new run. It runs while the service is starting, without mu.
+func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.Client[pgx.Tx]) error {
+	if err := r.checkSchema(client); err != nil {
 		return err
 	}
-	sql, err := statementsFor(client.Schema())
-	if err != nil {
-		return err
-	}
-	r.sql = sql
 	if err := r.register(ctx, r.pool); err != nil {
 		return err
 	}
 	r.client = client
 	if r.config.MeterProvider != nil {
-		if r.gauges, err = r.registerGauges(); err != nil {
+		gauges, err := r.registerGauges()
+		if err != nil {
 			return fmt.Errorf("events: relay metrics: %w", err)
 		}
+		run.OnStop(func() { _ = gauges.Unregister() })
 	}
 	r.failing.Store(0)
 	r.lastSuccess.Store(time.Now().UnixNano())
 	r.runID, r.startedAt = uuid.Must(uuid.NewV7()), time.Now()
 	r.lastRound.Store(0)
 	r.orphaned.Store(nil)
+	return nil
+}
+
+// launch adds the run's goroutines: the listener (unless PollOnly), the
+// main loop and its helpers, retention and heartbeats, all graceful but the
+// listener; and the OnPoison queue, which the run drains once they have
+// returned (only rounds queue callbacks). The caller holds mu.
+func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
+	r.run = run
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
-	r.listening.Store(false)
-	r.connectedOnce.Store(false)
-	r.reconnected = make(chan struct{}, 1)
-	r.ready = make(chan struct{})
-	r.markReady = sync.OnceFunc(func() { close(r.ready) })
-	r.wake = make(chan struct{}, 1)
-	r.helpWake = make(chan struct{}, 1)
-	r.stopCh = make(chan struct{})
-	loopDone, done, callbacks := make(chan struct{}), make(chan struct{}), r.callbacks
-	r.loopDone, r.done = loopDone, done
-	runCtx, cancel := context.WithCancel(ctx)
-	r.cancel = cancel
-	r.running = true
-
-	var wg sync.WaitGroup
-	if r.config.Listener.PollOnly {
-		r.listening.Store(true) // polling is all there is
-	} else {
-		sleep := listener.SleepContext
-		if r.hooks.reconnectPause != nil {
-			sleep = r.hooks.reconnectPause
-		}
-		l := &listener.Listener{
-			ConnConfig: r.pool.Config().ConnConfig,
-			Connect:    r.config.Listener.Connect,
-			Channels:   []string{r.sql.ChannelEvents},
-			OnNotify: func(string, string) {
-				if r.hooks.notified != nil {
-					r.hooks.notified()
-				}
-				r.poke()
-			},
-			OnConnect: func() {
-				if r.connectedOnce.Swap(true) {
-					r.metrics.reconnects.Add(context.Background(), 1)
-				}
-				r.listening.Store(true)
-				select { // the database answers: end any backoff
-				case r.reconnected <- struct{}{}:
-				default:
-				}
-				r.poke() // notifications sent while away are lost: look now
-			},
-			OnDisconnect: func(error) { r.listening.Store(false) },
-			PingInterval: r.config.Listener.PingInterval,
-			Logger:       r.logger,
-			ReconnectMin: r.config.Listener.ReconnectBackoff,
-			ReconnectMax: r.config.Listener.MaxReconnectBackoff,
-			Sleep:        sleep,
-		}
-		wg.Go(func() { l.Run(runCtx) })
-	}
-	var rounds sync.WaitGroup
-	rounds.Go(func() { r.loop(runCtx) })
-	rounds.Go(func() { r.pruner(runCtx) })
-	rounds.Go(func() { r.heartbeater(runCtx) })
-	rounds.Go(func() { r.chainSweeper(runCtx) })
+	run.Drain(r.callbacks)
+	r.reconnected, r.wake, r.helpWake = wake.New(), wake.New(), wake.New()
+	r.listener.Store(r.config.Listener.listen(run, r.pool, r.logger, &listener.Listener{
+		Channels: []string{r.sql.ChannelEvents},
+		OnNotify: func(string, string) {
+			if r.hooks.notified != nil {
+				r.hooks.notified()
+			}
+			r.wake.Send()
+		},
+		OnConnect: func(reconnect bool) {
+			if reconnect {
+				r.metrics.reconnects.Add(context.Background(), 1)
+			}
+			r.reconnected.Send() // the database answers: end any backoff
+			r.wake.Send()        // notifications sent while away are lost: look now
+		},
+		Sleep: r.hooks.reconnectPause,
+	}))
+	run.GoGraceful(r.loop)
+	run.GoGraceful(r.pruner)
+	run.GoGraceful(r.heartbeater)
+	run.GoGraceful(r.chainSweeper)
 	for range r.config.MaxRoundsInFlight - 1 {
-		rounds.Go(func() { r.helper(runCtx) })
+		run.GoGraceful(r.helper)
 	}
-	go func() {
-		defer close(done)
-		rounds.Wait()
-		cancel() // ends the listener
-		wg.Wait()
-		close(loopDone)
-		// Only rounds queue callbacks: the queue is complete. Those in line
-		// still run (Stop bounds how long it waits for them).
-		callbacks.Close()
-		<-callbacks.Done()
-	}()
-	return nil
 }
 
-// lastRunLingers returns an error while an OnPoison call of the last run,
-// left running by a Stop that gave up, has not returned: a new run (or a
-// FanOutTx call) would call OnPoison alongside it. The caller holds mu.
-func (r *Relay) lastRunLingers() error {
-	if r.done != nil && !isClosed(r.done) {
-		return fmt.Errorf("%w: an OnPoison call of the last run is still running: wait for Stopped", ErrStarted)
-	}
-	return nil
-}
-
-func isClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
+// listening reports whether the run learns of new events without polling:
+// its LISTEN is in effect, or it polls only (polling is all there is).
+func (r *Relay) listening() bool {
+	l := r.listener.Load()
+	return l == nil || l.Listening()
 }
 
 // register registers the relay's subscribers and sets the run's active set.
@@ -476,7 +467,7 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 		if err == nil || attempt == 3 || !isTransient(err) || ctx.Err() != nil {
 			break
 		}
-		listener.SleepContext(ctx, backoff.Delay(attempt, 100*time.Millisecond, time.Second))
+		_ = backoff.Sleep(ctx, backoff.Delay(attempt, 100*time.Millisecond, time.Second))
 	}
 	if err != nil {
 		return fmt.Errorf("events: relay: registering subscribers: %w", err)
@@ -510,91 +501,23 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 //
 // Stop is safe before Start and safe to call twice. A [Relay.FanOutTx] call
 // in progress is not a run: Stop leaves it alone.
-func (r *Relay) Stop(ctx context.Context) error {
-	r.stopMu.Lock()
-	defer r.stopMu.Unlock()
-	r.mu.RLock()
-	running := r.running && !r.inTx
-	r.mu.RUnlock()
-	if !running {
-		return nil
-	}
-	close(r.stopCh)
-	var err error
-	select {
-	case <-r.loopDone:
-	case <-ctx.Done():
-		err = ctx.Err()
-		r.cancel()
-		<-r.loopDone
-	}
-	r.cancel()
-	if cbErr := r.callbacks.Stop(ctx); cbErr != nil {
-		err = cbErr // names the callback still running
-	} else {
-		<-r.done // its last step: the callbacks have returned
-	}
-	if r.gauges != nil {
-		_ = r.gauges.Unregister()
-		r.gauges = nil
-	}
-	r.mu.Lock()
-	r.running = false
-	r.mu.Unlock()
-	return err
-}
+func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
 // Ready returns a channel that is closed once the current run of the relay
 // listens and has finished a round begun after it started listening: from
 // then on it has seen every event committed before, and a notification
 // reaches it. Use it as a readiness probe, or in tests. Before the first
 // Start it returns a channel that is never closed.
-func (r *Relay) Ready() <-chan struct{} {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.ready == nil {
-		return make(chan struct{})
-	}
-	return r.ready
-}
+func (r *Relay) Ready() <-chan struct{} { return r.svc.Ready() }
 
 // Stopped returns a channel that is closed once the current run of the relay
 // has stopped (by Stop, or because Start's context ended) and its loops, its
 // listener and its OnPoison calls have returned: then no goroutine of the run
 // is left. Before the first Start it returns a closed channel.
-func (r *Relay) Stopped() <-chan struct{} {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.done == nil {
-		return closedChan
-	}
-	return r.done
-}
+func (r *Relay) Stopped() <-chan struct{} { return r.svc.Stopped() }
 
-// pokeHelpers wakes one helper loop, if any waits.
-func (r *Relay) pokeHelpers() {
-	select {
-	case r.helpWake <- struct{}{}:
-	default:
-	}
-}
-
-// poke wakes the loop; a pending wake-up is enough, so extra ones are dropped.
-func (r *Relay) poke() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (r *Relay) stopping() bool {
-	select {
-	case <-r.stopCh:
-		return true
-	default:
-		return false
-	}
-}
+// stopping reports whether the run is stopping; never for a FanOutTx call.
+func (r *Relay) stopping() bool { return r.run.IsStopping() }
 
 // loop is the relay's main loop. It runs rounds until stopped: straight on
 // after a full batch (and wakes a helper loop to claim alongside), otherwise
@@ -603,119 +526,153 @@ func (r *Relay) stopping() bool {
 // query whether pending rows wait (a notification may have been throttled or
 // lost) and when the next failed event is due.
 func (r *Relay) loop(ctx context.Context) {
-	failures := 0
-	fail := func(err error) bool {
-		failures++
-		r.failing.Store(int32(min(failures, 1<<30)))
-		d := backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
-		if isTransient(err) {
-			// The database is away (a restart, a failover): looking again
-			// costs a connection attempt, so look at least every poll
-			// interval, and at once when the listener is back.
-			d = min(d, r.config.Listener.PollInterval)
-		}
-		r.logger.WarnContext(ctx, "events: relay round failed; backing off",
-			slog.String("err", err.Error()), slog.Int("failures", failures), slog.Duration("pause", d))
-		return r.backOff(ctx, d)
-	}
-	succeeded := func() {
-		failures = 0
-		r.failing.Store(0)
-		r.lastSuccess.Store(time.Now().UnixNano())
-		// A reconnect before this success says nothing about a later
-		// failure: only one after it may end that failure's backoff.
-		select {
-		case <-r.reconnected:
-		default:
-		}
-	}
-	var (
-		pollAt     time.Time // when an idle relay polls next
-		turnsAt    time.Time // when a busy relay gives the other duties their turn next
-		trailUntil time.Time // until when the idle relay keeps re-checking
-		claim      = true    // whether this pass starts with a batch round
-		recheck    bool      // this pass is a trailing re-check: poll only
-	)
+	l := &mainLoop{r: r, claim: true}
 	for !r.stopping() && ctx.Err() == nil {
-		if claim {
-			listened := r.listening.Load()
-			claimed, err := r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
-			if err != nil {
-				if r.stopping() || ctx.Err() != nil || !fail(err) {
-					return
-				}
-				// One bad row must not hold back the rest: retry the batch
-				// row by row, so the bad one is found and charged alone.
-				if err := r.rowByRow(ctx, lanePending, claimed); err != nil && ctx.Err() == nil {
-					r.logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
-				}
-				continue
-			}
-			succeeded()
-			if listened {
-				// Listening (or polling only), and caught up with what was
-				// there before.
-				r.markReady()
-			}
-			if len(claimed) > 0 {
-				trailUntil = time.Now().Add(trailingWindow) // writes flow
-			}
-			r.busy.Store(len(claimed) == r.config.BatchSize)
-			if len(claimed) == r.config.BatchSize {
-				r.pokeHelpers() // plenty of work: a helper loop may join
-				if time.Now().After(turnsAt) {
-					// Full batches back to back must not starve the rest:
-					// four times a second a busy relay also runs the
-					// retries that are due and serves the deliveries lane
-					// (retention runs on its own goroutine and takes its
-					// own turns).
-					turnsAt = time.Now().Add(busyTurnInterval)
-					if err := r.retryDue(ctx); err != nil {
-						if r.stopping() || ctx.Err() != nil || !fail(err) {
-							return
-						}
-					}
-					if !r.owedOrFail(ctx, fail) {
-						return
-					}
-				}
-				continue
-			}
-		}
-		if !recheck && !r.owedOrFail(ctx, fail) {
-			return
-		}
-		if recheck {
-			pollAt = time.Time{} // look now
-		}
-		next, err := r.poll(ctx, &pollAt)
-		if err != nil {
-			if r.stopping() || ctx.Err() != nil || !fail(err) {
+		if l.claim {
+			again, ok := l.claimPass(ctx)
+			if !ok {
 				return
 			}
-			claim = true
-			continue
+			if again {
+				continue
+			}
 		}
-		succeeded()
-		if next == 0 {
-			claim, recheck = true, false // rows wait, or retries ran
-			continue
-		}
-		trailing := time.Until(trailUntil) > 0
-		if trailing {
-			next = min(next, trailingRecheck)
-		}
-		woke := r.wait(ctx, next)
-		switch {
-		case woke:
-			claim, recheck = true, false
-			trailUntil = time.Now().Add(trailingWindow)
-		case trailing && time.Until(pollAt) > 0:
-			claim, recheck = false, true
-		default:
-			claim, recheck = false, false // time to poll
+		if !l.idlePass(ctx) {
+			return
 		}
 	}
+}
+
+// mainLoop is what the main loop carries from one pass to the next.
+type mainLoop struct {
+	r          *Relay
+	failures   int       // rounds and polls failed in a row
+	pollAt     time.Time // when an idle relay polls next
+	turnsAt    time.Time // when a busy relay gives the other duties their turn next
+	trailUntil time.Time // until when the idle relay keeps re-checking
+	claim      bool      // whether the next pass starts with a batch round
+	recheck    bool      // the next pass is a trailing re-check: poll only
+}
+
+// claimPass runs a batch round of the pending lane. It reports whether to
+// claim again at once (the batch came back full, or failed and was retried
+// row by row) and whether to go on at all.
+func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
+	r := l.r
+	listened := r.listening()
+	claimed, err := r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
+	if err != nil {
+		if !l.failed(ctx, err) {
+			return false, false
+		}
+		// One bad row must not hold back the rest: retry the batch row by
+		// row, so the bad one is found and charged alone.
+		if err := r.rowByRow(ctx, lanePending, claimed); err != nil && ctx.Err() == nil {
+			r.logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
+		}
+		return true, true
+	}
+	l.succeeded()
+	if listened {
+		// Listening (or polling only), and caught up with what was there
+		// before.
+		r.run.MarkReady()
+	}
+	if len(claimed) > 0 {
+		l.trailUntil = time.Now().Add(trailingWindow) // writes flow
+	}
+	full := len(claimed) == r.config.BatchSize
+	r.busy.Store(full)
+	if !full {
+		return false, true
+	}
+	r.helpWake.Send() // plenty of work: a helper loop may join
+	return true, l.otherTurns(ctx)
+}
+
+// otherTurns keeps full batches back to back from starving the main loop's
+// other duties: four times a second a busy relay also runs the retries that
+// are due and serves the deliveries lane (retention runs on its own
+// goroutine and takes its own turns). It reports whether to go on.
+func (l *mainLoop) otherTurns(ctx context.Context) bool {
+	if !time.Now().After(l.turnsAt) {
+		return true
+	}
+	l.turnsAt = time.Now().Add(busyTurnInterval)
+	if err := l.r.retryDue(ctx); err != nil && !l.failed(ctx, err) {
+		return false
+	}
+	return l.r.owedOrFail(ctx, l.failed)
+}
+
+// idlePass follows a batch that was not full: it serves the deliveries lane
+// (unless this pass is a trailing re-check), polls, and waits — for a
+// notification, the trailing re-check, or the next poll. It sets what the
+// next pass does and reports whether to go on.
+func (l *mainLoop) idlePass(ctx context.Context) bool {
+	r := l.r
+	if !l.recheck && !r.owedOrFail(ctx, l.failed) {
+		return false
+	}
+	if l.recheck {
+		l.pollAt = time.Time{} // look now
+	}
+	next, err := r.poll(ctx, &l.pollAt)
+	if err != nil {
+		l.claim = true
+		return l.failed(ctx, err)
+	}
+	l.succeeded()
+	if next == 0 {
+		l.claim, l.recheck = true, false // rows wait, or retries ran
+		return true
+	}
+	trailing := time.Until(l.trailUntil) > 0
+	if trailing {
+		next = min(next, trailingRecheck)
+	}
+	switch {
+	case r.wait(ctx, next):
+		l.claim, l.recheck = true, false
+		l.trailUntil = time.Now().Add(trailingWindow)
+	case trailing && time.Until(l.pollAt) > 0:
+		l.claim, l.recheck = false, true
+	default:
+		l.claim, l.recheck = false, false // time to poll
+	}
+	return true
+}
+
+// failed counts a failed round or poll and backs off, longer with every
+// failure in a row. It reports whether to go on: never once the relay is
+// stopping.
+func (l *mainLoop) failed(ctx context.Context, err error) bool {
+	r := l.r
+	if r.stopping() || ctx.Err() != nil {
+		return false
+	}
+	l.failures++
+	r.failing.Store(int32(min(l.failures, 1<<30)))
+	d := backoff.Delay(l.failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
+	if isTransient(err) {
+		// The database is away (a restart, a failover): looking again costs
+		// a connection attempt, so look at least every poll interval, and at
+		// once when the listener is back.
+		d = min(d, r.config.Listener.PollInterval)
+	}
+	r.logger.WarnContext(ctx, "events: relay round failed; backing off",
+		slog.String("err", err.Error()), slog.Int("failures", l.failures), slog.Duration("pause", d))
+	return r.pause(ctx, d, r.reconnected)
+}
+
+// succeeded clears the failures after a round or poll that worked.
+func (l *mainLoop) succeeded() {
+	l.failures = 0
+	l.r.failing.Store(0)
+	l.r.lastSuccess.Store(time.Now().UnixNano())
+	// A reconnect before this success says nothing about a later failure:
+	// only one after it may end that failure's backoff.
+	l.r.reconnected.Clear()
 }
 
 // helper is an extra loop for rounds in flight: woken by a loop whose batch
@@ -726,7 +683,7 @@ func (r *Relay) helper(ctx context.Context) {
 	for !r.stopping() && ctx.Err() == nil {
 		select {
 		case <-r.helpWake:
-		case <-r.stopCh:
+		case <-r.run.Stopping():
 			return
 		case <-ctx.Done():
 			return
@@ -736,7 +693,7 @@ func (r *Relay) helper(ctx context.Context) {
 			if err != nil {
 				// The main loop retries row by row; this one backs off.
 				failures++
-				if !r.pause(ctx, backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)) {
+				if !r.pause(ctx, backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff), nil) {
 					return
 				}
 				break
@@ -745,7 +702,7 @@ func (r *Relay) helper(ctx context.Context) {
 			if len(claimed) < r.config.BatchSize {
 				break
 			}
-			r.pokeHelpers()
+			r.helpWake.Send()
 		}
 	}
 }
@@ -783,55 +740,46 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 }
 
 // pause sleeps d unless the relay stops first; it reports whether to go on.
-func (r *Relay) pause(ctx context.Context, d time.Duration) bool {
+// A wake-up on early (nil: none) ends it early too: the main loop's backoff
+// after a failed round ends when the listener (re)connects, since the
+// database is back.
+func (r *Relay) pause(ctx context.Context, d time.Duration, early wake.Signal) bool {
 	if r.hooks.pause != nil {
 		return r.hooks.pause(ctx, d) && !r.stopping()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-r.stopCh:
-	case <-ctx.Done():
-	}
-	return false
-}
-
-// backOff is pause for the main loop's backoff after a failed round: it
-// also ends, reporting true, when the listener (re)connects — the database
-// is back, so there is no reason to wait out a long backoff.
-func (r *Relay) backOff(ctx context.Context, d time.Duration) bool {
-	if r.hooks.pause != nil {
-		return r.pause(ctx, d)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-r.reconnected:
-		return true
-	case <-r.stopCh:
-	case <-ctx.Done():
-	}
-	return false
+	return r.sleep(ctx, d, early) != sleepStopped
 }
 
 // wait blocks until a notification, a stop, or the timer of next; it reports
 // whether it was anything but the timer.
 func (r *Relay) wait(ctx context.Context, next time.Duration) bool {
-	t := time.NewTimer(max(next, time.Millisecond))
-	defer t.Stop()
 	if r.hooks.idle != nil {
 		r.hooks.idle()
 	}
+	return r.sleep(ctx, max(next, time.Millisecond), r.wake) != sleepTimedOut
+}
+
+// sleepEnd is what ended a relay's sleep.
+type sleepEnd int
+
+const (
+	sleepTimedOut sleepEnd = iota
+	sleepWoken             // by the early signal
+	sleepStopped           // the run is stopping, or ctx ended
+)
+
+// sleep waits d unless early (nil: never) sends or the relay stops first,
+// and says which it was.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, early wake.Signal) sleepEnd {
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
-	case <-r.wake:
 	case <-t.C:
-		return false
-	case <-r.stopCh:
+		return sleepTimedOut
+	case <-early:
+		return sleepWoken
+	case <-r.run.Stopping():
 	case <-ctx.Done():
 	}
-	return true
+	return sleepStopped
 }

@@ -68,7 +68,7 @@ func TestBatchSizeBoundsEachRound(t *testing.T) {
 
 func TestBatchSizeIsConfigurable(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{config: &Config{BatchSize: 7}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{BatchSize: 7}}, mapSub("audit", false, "**"))
 	es := make([]Event, 50)
 	for i := range es {
 		es[i] = Event{Type: "doc.imported"}
@@ -164,7 +164,7 @@ func TestManyRelaysFanOutExactlyOnce(t *testing.T) {
 // leaves nothing behind; the rows go out once afterwards.
 func TestCrashMidRoundLeavesNoTrace(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{config: &Config{RetryBackoff: 10 * time.Millisecond}}, mapSub("audit", false, "**"), mapSub("search", true, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 10 * time.Millisecond}}, mapSub("audit", false, "**"), mapSub("search", true, "**"))
 	admin := testdb.Pool(t, b.url)
 	var once sync.Once
 	checked := make(chan error, 1)
@@ -428,3 +428,35 @@ func TestHandlerSeesTheFullEventAndErrorsAreRetriedByRiver(t *testing.T) {
 type immediateRetry struct{}
 
 func (immediateRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now() }
+
+// A round's own transaction commits without waiting for its WAL flush (a
+// lost round is redone whole: see beginRound); a FanOutTx round is the
+// caller's transaction, whose commit the caller decides.
+func TestARoundCommitsAsynchronouslyAndFanOutTxLeavesTheCallersCommitAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// The test servers run with synchronous_commit off; this database's
+	// sessions have it on, as production's do.
+	url := testdb.URL(t)
+	_, err := testdb.Pool(t, url).Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = on', current_database()); END $$`)
+	require.NoError(t, err)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	settings := make(chan string, 4)
+	b.relay.hooks.afterInsert = func(ctx context.Context, tx pgx.Tx) {
+		var s string
+		if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&s); err != nil {
+			s = err.Error()
+		}
+		settings <- s
+	}
+	b.record(t, Event{Type: "a"})
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := b.relay.FanOutTx(ctx, tx, b.client)
+		return err
+	}))
+	require.Equal(t, "on", <-settings, "FanOutTx changed the caller's commit")
+
+	b.record(t, Event{Type: "b"})
+	b.start(t)
+	require.Equal(t, "off", <-settings, "the relay's round waits for its WAL flush")
+}

@@ -9,14 +9,16 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/standmeet/events/internal/startstop"
 )
 
 // RetentionDefault is how long fanned-out events are kept when
-// [Config.Retention] is zero.
+// [RelayConfig.Retention] is zero.
 const RetentionDefault = 7 * 24 * time.Hour
 
 // RetentionIntervalDefault is how often a relay runs a retention pass when
-// [Config.RetentionInterval] is zero.
+// [RelayConfig.RetentionInterval] is zero.
 const RetentionIntervalDefault = time.Minute
 
 // Retention works like River's JobCleaner: delete by seq from an
@@ -40,19 +42,8 @@ const (
 // pruner runs a retention pass every RetentionInterval until the relay
 // stops.
 func (r *Relay) pruner(ctx context.Context) {
-	t := time.NewTimer(r.config.RetentionInterval / 10) // the first soon after start
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-r.stopCh:
-			return
-		case <-ctx.Done():
-			return
-		}
-		r.prune(ctx)
-		t.Reset(r.config.RetentionInterval)
-	}
+	// The first pass soon after start.
+	startstop.Every(ctx, r.run.Stopping(), r.config.RetentionInterval/10, r.config.RetentionInterval, func() { r.prune(ctx) })
 }
 
 // prune runs one retention pass; a negative Retention keeps everything.
@@ -69,7 +60,7 @@ func (r *Relay) prune(ctx context.Context) {
 			// The relay drains a backlog: fan-out comes first, but not
 			// forever — under sustained load retention still deletes a
 			// batch a second, or the table would grow without bound.
-			if !r.pause(ctx, pruneBusyPause) {
+			if !r.pause(ctx, pruneBusyPause, nil) {
 				return
 			}
 		}
@@ -88,7 +79,7 @@ func (r *Relay) prune(ctx context.Context) {
 		case !locked || n < int64(size):
 			return // another relay prunes, or nothing old is left
 		}
-		if !r.pause(ctx, pruneBatchPause) {
+		if !r.pause(ctx, pruneBatchPause, nil) {
 			return
 		}
 	}
@@ -99,10 +90,10 @@ func (r *Relay) prune(ctx context.Context) {
 // it held the lock.
 func (r *Relay) pruneBatch(ctx context.Context, size int) (deleted int64, locked bool, err error) {
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '"+pruneTimeout+"'"); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.SetLocal, "statement_timeout", pruneTimeout); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1, hashtext($2))", pruneLockClassID, r.sql.Schema).Scan(&locked); err != nil || !locked {
+		if err := tx.QueryRow(ctx, r.sql.PruneLock, pruneLockClassID, r.sql.Schema).Scan(&locked); err != nil || !locked {
 			return err
 		}
 		if r.hooks.pruning != nil {

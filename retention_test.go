@@ -42,7 +42,7 @@ var setValues = map[string]string{
 func TestRetentionDeletesOnlyOldFannedOutEvents(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, setupOpts{config: &Config{Retention: time.Hour}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{Retention: time.Hour}}, mapSub("audit", false, "**"))
 	_, err := registerSubscribers(ctx, b.pool, defaultSQL(t), []string{"ghost"})
 	require.NoError(t, err)
 	old := insertAged(t, b, 12_000, "fanned_out_at")
@@ -87,7 +87,7 @@ func TestRetentionDeletesOnlyOldFannedOutEvents(t *testing.T) {
 	a := startAwaiter(t, b, &AwaiterConfig{NotFoundGrace: 50 * time.Millisecond})
 	_, err = a.AwaitFanout(within(t, 10*time.Second), old[0])
 	require.ErrorIs(t, err, ErrNotFound)
-	_, err = Inspect(ctx, b.pool, old[0])
+	_, err = outbox.Inspect(ctx, b.pool, old[0])
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
@@ -95,8 +95,8 @@ func TestRetentionDeletesOnlyOldFannedOutEvents(t *testing.T) {
 func TestTwoRelaysNeverPruneAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	first := setup(t, setupOpts{config: &Config{Retention: time.Hour}}, mapSub("audit", false, "**"))
-	second := setup(t, setupOpts{url: first.url, config: &Config{Retention: time.Hour}}, mapSub("audit", false, "**"))
+	first := setup(t, setupOpts{config: &RelayConfig{Retention: time.Hour}}, mapSub("audit", false, "**"))
+	second := setup(t, setupOpts{url: first.url, config: &RelayConfig{Retention: time.Hour}}, mapSub("audit", false, "**"))
 	old := insertAged(t, first, 20_000, "fanned_out_at")
 	var inside, most, batches atomic.Int32
 	hook := func(int) {
@@ -128,7 +128,7 @@ func TestTwoRelaysNeverPruneAtOnce(t *testing.T) {
 // A negative Retention keeps everything.
 func TestNegativeRetentionKeepsEverything(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{config: &Config{Retention: -1}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{Retention: -1}}, mapSub("audit", false, "**"))
 	old := insertAged(t, b, 10, "fanned_out_at")
 	var pruned atomic.Bool
 	var passes atomic.Int32
@@ -147,10 +147,10 @@ func TestDiscardOnlyPoisonedEvents(t *testing.T) {
 	b := setup(t, setupOpts{})
 	poisoned := insertAged(t, b, 1, "poisoned_at, attempts")[0]
 	fanned := insertAged(t, b, 1, "fanned_out_at")[0]
-	require.ErrorIs(t, Discard(ctx, b.pool, fanned), ErrNotPoisoned)
-	require.ErrorIs(t, Discard(ctx, b.pool, uuid.Must(uuid.NewV7())), ErrNotFound)
-	require.NoError(t, Discard(ctx, b.pool, poisoned))
-	_, err := Inspect(ctx, b.pool, poisoned)
+	require.ErrorIs(t, outbox.Discard(ctx, b.pool, fanned), ErrNotPoisoned)
+	require.ErrorIs(t, outbox.Discard(ctx, b.pool, uuid.Must(uuid.NewV7())), ErrNotFound)
+	require.NoError(t, outbox.Discard(ctx, b.pool, poisoned))
+	_, err := outbox.Inspect(ctx, b.pool, poisoned)
 	require.ErrorIs(t, err, ErrNotFound)
-	require.ErrorIs(t, Discard(ctx, b.pool, poisoned), ErrNotFound)
+	require.ErrorIs(t, outbox.Discard(ctx, b.pool, poisoned), ErrNotFound)
 }

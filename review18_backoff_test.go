@@ -16,7 +16,7 @@ import (
 func TestTheFirstFailedRoundWaitsItsBackoff(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, setupOpts{config: &Config{RetryBackoff: time.Minute, MaxRetryBackoff: time.Minute}},
+	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: time.Minute, MaxRetryBackoff: time.Minute}},
 		mapSub("audit", false, "**"))
 	b.start(t)
 	b.settle(t)

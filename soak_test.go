@@ -127,7 +127,7 @@ func newSoak(t *testing.T, seed uint64) *soak {
 	require.NoError(t, err)
 	_, err = registerSubscribers(ctx, s.admin, sql, []string{"ghost"}, ghost)
 	require.NoError(t, err)
-	require.NoError(t, InstallWatch(ctx, s.admin, Watch{Table: "soak_notes",
+	require.NoError(t, outbox.InstallWatch(ctx, s.admin, Watch{Table: "soak_notes",
 		Types: map[Op]string{OpUpdate: "note.changed"}, Columns: []string{"title"}, SubjectPrefix: "subject-"}))
 	return s
 }
@@ -194,7 +194,7 @@ type relaySlot struct {
 }
 
 func (s *soak) startSlot(slot *relaySlot) {
-	relay, err := NewRelay(slot.pool, &Config{
+	relay, err := NewRelay(slot.pool, &RelayConfig{
 		BatchSize: 1 + s.intn(60), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 300 * time.Millisecond,
 		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond}, Logger: quietLogger(),
 	})
@@ -396,7 +396,7 @@ type backfillRun struct {
 	finished    bool
 }
 
-// backfill runs Backfill(ctx, db, "history", s.historyFrom) in a goroutine,
+// backfill runs outbox.Backfill(ctx, db, "history", s.historyFrom) in a goroutine,
 // while the chaos goes on, until a call finishes; the returned channel is
 // closed then. The first call is interrupted (its context cancelled) once a
 // batch of it committed; the next one is made when resume is closed, later
@@ -420,7 +420,7 @@ func (s *soak) backfill(resume <-chan struct{}) <-chan struct{} {
 				ir = &interruptAfterBatch{DB: pool, batch: sql.BackfillBatch, cancel: cancel}
 				db = ir
 			}
-			res, err := Backfill(ctx, db, "history", s.historyFrom)
+			res, err := outbox.Backfill(ctx, db, "history", s.historyFrom)
 			cancel()
 			s.bf.calls++
 			s.bf.owed += res.Owed
@@ -658,7 +658,7 @@ func (s *soak) check() {
 		require.True(t, s.bf.finished, "the backfill never finished")
 		require.NotZero(t, s.bf.interrupted, "the backfill was never interrupted after a batch")
 		require.GreaterOrEqual(t, s.bf.final.ResumedAt, s.bf.interrupted, "the backfill did not resume where it was interrupted")
-		subs, err := ListSubscribers(context.Background(), s.admin)
+		subs, err := outbox.ListSubscribers(context.Background(), s.admin)
 		require.NoError(t, err)
 		i := slices.IndexFunc(subs, func(sub SubscriberInfo) bool { return sub.Name == "history" })
 		require.GreaterOrEqual(t, i, 0, "history is not registered")

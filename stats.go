@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// OutboxStats is how the outbox stands, as [Stats] reports it.
+// OutboxStats is how the outbox stands, as [Outbox.Stats] reports it.
 type OutboxStats struct {
 	// Pending counts events not yet fanned out (and not poisoned), the
 	// retrying ones included.
@@ -21,8 +21,8 @@ type OutboxStats struct {
 	// Retrying counts pending events that failed at least once and wait for
 	// their next attempt.
 	Retrying int64
-	// Poisoned counts events set aside until [Requeue] or [Discard]: as a
-	// whole, or for at least one subscriber (as [ListEvents] lists them
+	// Poisoned counts events set aside until [Outbox.Requeue] or [Outbox.Discard]: as a
+	// whole, or for at least one subscriber (as [Outbox.ListEvents] lists them
 	// with StatePoisoned).
 	Poisoned int64
 	// CatchingUp counts fanned-out events whose catch_up list, written by a
@@ -34,14 +34,14 @@ type OutboxStats struct {
 	// stamping relay did not know, or to a paused one.
 	Owed int64
 	// PoisonedDeliveries counts pairs set aside for their subscriber alone,
-	// until [RequeueDelivery] or [DiscardDelivery].
+	// until [Outbox.RequeueDelivery] or [Outbox.DiscardDelivery].
 	PoisonedDeliveries int64
 	// Orphaned names the registered, active subscribers that no running
 	// relay has served for Outbox.OrphanAfter (default OrphanAfterDefault):
 	// their pairs pile up. Deploy a release that has them, or
-	// [RetireSubscriber].
+	// [Outbox.RetireSubscriber].
 	Orphaned []string
-	// Paused names the subscribers paused by [PauseSubscriber].
+	// Paused names the subscribers paused by [Outbox.PauseSubscriber].
 	Paused []string
 	// FannedOutLastMinute counts events fanned out in the last minute.
 	FannedOutLastMinute int64
@@ -55,13 +55,8 @@ type OutboxStats struct {
 // Stats reports how the outbox stands, in one query whose every figure comes
 // from a small partial index, so it stays fast on a table of millions of
 // rows: fit for a readiness probe, an alert or a dashboard.
-func Stats(ctx context.Context, db DB) (OutboxStats, error) {
-	return Outbox{}.Stats(ctx, db)
-}
-
-// Stats is [Stats] in o's schema.
 func (o Outbox) Stats(ctx context.Context, db DB) (OutboxStats, error) {
-	sql, err := orderedStatementsFor(o.Schema) // the stats, and the blocked chains
+	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return OutboxStats{}, err
 	}
@@ -101,27 +96,26 @@ type Health struct {
 	// ConsecutiveFailures counts the rounds or polls that failed since then.
 	ConsecutiveFailures int
 	// Orphaned names the registered, active subscribers that no running
-	// relay has served for Config.OrphanAfter, as this relay's last
+	// relay has served for RelayConfig.OrphanAfter, as this relay's last
 	// heartbeat read them (every few seconds): deploy a release that has
-	// them, or [RetireSubscriber]. It does not make the relay unhealthy.
+	// them, or [Outbox.RetireSubscriber]. It does not make the relay unhealthy.
 	Orphaned []string
 }
 
 // Health reports the relay's state. It reads no database: combine it with
-// [Stats] for the outbox's.
+// [Outbox.Stats] for the outbox's.
 func (r *Relay) Health() Health {
-	r.mu.RLock()
 	// Not the OnPoison calls a stopped run may still be finishing: Running is
 	// about serving events.
-	running := r.running && r.loopDone != nil && !isClosed(r.loopDone)
-	r.mu.RUnlock()
+	running := r.svc.Running()
+	l := r.listener.Load()
 	var orphaned []string
 	if o := r.orphaned.Load(); o != nil {
 		orphaned = slices.Clone(*o)
 	}
 	return Health{
 		Running:             running,
-		Listening:           running && !r.config.Listener.PollOnly && r.listening.Load(),
+		Listening:           running && l != nil && l.Listening(),
 		PollOnly:            r.config.Listener.PollOnly,
 		LastSuccessAt:       time.Unix(0, r.lastSuccess.Load()),
 		ConsecutiveFailures: int(r.failing.Load()),

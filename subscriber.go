@@ -25,7 +25,7 @@ type Subscriber struct {
 	// is tagged "events-subscriber-<Name>").
 	//
 	// The database keeps a registry of names: see [Relay.Start] and
-	// [RetireSubscriber].
+	// [Outbox.RetireSubscriber].
 	Name string
 
 	// Types selects events by type, with glob patterns on dot-separated
@@ -52,7 +52,7 @@ type Subscriber struct {
 	// including ones a coalescing subscriber then folds, so keep it a cheap,
 	// pure function of the event. An error or a panic counts as a failed
 	// attempt for this subscriber and that event alone (see
-	// [Config.MaxAttempts]): the event's other subscribers get their jobs,
+	// [RelayConfig.MaxAttempts]): the event's other subscribers get their jobs,
 	// and this one's is retried with the backoff.
 	Map func(ctx context.Context, e Event) (river.JobArgs, *river.InsertOpts, error)
 

@@ -69,7 +69,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
 			return nil, nil, errors.New("no")
 		}}
-	b := setup(t, setupOpts{config: &Config{MeterProvider: mp, MaxAttempts: 2, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond}},
+	b := setup(t, setupOpts{config: &RelayConfig{MeterProvider: mp, MaxAttempts: 2, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond}},
 		mapSub("audit", false, "good"), mapSub("search", true, "good"), broken)
 	// 10 events of 2 subjects in one batch, and one that is poisoned for its
 	// one subscriber.
@@ -131,7 +131,7 @@ func TestTracePropagatesFromRecordToTheHandler(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter))
 	defer tp.Shutdown(ctx)
 
-	b := setup(t, setupOpts{config: &Config{TracerProvider: tp}}, Subscriber{Name: "traced", Types: []string{"**"},
+	b := setup(t, setupOpts{config: &RelayConfig{TracerProvider: tp}}, Subscriber{Name: "traced", Types: []string{"**"},
 		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
 			return tracedArgs{Subject: e.Subject}, nil, nil
 		}})

@@ -71,7 +71,7 @@ func TestMigrateFromThePreviousReleaseWhileWritersRecord(t *testing.T) {
 	}
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.EmptyURL(t))
-	require.NoError(t, migrate(ctx, pool, nil, previousRelease))
+	require.NoError(t, migrate(ctx, pool, outbox, previousRelease))
 	exec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, created_at)
 		SELECT gen_random_uuid(), 'bulk', now() - g * interval '1 second', '{}', now() - interval '1 day'
 		  FROM generate_series(1, 1000000) g`)
@@ -126,7 +126,7 @@ func TestMigrateFromThePreviousReleaseWhileWritersRecord(t *testing.T) {
 	require.Eventually(t, func() bool { return count() >= 500 }, 30*time.Second, time.Millisecond)
 	close(migrating)
 	start := time.Now()
-	require.NoError(t, Migrate(ctx, pool, nil))
+	require.NoError(t, outbox.Migrate(ctx, pool))
 	took := time.Since(start)
 	// And writes right after it.
 	after := count()

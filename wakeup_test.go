@@ -24,7 +24,7 @@ func fannedWithin(t *testing.T, b *testBundle, id uuid.UUID, d time.Duration, ms
 // sends is what wakes the idle relay.
 func TestNotificationWakesTheRelay(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
 	b.start(t)
 	b.settle(t)
 	var e Event
@@ -41,7 +41,7 @@ func TestNotificationWakesTheRelay(t *testing.T) {
 func TestPollingFindsRowsWithoutANotification(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: 200 * time.Millisecond}}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: 200 * time.Millisecond}}}, mapSub("audit", false, "**"))
 	b.start(t)
 	b.settle(t)
 	for range 3 {
@@ -60,7 +60,7 @@ func TestWithoutNotificationsEveryEventIsFannedOutWithinThePollInterval(t *testi
 	t.Parallel()
 	ctx := context.Background()
 	const poll = 300 * time.Millisecond
-	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: poll}}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: poll}}}, mapSub("audit", false, "**"))
 	b.start(t)
 	b.settle(t)
 	silent := Outbox{NotifyInterval: NotifyNever}
@@ -84,7 +84,7 @@ func TestWithoutNotificationsEveryEventIsFannedOutWithinThePollInterval(t *testi
 func TestThrottledTransactionsAreFannedOutByTheTrailingRecheck(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
 	b.start(t)
 	b.settle(t)
 	throttled := Outbox{NotifyInterval: NotifyNever} // as if the limiter kept it quiet
@@ -122,7 +122,7 @@ func TestWatchedTableUnderConcurrentWritersNotifiesRarely(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
 	createNotes(t, b.pool, 16)
-	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
 	// A long interval: only the first winner of a burst may notify.
 	exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '1 hour'")
 
@@ -195,7 +195,7 @@ func TestPollOnlyRelayAndAwaiter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	poll := ListenerConfig{PollOnly: true, PollInterval: 50 * time.Millisecond}
-	b := setup(t, setupOpts{config: &Config{Listener: poll}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{Listener: poll}}, mapSub("audit", false, "**"))
 	b.start(t)
 	a := startAwaiter(t, b, &AwaiterConfig{Listener: poll})
 	requireClosed(t, b.relay.Ready(), "PollOnly relay ready")
@@ -215,7 +215,7 @@ func TestPollOnlyRelayAndAwaiter(t *testing.T) {
 func TestListenerConnectFunc(t *testing.T) {
 	t.Parallel()
 	var connects atomic.Int32
-	b := setup(t, setupOpts{config: &Config{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
 	b.relay.config.Listener.Connect = func(ctx context.Context) (*pgx.Conn, error) {
 		connects.Add(1)
 		return pgx.Connect(ctx, b.url)

@@ -47,7 +47,7 @@ const (
 // Watch describes a trigger that records events for writes to a host table,
 // including writes that never pass through Go (psql, other services, bulk
 // SQL). The events are recorded in the writer's transaction and are ordinary
-// events in every way. Install it with [InstallWatch].
+// events in every way. Install it with [Outbox.InstallWatch].
 type Watch struct {
 	// Table is the watched table. TableSchema qualifies it; empty means the
 	// search_path decides.
@@ -87,6 +87,12 @@ type Watch struct {
 
 var watchNameRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,20}$`)
 
+// Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx
+// (which starts a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // InstallWatch installs w's triggers, replacing any triggers the same watch
 // (same table and Name) had, in one transaction. Installing the same spec
 // again changes nothing and takes no lock on the table (each trigger carries
@@ -97,25 +103,8 @@ var watchNameRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,20}$`)
 // Table and column names are checked against the catalog and quoted as
 // identifiers; an error wrapping [ErrInvalidWatch] names what is wrong.
 //
-// The library's functions are looked for on the search_path; use
-// [Outbox.InstallWatch] for another schema.
-func InstallWatch(ctx context.Context, db Beginner, w Watch) error {
-	return Outbox{}.InstallWatch(ctx, db, w)
-}
-
-// RemoveWatch removes the triggers of the watch named name (default
-// "events") on table. Removing a watch that is not there does nothing.
-func RemoveWatch(ctx context.Context, db Beginner, tableSchema, table, name string) error {
-	return Outbox{}.RemoveWatch(ctx, db, tableSchema, table, name)
-}
-
-// Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx
-// (which starts a savepoint).
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// InstallWatch is [InstallWatch] with o's schema holding the library.
+// The triggers call the library's function in o's schema (the
+// search_path's for the zero Outbox).
 func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -131,51 +120,43 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		return err
 	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		table, err := resolveTable(ctx, tx, w.TableSchema, w.Table)
+		table, err := resolveTable(ctx, tx, sql, w.TableSchema, w.Table)
 		if err != nil {
 			return err
 		}
-		cols, pk, err := tableColumns(ctx, tx, table)
+		cols, pk, err := tableColumns(ctx, tx, sql, table)
 		if err != nil {
 			return err
 		}
-		has := func(c string) bool { return slices.Contains(cols, c) }
-		for _, c := range append(slices.Clone(w.Columns), w.PayloadColumns...) {
-			if !has(c) {
-				return invalidf(ErrInvalidWatch, "Columns", "table %s has no column %q", table, c)
-			}
+		subjectCol, err := w.checkColumns(table, cols, pk)
+		if err != nil {
+			return err
 		}
-		subjectCol := w.SubjectColumn
-		switch {
-		case subjectCol == "-":
-			subjectCol = ""
-		case subjectCol == "" && len(pk) == 1:
-			subjectCol = pk[0]
-		case subjectCol == "":
-			return invalidf(ErrInvalidWatch, "SubjectColumn", "is empty and table %s has no single-column primary key: set it (or \"-\" for none)", table)
-		case !has(subjectCol):
-			return invalidf(ErrInvalidWatch, "SubjectColumn", "table %s has no column %q", table, subjectCol)
+		ddls, err := w.triggerDDL(sql, table, subjectCol)
+		if err != nil {
+			return err
 		}
-		if w.ScopeColumn != "" && !has(w.ScopeColumn) {
-			return invalidf(ErrInvalidWatch, "ScopeColumn", "table %s has no column %q", table, w.ScopeColumn)
-		}
-		ddls := w.triggerDDL(sql.WatchFunction, table, subjectCol)
 		fingerprint := watchFingerprint(ddls)
 		// Unchanged: touch nothing. Dropping a trigger takes an ACCESS
 		// EXCLUSIVE lock on the host's table, and every service start calls
 		// InstallWatch.
-		same, err := watchInstalled(ctx, tx, table, w.Name, ddls, fingerprint)
+		same, err := watchInstalled(ctx, tx, sql, table, w.Name, ddls, fingerprint)
 		if err != nil || same {
 			return err
 		}
-		if err := dropWatch(ctx, tx, table, w.Name); err != nil {
+		if err := dropWatch(ctx, tx, sql, table, w.Name); err != nil {
 			return err
 		}
 		for name, ddl := range ddls {
 			if _, err := tx.Exec(ctx, ddl); err != nil {
 				return fmt.Errorf("events: install watch on %s: %w", table, err)
 			}
-			if _, err := tx.Exec(ctx, "COMMENT ON TRIGGER "+pgx.Identifier{name}.Sanitize()+" ON "+table+" IS "+statements.Literal(fingerprint)); err != nil {
+			comment, err := statements.Render(sql.CommentWatchTrigger, map[string]string{
+				"trigger": pgx.Identifier{name}.Sanitize(), "table": table, "comment": statements.Literal(fingerprint)})
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, comment); err != nil {
 				return fmt.Errorf("events: install watch on %s: %w", table, err)
 			}
 		}
@@ -183,9 +164,37 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 	})
 }
 
+// checkColumns checks that the columns w names are among table's cols, and
+// returns the subject column: w's, or the single-column primary key pk when
+// w names none, or "" for none ("-").
+func (w *Watch) checkColumns(table string, cols, pk []string) (string, error) {
+	has := func(c string) bool { return slices.Contains(cols, c) }
+	for _, c := range append(slices.Clone(w.Columns), w.PayloadColumns...) {
+		if !has(c) {
+			return "", invalidf(ErrInvalidWatch, "Columns", "table %s has no column %q", table, c)
+		}
+	}
+	subjectCol := w.SubjectColumn
+	switch {
+	case subjectCol == "-":
+		subjectCol = ""
+	case subjectCol == "" && len(pk) == 1:
+		subjectCol = pk[0]
+	case subjectCol == "":
+		return "", invalidf(ErrInvalidWatch, "SubjectColumn", "is empty and table %s has no single-column primary key: set it (or \"-\" for none)", table)
+	case !has(subjectCol):
+		return "", invalidf(ErrInvalidWatch, "SubjectColumn", "table %s has no column %q", table, subjectCol)
+	}
+	if w.ScopeColumn != "" && !has(w.ScopeColumn) {
+		return "", invalidf(ErrInvalidWatch, "ScopeColumn", "table %s has no column %q", table, w.ScopeColumn)
+	}
+	return subjectCol, nil
+}
+
 // triggerDDL returns the CREATE TRIGGER statement of each trigger of w, by
-// trigger name, calling fn on table.
-func (w *Watch) triggerDDL(fn, table, subjectCol string) map[string]string {
+// trigger name, on table: sql's CreateWatchTrigger with w's identifiers and
+// arguments, quoted.
+func (w *Watch) triggerDDL(sql *statements.Set, table, subjectCol string) (map[string]string, error) {
 	out := map[string]string{}
 	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
 		typ, ok := w.Types[op]
@@ -200,7 +209,7 @@ func (w *Watch) triggerDDL(fn, table, subjectCol string) map[string]string {
 		for i, a := range args {
 			quoted[i] = statements.Literal(a)
 		}
-		on, when := string(op), ""
+		event, when := string(op), ""
 		if op == OpUpdate {
 			if len(w.Columns) > 0 {
 				var of, changed []string
@@ -209,18 +218,21 @@ func (w *Watch) triggerDDL(fn, table, subjectCol string) map[string]string {
 					of = append(of, id)
 					changed = append(changed, "OLD."+id+" IS DISTINCT FROM NEW."+id)
 				}
-				on += " OF " + strings.Join(of, ", ")
+				event += " OF " + strings.Join(of, ", ")
 				when = " WHEN (" + strings.Join(changed, " OR ") + ")"
 			} else {
 				when = " WHEN (OLD.* IS DISTINCT FROM NEW.*)"
 			}
 		}
 		name := triggerName(w.Name, op)
-		out[name] = "CREATE TRIGGER " + pgx.Identifier{name}.Sanitize() +
-			" AFTER " + on + " ON " + table + " FOR EACH ROW" + when +
-			" EXECUTE FUNCTION " + fn + "(" + strings.Join(quoted, ", ") + ")"
+		ddl, err := statements.Render(sql.CreateWatchTrigger, map[string]string{"trigger": pgx.Identifier{name}.Sanitize(),
+			"event": event, "table": table, "when": when, "function_args": strings.Join(quoted, ", ")})
+		if err != nil {
+			return nil, err
+		}
+		out[name] = ddl
 	}
-	return out
+	return out, nil
 }
 
 // watchFingerprint names a set of trigger definitions. It is stored as each
@@ -238,13 +250,12 @@ func watchFingerprint(ddls map[string]string) string {
 // watchInstalled reports whether table has exactly the triggers of ddls among
 // the trigger names of the watch called name, each carrying fingerprint. It
 // reads the catalog only: no lock on table.
-func watchInstalled(ctx context.Context, tx pgx.Tx, table, name string, ddls map[string]string, fingerprint string) (bool, error) {
+func watchInstalled(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, name string, ddls map[string]string, fingerprint string) (bool, error) {
 	var names []string
 	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
 		names = append(names, triggerName(name, op))
 	}
-	rows, err := tx.Query(ctx, `SELECT tgname::text, coalesce(obj_description(oid, 'pg_trigger'), '')
-		FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = ANY($2::text[])`, table, names)
+	rows, err := tx.Query(ctx, sql.WatchTriggers, table, names)
 	if err != nil {
 		return false, fmt.Errorf("events: watch: triggers of %s: %w", table, err)
 	}
@@ -267,7 +278,8 @@ func watchInstalled(ctx context.Context, tx pgx.Tx, table, name string, ddls map
 	return true, nil
 }
 
-// RemoveWatch is [RemoveWatch]; o's schema plays no part in it.
+// RemoveWatch removes the triggers of the watch named name (default
+// "events") on table. Removing a watch that is not there does nothing.
 func (o Outbox) RemoveWatch(ctx context.Context, db Beginner, tableSchema, table, name string) error {
 	if name == "" {
 		name = "events"
@@ -275,12 +287,16 @@ func (o Outbox) RemoveWatch(ctx context.Context, db Beginner, tableSchema, table
 	if !watchNameRE.MatchString(name) {
 		return invalidf(ErrInvalidWatch, "Name", "%q: 1 to 20 letters, digits and '_'", name)
 	}
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return err
+	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		qualified, err := resolveTable(ctx, tx, tableSchema, table)
+		qualified, err := resolveTable(ctx, tx, sql, tableSchema, table)
 		if err != nil {
 			return err
 		}
-		return dropWatch(ctx, tx, qualified, name)
+		return dropWatch(ctx, tx, sql, qualified, name)
 	})
 }
 
@@ -327,14 +343,13 @@ func (w *Watch) validate() error {
 
 // resolveTable returns the quoted, schema-qualified name of an existing
 // table, or an error naming the one that does not exist.
-func resolveTable(ctx context.Context, tx pgx.Tx, schema, table string) (string, error) {
+func resolveTable(ctx context.Context, tx pgx.Tx, sql *statements.Set, schema, table string) (string, error) {
 	name := pgx.Identifier{table}
 	if schema != "" {
 		name = pgx.Identifier{schema, table}
 	}
 	var nsp, rel *string
-	err := tx.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p')`, name.Sanitize()).Scan(&nsp, &rel)
+	err := tx.QueryRow(ctx, sql.ResolveTable, name.Sanitize()).Scan(&nsp, &rel)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && rel == nil) {
 		return "", invalidf(ErrInvalidWatch, "Table", "%s does not exist", name.Sanitize())
 	}
@@ -345,12 +360,8 @@ func resolveTable(ctx context.Context, tx pgx.Tx, schema, table string) (string,
 }
 
 // tableColumns lists a table's columns and its primary key's columns.
-func tableColumns(ctx context.Context, tx pgx.Tx, table string) (cols, pk []string, err error) {
-	rows, err := tx.Query(ctx, `SELECT a.attname, coalesce(a.attnum = ANY(i.indkey), false)
-		FROM pg_attribute a
-		LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
-		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
-		ORDER BY a.attnum`, table)
+func tableColumns(ctx context.Context, tx pgx.Tx, sql *statements.Set, table string) (cols, pk []string, err error) {
+	rows, err := tx.Query(ctx, sql.TableColumns, table)
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: watch: columns of %s: %w", table, err)
 	}
@@ -369,9 +380,13 @@ func tableColumns(ctx context.Context, tx pgx.Tx, table string) (cols, pk []stri
 	return cols, pk, rows.Err()
 }
 
-func dropWatch(ctx context.Context, tx pgx.Tx, table, name string) error {
+func dropWatch(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, name string) error {
 	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
-		if _, err := tx.Exec(ctx, "DROP TRIGGER IF EXISTS "+pgx.Identifier{triggerName(name, op)}.Sanitize()+" ON "+table); err != nil {
+		drop, err := statements.Render(sql.DropWatchTrigger, map[string]string{"trigger": pgx.Identifier{triggerName(name, op)}.Sanitize(), "table": table})
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, drop); err != nil {
 			return fmt.Errorf("events: watch: dropping the triggers on %s: %w", table, err)
 		}
 	}
@@ -382,23 +397,15 @@ func triggerName(name string, op Op) string {
 	return "outbox_watch_" + name + "_" + strings.ToLower(string(op))
 }
 
-// ListWatches lists the watches installed on any table, by table and name.
-// SubjectColumn is "-" for a watch without one; the spec is read back from
+// ListWatches lists the watches installed on any table whose triggers call
+// o's schema's trigger function, by table and name. SubjectColumn is "-" for a watch without one; the spec is read back from
 // the triggers' arguments.
-func ListWatches(ctx context.Context, db DB) ([]Watch, error) {
-	return Outbox{}.ListWatches(ctx, db)
-}
-
-// ListWatches is [ListWatches] for the watches that call o's schema's
-// trigger function.
 func (o Outbox) ListWatches(ctx context.Context, db DB) ([]Watch, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, `SELECT n.nspname::text, c.relname::text, t.tgname::text, t.tgargs, t.tgtype::int
-		FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE t.tgfoid = to_regprocedure($1) ORDER BY 1, 2, 3`, sql.WatchFunction+"()")
+	rows, err := db.Query(ctx, sql.ListWatches, sql.WatchFunction+"()")
 	if err != nil {
 		return nil, fmt.Errorf("events: list watches: %w", err)
 	}

@@ -46,7 +46,7 @@ func TestWatchRecordsOnlyRealChangesOfWatchedColumns(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	createNotes(t, b.pool, 3)
-	require.NoError(t, InstallWatch(ctx, b.pool, Watch{
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{
 		Table: "corpus_notes", Types: map[Op]string{OpUpdate: "corpus.note.changed"},
 		Columns: []string{"title", "body"}, SubjectPrefix: "note:",
 	}))
@@ -69,12 +69,12 @@ func TestWatchInsertDeleteAndPayloads(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	createNotes(t, b.pool, 0)
-	require.NoError(t, InstallWatch(ctx, b.pool, Watch{
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{
 		Table: "corpus_notes", Name: "cols",
 		Types:   map[Op]string{OpInsert: "note.created", OpDelete: "note.deleted"},
 		Payload: PayloadColumns, PayloadColumns: []string{"title"}, SubjectPrefix: "note:",
 	}))
-	require.NoError(t, InstallWatch(ctx, b.pool, Watch{
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{
 		Table: "corpus_notes", Name: "audit", Types: map[Op]string{OpUpdate: "note.audit"},
 		Payload: PayloadOldNew, SubjectColumn: "-", SubjectPrefix: "notes",
 	}))
@@ -98,7 +98,7 @@ func TestWatchInsertDeleteAndPayloads(t *testing.T) {
 	require.EqualValues(t, 1, p.New["views"])
 
 	// PayloadRow: the whole row.
-	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes", Name: "cols",
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes", Name: "cols",
 		Types: map[Op]string{OpInsert: "note.created"}, Payload: PayloadRow}))
 	exec(t, b.pool, "INSERT INTO corpus_notes (id, title) VALUES (8, 'eight')")
 	var payload []byte
@@ -111,7 +111,7 @@ func TestWatchBulkUpdateAndRollback(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	createNotes(t, b.pool, 500)
-	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes",
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes",
 		Types: map[Op]string{OpUpdate: "corpus.note.changed"}, Columns: []string{"title"}}))
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -136,9 +136,9 @@ func TestWatchEventsAreFannedOutEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	// One batch holds the whole transaction, so coalescing spans it.
-	b := setup(t, setupOpts{config: &Config{BatchSize: 1000}}, mapSub("search", true, "corpus.**"), mapSub("webhooks", false, "corpus.**"))
+	b := setup(t, setupOpts{config: &RelayConfig{BatchSize: 1000}}, mapSub("search", true, "corpus.**"), mapSub("webhooks", false, "corpus.**"))
 	createNotes(t, b.pool, 500)
-	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes",
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes",
 		Types: map[Op]string{OpUpdate: "corpus.note.changed"}, Columns: []string{"title"}, SubjectPrefix: "note:"}))
 	var notifications atomic.Int32
 	b.relay.hooks.notified = func() { notifications.Add(1) }
@@ -184,7 +184,7 @@ func TestRemoveAndReplaceWatch(t *testing.T) {
 	b := setup(t, setupOpts{})
 	createNotes(t, b.pool, 1)
 	w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed", OpDelete: "note.deleted"}, Columns: []string{"title"}}
-	require.NoError(t, InstallWatch(ctx, b.pool, w))
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, w))
 	defs := func() []string {
 		rows, err := b.pool.Query(ctx, "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'corpus_notes'::regclass ORDER BY tgname")
 		require.NoError(t, err)
@@ -194,24 +194,24 @@ func TestRemoveAndReplaceWatch(t *testing.T) {
 	}
 	first := defs()
 	require.Len(t, first, 2)
-	require.NoError(t, InstallWatch(ctx, b.pool, w))
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, w))
 	require.Equal(t, first, defs(), "installing the same spec twice yields the same triggers")
 
 	// Another spec replaces it: updates of body now, and no delete events.
 	w.Types = map[Op]string{OpUpdate: "note.changed"}
 	w.Columns = []string{"body"}
-	require.NoError(t, InstallWatch(ctx, b.pool, w))
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, w))
 	require.Len(t, defs(), 1)
 	exec(t, b.pool, "UPDATE corpus_notes SET title = 'no event'")
 	exec(t, b.pool, "UPDATE corpus_notes SET body = 'event'")
 	require.Len(t, eventsOfType(t, b.pool, "note.changed"), 1)
 
-	require.NoError(t, RemoveWatch(ctx, b.pool, "", "corpus_notes", ""))
+	require.NoError(t, outbox.RemoveWatch(ctx, b.pool, "", "corpus_notes", ""))
 	require.Empty(t, defs())
 	exec(t, b.pool, "UPDATE corpus_notes SET body = 'no event now'")
 	exec(t, b.pool, "DELETE FROM corpus_notes")
 	require.Len(t, loadRows(t, b.pool), 1)
-	require.NoError(t, RemoveWatch(ctx, b.pool, "", "corpus_notes", ""), "removing twice is fine")
+	require.NoError(t, outbox.RemoveWatch(ctx, b.pool, "", "corpus_notes", ""), "removing twice is fine")
 }
 
 func TestWatchQuotesOrRefusesHostileNames(t *testing.T) {
@@ -225,7 +225,7 @@ func TestWatchQuotesOrRefusesHostileNames(t *testing.T) {
 	exec(t, b.pool, "INSERT INTO "+pgx.Identifier{evilTable}.Sanitize()+" VALUES (1, 'a')")
 
 	// Hostile but existing names are quoted and work.
-	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: evilTable,
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{Table: evilTable,
 		Types:   map[Op]string{OpUpdate: "evil.changed"},
 		Columns: []string{evilCol}, SubjectPrefix: `it's \'); DROP TABLE victims; --`,
 		Payload: PayloadColumns, PayloadColumns: []string{evilCol},
@@ -248,7 +248,7 @@ func TestWatchQuotesOrRefusesHostileNames(t *testing.T) {
 		{Table: evilTable, Name: `x"; DROP`, Types: map[Op]string{OpInsert: "a"}},
 		{Table: evilTable, Types: map[Op]string{"TRUNCATE; DROP TABLE victims": "a"}},
 	} {
-		err := InstallWatch(ctx, b.pool, w)
+		err := outbox.InstallWatch(ctx, b.pool, w)
 		require.ErrorIs(t, err, ErrInvalidWatch, "%+v", w)
 	}
 	var victims bool
@@ -280,7 +280,7 @@ func TestInstallWatchUnchangedTakesNoLock(t *testing.T) {
 	pool := testdb.New(t)
 	createNotes(t, pool, 3)
 	w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}, Columns: []string{"title"}}
-	require.NoError(t, InstallWatch(ctx, pool, w))
+	require.NoError(t, outbox.InstallWatch(ctx, pool, w))
 
 	// A writer's transaction stays open on the table.
 	writer, err := pool.Begin(ctx)
@@ -291,16 +291,16 @@ func TestInstallWatchUnchangedTakesNoLock(t *testing.T) {
 
 	quick, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	require.NoError(t, InstallWatch(quick, pool, w), "an unchanged watch must not wait for the table's lock")
+	require.NoError(t, outbox.InstallWatch(quick, pool, w), "an unchanged watch must not wait for the table's lock")
 
 	// A changed one needs the lock: it waits for the writer.
 	changed := w
 	changed.Types = map[Op]string{OpUpdate: "note.edited"}
 	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel2()
-	require.Error(t, InstallWatch(short, pool, changed))
+	require.Error(t, outbox.InstallWatch(short, pool, changed))
 	require.NoError(t, writer.Rollback(ctx))
-	require.NoError(t, InstallWatch(ctx, pool, changed))
+	require.NoError(t, outbox.InstallWatch(ctx, pool, changed))
 	exec(t, pool, "UPDATE corpus_notes SET title = 'new' WHERE id = 2")
 	require.Len(t, eventsOfType(t, pool, "note.edited"), 1)
 	require.Empty(t, eventsOfType(t, pool, "note.changed"))
@@ -340,7 +340,7 @@ func TestScopeFromAWatchAndFromRecord(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	exec(t, b.pool, "CREATE TABLE invoices (id int PRIMARY KEY, tenant_id int NOT NULL, status text)")
-	require.NoError(t, InstallWatch(ctx, b.pool, Watch{Table: "invoices", Types: map[Op]string{OpInsert: "invoice.created"},
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{Table: "invoices", Types: map[Op]string{OpInsert: "invoice.created"},
 		ScopePrefix: "tenant:", ScopeColumn: "tenant_id"}))
 	exec(t, b.pool, "INSERT INTO invoices VALUES (1, 42, 'open')")
 	got := eventsOfType(t, b.pool, "invoice.created")
@@ -355,7 +355,7 @@ func TestScopeFromAWatchAndFromRecord(t *testing.T) {
 	rows := loadRows(t, b.pool)
 	require.Equal(t, "tenant:7", rows[es[0].ID].Scope)
 	require.Empty(t, rows[es[1].ID].Scope)
-	err := InstallWatch(ctx, b.pool, Watch{Table: "invoices", Name: "other", Types: map[Op]string{OpInsert: "x"}, ScopeColumn: "nope"})
+	err := outbox.InstallWatch(ctx, b.pool, Watch{Table: "invoices", Name: "other", Types: map[Op]string{OpInsert: "x"}, ScopeColumn: "nope"})
 	require.ErrorIs(t, err, ErrInvalidWatch)
 	_, err = Record(ctx, nil, Event{Type: "a", Scope: strings.Repeat("s", MaxScopeLength+1)})
 	var ve *ValidationError

@@ -7,8 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/standmeet/events/internal/logging"
+	"github.com/standmeet/events/internal/statements"
 )
 
 // HandleArgs are the args of the River jobs the relay inserts for Handle
@@ -23,22 +27,66 @@ type HandleArgs struct {
 func (HandleArgs) Kind() string { return "events.handle" }
 
 // AddWorkers registers the relay's River worker into workers: the worker of
-// Handle subscribers' jobs. Call it before building the River
-// client, in every process whose River client works the queues these jobs go
-// to (a handler looks its subscriber up by name in the relay it was
-// registered with, so register the same subscribers there).
+// the jobs of its Handle and HandleTx subscribers. Call it before building
+// the River client. It is [Outbox.AddWorkers] with the relay's pool and
+// subscribers (those subscribed later too).
 func (r *Relay) AddWorkers(workers *river.Workers) error {
-	if err := river.AddWorkerSafely(workers, &handleWorker{relay: r}); err != nil {
-		return fmt.Errorf("events: add workers: %w", err)
+	return addHandleWorker(workers, &handleWorker{pool: r.pool, sql: r.sql, logger: r.logger, lookup: r.subscription})
+}
+
+// AddWorkers registers into workers the worker of the jobs of the Handle
+// and HandleTx subscribers among subscribers, for a process that works the
+// queues these jobs go to but runs no relay: every process whose River
+// client works them needs the same subscribers, registered here or on its
+// relay ([Relay.AddWorkers]). HandleTx transactions begin on pool. A
+// subscriber that could not be registered on a relay is refused the same
+// way: an error wrapping [ErrInvalidSubscriber] naming the field. A job of a
+// subscriber this process does not know waits (see [Subscriber]). o.Schema
+// must be the River client's (river.Config.Schema): a job of an unknown
+// subscriber fails, naming both, when they differ.
+func (o Outbox) AddWorkers(workers *river.Workers, pool *pgxpool.Pool, subscribers ...Subscriber) error {
+	if pool == nil {
+		return invalidf(ErrInvalidConfig, "pool", "is nil")
+	}
+	sql, err := statementsFor(o.Schema)
+	if err != nil {
+		return err
+	}
+	byName := make(map[string]*subscription, len(subscribers))
+	for _, s := range subscribers {
+		sub, err := newSubscription(s)
+		if err != nil {
+			return err
+		}
+		if byName[s.Name] != nil {
+			return invalidf(ErrInvalidSubscriber, "Name", "%q is already registered", s.Name)
+		}
+		byName[s.Name] = sub
+	}
+	lookup := func(name string) *subscription { return byName[name] }
+	return addHandleWorker(workers, &handleWorker{pool: pool, sql: sql, logger: logging.Default(), lookup: lookup})
+}
+
+func addHandleWorker(workers *river.Workers, w *handleWorker) error {
+	if err := river.AddWorkerSafely(workers, w); err != nil {
+		// River takes one worker per kind: the subscribers of a second call
+		// would never be looked up, so say where they all go.
+		return fmt.Errorf("events: add workers: %w: a process registers its Handle and HandleTx subscribers once, "+
+			"all on its relay (Relay.AddWorkers) or all with Outbox.AddWorkers", err)
 	}
 	return nil
 }
 
 var _ river.Worker[HandleArgs] = (*handleWorker)(nil)
 
+// handleWorker works the jobs of Handle and HandleTx subscribers, looking
+// each job's subscriber up by name.
 type handleWorker struct {
 	river.WorkerDefaults[HandleArgs]
-	relay *Relay
+	pool   *pgxpool.Pool
+	sql    *statements.Set
+	logger *slog.Logger
+	lookup func(name string) *subscription
 }
 
 // unknownSubscriberSnooze is how long a handler job waits when its
@@ -47,37 +95,31 @@ type handleWorker struct {
 const unknownSubscriberSnooze = time.Minute
 
 func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) error {
-	sub := w.relay.subscription(job.Args.Subscriber)
+	sub := w.lookup(job.Args.Subscriber)
 	// An ordered subscriber's job (tagged so by the relay that inserted it)
 	// completes in its chain: the next job of its subject is released in
 	// the transaction that completes it (see ordered.go).
 	ordered := isOrderedJob(job.JobRow)
-	schema := ""
-	if ordered {
-		if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
-			schema = c.Schema()
-		}
-	}
 	if sub != nil && sub.Handle != nil {
 		err := sub.Handle(ctx, job.Args.Event)
 		switch {
 		case !ordered:
 			return err
 		case err != nil:
-			return settleRefusal(ctx, w.relay.pool.Begin, schema, job.JobRow, err)
+			return settleRefusal(ctx, w.pool.Begin, w.sql, job.JobRow, err)
 		}
-		return completeOrdered(ctx, w.relay.pool.Begin, schema, job.JobRow)
+		return completeOrdered(ctx, w.pool.Begin, w.sql, job.JobRow)
 	}
 	if sub != nil && sub.HandleTx != nil {
 		// The handler's writes and the job's completion in one transaction:
 		// both commit, or neither (a panic rolls back too, and River
 		// recovers it).
-		err := pgx.BeginFunc(ctx, w.relay.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 			if err := sub.HandleTx(ctx, tx, job.Args.Event); err != nil {
 				return err
 			}
 			if ordered {
-				if err := advanceChain(ctx, tx, schema, job.JobRow); err != nil {
+				if err := advanceChain(ctx, tx, w.sql, job.JobRow); err != nil {
 					return err // refused: the handler's writes roll back too
 				}
 			}
@@ -87,21 +129,21 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 			return nil
 		})
 		if ordered {
-			return settleRefusal(ctx, w.relay.pool.Begin, schema, job.JobRow, err)
+			return settleRefusal(ctx, w.pool.Begin, w.sql, job.JobRow, err)
 		}
 		return err
 	}
 	// No process may know it any more (removed and retired), or only the
-	// other release does (a rolling deploy). Ask the registry.
-	if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
-		schema = c.Schema()
-	}
-	sql, err := statementsFor(schema)
-	if err != nil {
-		return err
+	// other release does (a rolling deploy). Ask the registry — the one of
+	// the job's schema: a worker-only process has no relay to check its
+	// Outbox against its River client, and another schema's registry would
+	// not have the name and so cancel a live subscriber's job for good.
+	if client, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil && client.Schema() != w.sql.Schema {
+		return fmt.Errorf("events: handler job for subscriber %q: the River client's schema is %q, the Outbox's %q: name the same schema in both",
+			job.Args.Subscriber, client.Schema(), w.sql.Schema)
 	}
 	var retired bool
-	err = w.relay.pool.QueryRow(ctx, sql.SubscriberRetired, job.Args.Subscriber).Scan(&retired)
+	err := w.pool.QueryRow(ctx, w.sql.SubscriberRetired, job.Args.Subscriber).Scan(&retired)
 	switch {
 	case err != nil:
 		return fmt.Errorf("events: handler job for subscriber %q: %w", job.Args.Subscriber, err)
@@ -109,7 +151,7 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 		// Ends the job for good, without retrying for days.
 		return river.JobCancel(fmt.Errorf("events: subscriber %q is retired", job.Args.Subscriber))
 	}
-	w.relay.logger.WarnContext(ctx, "events: handler job for a subscriber this process does not know; snoozing",
+	w.logger.WarnContext(ctx, "events: handler job for a subscriber this process does not know; snoozing",
 		slog.String("subscriber", job.Args.Subscriber), slog.Int64("job_id", job.ID), slog.Duration("snooze", unknownSubscriberSnooze))
 	return river.JobSnooze(unknownSubscriberSnooze)
 }

@@ -16,7 +16,7 @@
 //
 // and otherwise the test fails with a message saying how to provide one. It
 // never skips. Every test gets a database of its own, cloned from a template
-// migrated once with [events.Migrate], so tests can run in parallel. Call
+// migrated once with [events.Outbox.Migrate], so tests can run in parallel. Call
 // [Main] from TestMain to remove the server when the tests are done.
 //
 // This package is the only one of the module that depends on
@@ -35,7 +35,7 @@ import (
 )
 
 func init() {
-	testdb.Configure(func(ctx context.Context, pool *pgxpool.Pool) error { return events.Migrate(ctx, pool, nil) })
+	testdb.Configure(func(ctx context.Context, pool *pgxpool.Pool) error { return events.Outbox{}.Migrate(ctx, pool) })
 }
 
 // Main runs the tests and then removes the databases and the throwaway
@@ -47,7 +47,7 @@ func Main(m *testing.M) int {
 }
 
 // Pool returns a pool to a fresh database of its own, migrated with
-// [events.Migrate] (the default schema), on the test server. The pool is
+// [events.Outbox.Migrate] (the default schema), on the test server. The pool is
 // closed and the database dropped when t ends.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()

@@ -91,7 +91,8 @@ func TestFanOutTx(t *testing.T) {
 	recorded, err := events.RecordMany(ctx, tx, []events.Event{{Type: "note.changed", Subject: "note:1"}, {Type: "other"}})
 	require.NoError(t, err)
 	require.Equal(t, 2, eventstest.FanOutTx(ctx, t, tx, relay, client))
-	info, err := events.Inspect(ctx, tx, recorded[0].ID)
+	var outbox events.Outbox // the tables on the search_path
+	info, err := outbox.Inspect(ctx, tx, recorded[0].ID)
 	require.NoError(t, err)
 	require.Len(t, info.Fanout, 1)
 	var kind string

@@ -21,8 +21,9 @@ type T interface {
 
 // RequireOpts adjusts the assertions. Nil means the defaults.
 type RequireOpts struct {
-	// Schema holds the library's tables; empty means the search_path.
-	Schema string
+	// Outbox is the schema of the library's tables; the zero Outbox is the
+	// search_path's.
+	Outbox events.Outbox
 }
 
 // RequireRecordedTx asserts that tx's transaction has recorded (by
@@ -62,7 +63,7 @@ func recorded(ctx context.Context, t T, tx pgx.Tx, opts *RequireOpts) []events.E
 	if opts == nil {
 		opts = &RequireOpts{}
 	}
-	got, err := events.Outbox{Schema: opts.Schema}.RecordedInTx(ctx, tx)
+	got, err := opts.Outbox.RecordedInTx(ctx, tx)
 	if err != nil {
 		t.Fatalf("eventstest: reading the transaction's events: %v", err)
 	}

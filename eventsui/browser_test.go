@@ -130,7 +130,7 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	require.NoError(t, err)
 
 	var fixed atomic.Bool
-	relay, err := events.NewRelay(pool, &events.Config{MaxAttempts: 1, Listener: events.ListenerConfig{PollInterval: 100 * time.Millisecond}})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{MaxAttempts: 1, Listener: events.ListenerConfig{PollInterval: 100 * time.Millisecond}})
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(events.Subscriber{Name: "search", Types: []string{"**"},
 		Map: func(_ context.Context, e events.Event) (river.JobArgs, *river.InsertOpts, error) {
@@ -172,7 +172,7 @@ func TestBrowserOperatorFlows(t *testing.T) {
 		return err
 	}))
 	poisoned := func(e events.Event) bool {
-		info, err := events.Inspect(ctx, pool, e.ID)
+		info, err := outbox.Inspect(ctx, pool, e.ID)
 		return err == nil && info.Poisoned()
 	}
 	require.Eventually(t, func() bool {
@@ -180,7 +180,7 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 	fixed.Store(true)
 
-	ui, err := eventsui.NewHandler(pool, &eventsui.Options{Prefix: "/outbox", RiverUIURL: "/riverui",
+	ui, err := eventsui.NewHandler(pool, &eventsui.Config{Prefix: "/outbox", RiverUIURL: "/riverui",
 		Authorize: func(*http.Request, eventsui.Action) bool { return true }})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
@@ -231,7 +231,7 @@ func TestBrowserOperatorFlows(t *testing.T) {
 		rows, err := chromedp.Run(bctx, chromedp.Nodes(chromedp.CSSAll("#jobs tbody tr"), chromedp.AtLeast(0)))
 		require.NoError(t, err)
 		if len(rows) < 2 {
-			info, _ := events.Inspect(ctx, pool, requeued.ID)
+			info, _ := outbox.Inspect(ctx, pool, requeued.ID)
 			return false, fmt.Sprintf("%s, %d rows, fanout %v", b.text("#state"), len(rows), info.Fanout)
 		}
 		search, audit := b.text(`#jobs tr[data-subscriber="search"] .job-state`), b.text(`#jobs tr[data-subscriber="audit"] .job-state`)
@@ -254,7 +254,7 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	require.Contains(t, b.text(".flash"), "discarded")
 	// Its poisoned delivery is dropped; the row (fanned out to nobody else)
 	// stays for retention.
-	info, err := events.Inspect(ctx, pool, discarded.ID)
+	info, err := outbox.Inspect(ctx, pool, discarded.ID)
 	require.NoError(t, err)
 	require.False(t, info.Poisoned())
 	require.Empty(t, info.Deliveries)
@@ -273,8 +273,8 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	require.Equal(t, "2 events requeued.", b.text(".flash"))
 	b.screenshot("poisoned-after-bulk")
 	require.Eventually(t, func() bool {
-		a, err1 := events.Inspect(ctx, pool, ledger1.ID)
-		c, err2 := events.Inspect(ctx, pool, ledger2.ID)
+		a, err1 := outbox.Inspect(ctx, pool, ledger1.ID)
+		c, err2 := outbox.Inspect(ctx, pool, ledger2.ID)
 		return err1 == nil && err2 == nil && len(a.Fanout) > 0 && len(c.Fanout) > 0 && len(a.Deliveries)+len(c.Deliveries) == 0
 	}, 20*time.Second, 20*time.Millisecond, "the relay delivers the requeued entries")
 

@@ -57,7 +57,7 @@ func TestBrowserWebhookEndpoints(t *testing.T) {
 	wh, err := webhook.New(pool, &webhook.Config{PlainSecrets: true,
 		AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}})
 	require.NoError(t, err)
-	relay, err := events.NewRelay(pool, &events.Config{Listener: events.ListenerConfig{PollInterval: 100 * time.Millisecond}})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{Listener: events.ListenerConfig{PollInterval: 100 * time.Millisecond}})
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(wh.Subscriber("webhooks")))
 	workers := river.NewWorkers()
@@ -86,7 +86,7 @@ func TestBrowserWebhookEndpoints(t *testing.T) {
 		return len(as) > 0
 	}, 20*time.Second, 20*time.Millisecond, "the first delivery fails")
 
-	ui, err := eventsui.NewHandler(pool, &eventsui.Options{Prefix: "/outbox", Webhooks: wh, RiverClient: client,
+	ui, err := eventsui.NewHandler(pool, &eventsui.Config{Prefix: "/outbox", Webhooks: wh, RiverClient: client,
 		Authorize: func(*http.Request, eventsui.Action) bool { return true }})
 	require.NoError(t, err)
 	mux := http.NewServeMux()

@@ -30,7 +30,7 @@ func init() {
 }
 
 func (h *handler) chainRoutes() {
-	p := h.opts.Prefix
+	p := h.config.Prefix
 	h.mux.HandleFunc("GET "+p+"/chains", h.chains)
 	h.mux.HandleFunc("POST "+p+"/chains/resume", h.chainChange(ActionChainResume))
 	h.mux.HandleFunc("GET "+p+"/chains/skip", h.confirmChainSkip)
@@ -59,7 +59,7 @@ func (h *handler) chains(w http.ResponseWriter, r *http.Request) {
 		if params.Subscriber != "" {
 			v.Set("subscriber", params.Subscriber)
 		}
-		next = h.opts.Prefix + "/chains?" + v.Encode()
+		next = h.config.Prefix + "/chains?" + v.Encode()
 	}
 	p := h.page("Ordered subjects", "chains", r)
 	p.Refresh = h.refresh(r)
@@ -96,9 +96,9 @@ func (h *handler) confirmChainSkip(w http.ResponseWriter, r *http.Request) {
 	h.render(w, http.StatusOK, "confirm", confirm{page: h.page("Skip the blocked head?", "chains", r),
 		Question: fmt.Sprintf("Give up the job at the head of subject %q for subscriber %s?", subject, subscriber),
 		Detail:   "Its event is never handled by that subscriber (its River job stays as River ended it); the next job of the subject runs. This cannot be undone.",
-		Action:   h.opts.Prefix + "/chains/skip", Button: "Skip the head", Danger: true,
+		Action:   h.config.Prefix + "/chains/skip", Button: "Skip the head", Danger: true,
 		Fields: map[string]string{"subscriber": subscriber, "subject": subject},
-		Cancel: h.opts.Prefix + "/chains?blocked=1"})
+		Cancel: h.config.Prefix + "/chains?blocked=1"})
 }
 
 // chainChange serves Resume and Skip of one blocked chain.
@@ -128,6 +128,6 @@ func (h *handler) chainChange(action Action) http.HandlerFunc {
 			return
 		}
 		msg := fmt.Sprintf("Subject %s of %s %s.", subject, subscriber, done)
-		http.Redirect(w, r, h.opts.Prefix+"/chains?blocked=1&done="+url.QueryEscape(msg), http.StatusSeeOther)
+		http.Redirect(w, r, h.config.Prefix+"/chains?blocked=1&done="+url.QueryEscape(msg), http.StatusSeeOther)
 	}
 }

@@ -56,7 +56,7 @@ func TestChainsPageResumeAndSkip(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, head, next := chainFixture(t)
-	srv := serve(t, pool, eventsui.Options{Authorize: allowAll, RiverUIURL: "/riverui"})
+	srv := serve(t, pool, eventsui.Config{Authorize: allowAll, RiverUIURL: "/riverui"})
 	form := url.Values{"subscriber": {"ledger"}, "subject": {chainSubject}}
 
 	code, body := get(t, srv.URL+"/")
@@ -114,7 +114,7 @@ func TestChainActionsAreGuarded(t *testing.T) {
 	t.Parallel()
 	pool, head, next := chainFixture(t)
 	form := url.Values{"subscriber": {"ledger"}, "subject": {chainSubject}}
-	resumeOnly := serve(t, pool, eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool {
+	resumeOnly := serve(t, pool, eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool {
 		return a == eventsui.ActionView || a == eventsui.ActionChainResume
 	}})
 	_, body := get(t, resumeOnly.URL+"/chains")
@@ -127,7 +127,7 @@ func TestChainActionsAreGuarded(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, code)
 	require.Equal(t, "pending", jobState(t, pool, next))
 
-	readOnly := serve(t, pool, eventsui.Options{Authorize: allowAll, ReadOnly: true})
+	readOnly := serve(t, pool, eventsui.Config{Authorize: allowAll, ReadOnly: true})
 	code, body = get(t, readOnly.URL+"/chains?blocked=1")
 	require.Equal(t, http.StatusOK, code)
 	require.NotContains(t, body, "<form", "no buttons in read-only mode")

@@ -25,7 +25,7 @@
 // River's state of it, how many wait behind it — and marks the blocked
 // ones (the head's job discarded, cancelled or deleted), with Resume and
 // Skip behind a confirmation page (ActionChainResume, ActionChainSkip); the
-// overview warns of blocked subjects. With Options.Webhooks,
+// overview warns of blocked subjects. With Config.Webhooks,
 // the webhook endpoints (package webhook): each one's state and why, its
 // breaker, success rate and latency over the last hour, its recent
 // attempts, and Enable, Disable behind a confirmation page, Replay and
@@ -37,12 +37,12 @@
 // no JavaScript (the Content-Security-Policy says script-src 'none'), works
 // offline. State changes are POST only and refused when cross-origin
 // (net/http's CrossOriginProtection). The host decides who may see and do
-// what with Options.Authorize, which is required: the view never ships
+// what with Config.Authorize, which is required: the view never ships
 // open; a button or link to an action shows only when Authorize allows that
-// action for the request. Options.ReadOnly shows no buttons and refuses
+// action for the request. Config.ReadOnly shows no buttons and refuses
 // every change.
 //
-//	ui, err := eventsui.NewHandler(pool, &eventsui.Options{
+//	ui, err := eventsui.NewHandler(pool, &eventsui.Config{
 //		Prefix:     "/outbox",
 //		RiverUIURL: "/riverui",
 //		Authorize:  func(r *http.Request, a eventsui.Action) bool { return isAdmin(r) },
@@ -73,10 +73,11 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/standmeet/events"
+	"github.com/standmeet/events/internal/logging"
 	"github.com/standmeet/events/webhook"
 )
 
-// Action is what a request wants to do, for Options.Authorize.
+// Action is what a request wants to do, for Config.Authorize.
 type Action string
 
 // The actions.
@@ -85,22 +86,26 @@ const (
 	ActionRequeue Action = "requeue"
 	ActionDiscard Action = "discard"
 
-	// The webhook endpoints' actions (with Options.Webhooks).
+	// The webhook endpoints' actions (with Config.Webhooks).
 	ActionWebhookEnable  Action = "webhook.enable"
 	ActionWebhookDisable Action = "webhook.disable"
 	ActionWebhookReplay  Action = "webhook.replay"
 	ActionWebhookRecover Action = "webhook.recover"
 )
 
-// Options configures the handler.
-type Options struct {
+// Config configures the handler.
+type Config struct {
 	// Prefix is the path the handler is mounted under, such as "/outbox";
 	// empty for the root. The handler serves Prefix + "/", and every path
 	// below it.
 	Prefix string
 
-	// Schema holds the library's tables; empty means the search_path.
-	Schema string
+	// Outbox is the schema of the library's tables, as every component is
+	// built from it, and its OrphanAfter: how long a registered, active
+	// subscriber may go unserved by every running relay before the
+	// subscribers page warns of it as orphaned. The zero Outbox is the
+	// search_path's.
+	Outbox events.Outbox
 
 	// RiverUIURL, when set, is where River UI is mounted (such as
 	// "/riverui"): each subscriber's job links to its page there.
@@ -121,12 +126,6 @@ type Options struct {
 	// Defaults to off.
 	Refresh time.Duration
 
-	// OrphanAfter is how long a registered, active subscriber may go
-	// unserved by every running relay before the subscribers page warns of
-	// it as orphaned: the relays' Config.OrphanAfter. Defaults to
-	// events.OrphanAfterDefault (15 min).
-	OrphanAfter time.Duration
-
 	// Webhooks, when set, adds the webhook endpoints pages (package
 	// webhook): each endpoint's state, breaker, success rate and latency
 	// over the last hour, its recent attempts, and Enable, Disable (behind a
@@ -134,11 +133,12 @@ type Options struct {
 	Webhooks *webhook.Webhooks
 
 	// RiverClient is the client that Replay and Recover insert deliveries
-	// with (an insert-only client will do). Without it, the endpoints pages
-	// offer neither.
+	// with (an insert-only client will do), of Outbox's schema. Without it,
+	// the endpoints pages offer neither.
 	RiverClient *river.Client[pgx.Tx]
 
-	// Logger receives errors. Defaults to warnings on standard error.
+	// Logger receives errors. Defaults to warnings and errors on standard
+	// error, as every component of the library.
 	Logger *slog.Logger
 }
 
@@ -150,32 +150,43 @@ var staticFS embed.FS
 
 var states = []events.ListState{events.StatePending, events.StateRetrying, events.StatePoisoned, events.StateRecent}
 
+// invalidConfig is a refused Config field, as the root package reports one.
+func invalidConfig(field, format string, args ...any) error {
+	return &events.ValidationError{Kind: events.ErrInvalidConfig, Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
 // handler is the web view.
 type handler struct {
-	db    events.DB
-	opts  Options
-	pages map[string]*template.Template
-	mux   *http.ServeMux
-	csrf  *http.CrossOriginProtection
+	db     events.DB
+	config Config
+	pages  map[string]*template.Template
+	mux    *http.ServeMux
+	csrf   *http.CrossOriginProtection
 }
 
 // NewHandler returns the web view reading and changing the outbox through
-// db (a *pgxpool.Pool). It fails without Options.Authorize.
-func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
+// db (a *pgxpool.Pool). It fails without Config.Authorize.
+func NewHandler(db events.DB, config *Config) (http.Handler, error) {
 	if db == nil {
-		return nil, errors.New("eventsui: db is nil")
+		return nil, invalidConfig("db", "is nil")
 	}
-	if opts == nil || opts.Authorize == nil {
-		return nil, errors.New("eventsui: Options.Authorize is required: the host decides who may see and requeue events")
+	if config == nil || config.Authorize == nil {
+		return nil, invalidConfig("Authorize", "is required: the host decides who may see and requeue events")
 	}
-	h := &handler{db: db, opts: *opts, pages: map[string]*template.Template{}, csrf: http.NewCrossOriginProtection()}
-	h.opts.Prefix = strings.TrimRight(h.opts.Prefix, "/")
-	if h.opts.Prefix != "" && !strings.HasPrefix(h.opts.Prefix, "/") {
-		return nil, fmt.Errorf("eventsui: Prefix %q must start with /", opts.Prefix)
+	if err := config.Outbox.Validate(); err != nil {
+		return nil, err
 	}
-	if h.opts.Logger == nil {
-		h.opts.Logger = slog.Default()
+	if c := config.RiverClient; c != nil && c.Schema() != config.Outbox.Schema {
+		// Replay and Recover would insert deliveries where no worker of this
+		// outbox looks (webhook refuses them at the press of a button).
+		return nil, invalidConfig("RiverClient", "the River client's schema is %q, Outbox.Schema %q; name the same schema in both", c.Schema(), config.Outbox.Schema)
 	}
+	h := &handler{db: db, config: *config, pages: map[string]*template.Template{}, csrf: http.NewCrossOriginProtection()}
+	h.config.Prefix = strings.TrimRight(h.config.Prefix, "/")
+	if h.config.Prefix != "" && !strings.HasPrefix(h.config.Prefix, "/") {
+		return nil, invalidConfig("Prefix", "%q: must start with /", config.Prefix)
+	}
+	h.config.Logger = cmp.Or(h.config.Logger, logging.Default())
 	funcs := template.FuncMap{
 		"time": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
 		"lag":  formatLag,
@@ -194,7 +205,7 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("eventsui: %w", err)
 	}
-	p := h.opts.Prefix
+	p := h.config.Prefix
 	h.mux = http.NewServeMux()
 	h.mux.Handle("GET "+p+"/static/", http.StripPrefix(p+"/static/", http.FileServerFS(static)))
 	h.mux.HandleFunc("GET "+p+"/{$}", h.overview)
@@ -207,18 +218,18 @@ func NewHandler(db events.DB, opts *Options) (http.Handler, error) {
 	h.mux.HandleFunc("POST "+p+"/bulk/{action}", h.bulk)
 	h.subscriberRoutes()
 	h.chainRoutes()
-	if h.opts.Webhooks != nil {
+	if h.config.Webhooks != nil {
 		h.webhookRoutes()
 	}
 	return h, nil
 }
 
 func (h *handler) requeue(r *http.Request, id uuid.UUID) error {
-	return events.Outbox{Schema: h.opts.Schema}.Requeue(r.Context(), h.db, id)
+	return h.config.Outbox.Requeue(r.Context(), h.db, id)
 }
 
 func (h *handler) discard(r *http.Request, id uuid.UUID) error {
-	return events.Outbox{Schema: h.opts.Schema}.Discard(r.Context(), h.db, id)
+	return h.config.Outbox.Discard(r.Context(), h.db, id)
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -226,7 +237,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'none'; frame-ancestors 'none'")
 	w.Header().Set("Referrer-Policy", "same-origin")
-	if !h.opts.Authorize(r, ActionView) {
+	if !h.config.Authorize(r, ActionView) {
 		h.fail(w, r, http.StatusForbidden, "Forbidden", "You may not view the outbox.")
 		return
 	}
@@ -248,14 +259,14 @@ type page struct {
 }
 
 func (h *handler) page(title, nav string, r *http.Request) page {
-	return page{Title: title, Nav: nav, Prefix: h.opts.Prefix, RiverUIURL: strings.TrimRight(h.opts.RiverUIURL, "/"),
-		Flash: r.URL.Query().Get("done"), States: states, ReadOnly: h.opts.ReadOnly, Webhooks: h.opts.Webhooks != nil,
+	return page{Title: title, Nav: nav, Prefix: h.config.Prefix, RiverUIURL: strings.TrimRight(h.config.RiverUIURL, "/"),
+		Flash: r.URL.Query().Get("done"), States: states, ReadOnly: h.config.ReadOnly, Webhooks: h.config.Webhooks != nil,
 		CanRequeue: h.may(r, ActionRequeue), CanDiscard: h.may(r, ActionDiscard)}
 }
 
 // may reports whether r may do a changing action.
 func (h *handler) may(r *http.Request, action Action) bool {
-	return !h.opts.ReadOnly && h.opts.Authorize(r, action)
+	return !h.config.ReadOnly && h.config.Authorize(r, action)
 }
 
 // Bounds of the auto-refresh: often enough to follow, never a load.
@@ -265,9 +276,9 @@ const (
 )
 
 // refresh is the auto-refresh of a page, in seconds: the request's refresh
-// parameter, or Options.Refresh; 0 for none.
+// parameter, or Config.Refresh; 0 for none.
 func (h *handler) refresh(r *http.Request) int {
-	d := h.opts.Refresh
+	d := h.config.Refresh
 	if v := r.URL.Query().Get("refresh"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
@@ -284,7 +295,7 @@ func (h *handler) refresh(r *http.Request) int {
 func (h *handler) render(w http.ResponseWriter, status int, name string, data any) {
 	var buf bytes.Buffer
 	if err := h.pages[name].ExecuteTemplate(&buf, "layout", data); err != nil {
-		h.opts.Logger.Error("eventsui: rendering", slog.String("page", name), slog.String("err", err.Error()))
+		h.config.Logger.Error("eventsui: rendering", slog.String("page", name), slog.String("err", err.Error()))
 		http.Error(w, "eventsui: rendering failed", http.StatusInternalServerError)
 		return
 	}
@@ -326,7 +337,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		RefreshChoices []int
 		OrphanAfter    time.Duration
 	}{p, st, map[bool]string{true: "24h", false: "1h"}[span > time.Hour], fannedChart(minutes), lagChart(minutes),
-		[]int{0, 10, 30, 60}, cmp.Or(h.opts.OrphanAfter, events.OrphanAfterDefault)})
+		[]int{0, 10, 30, 60}, cmp.Or(h.config.Outbox.OrphanAfter, events.OrphanAfterDefault)})
 }
 
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
@@ -337,7 +348,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, "Bad request", "Unknown state: use pending, retrying, poisoned or recent.")
 		return
 	}
-	res, err := events.Outbox{Schema: h.opts.Schema}.ListEvents(r.Context(), h.db, params)
+	res, err := h.config.Outbox.ListEvents(r.Context(), h.db, params)
 	var invalid *events.ValidationError
 	if errors.As(err, &invalid) {
 		h.fail(w, r, http.StatusBadRequest, "Bad request", fmt.Sprintf("%s %s", invalid.Field, invalid.Reason))
@@ -382,7 +393,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		// event is poisoned for (none: poisoned as a whole).
 		PoisonedFor map[uuid.UUID][]string
 	}{p, params.State, params.Type, params.Subject, res.Next,
-		h.opts.Prefix + "/events?" + next.Encode(), query, res.Events, poisonedFor})
+		h.config.Prefix + "/events?" + next.Encode(), query, res.Events, poisonedFor})
 }
 
 // job is a fanout entry with River's state of its job and its River UI link.
@@ -396,7 +407,7 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	e, err := events.Outbox{Schema: h.opts.Schema}.Inspect(r.Context(), h.db, id)
+	e, err := h.config.Outbox.Inspect(r.Context(), h.db, id)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -404,9 +415,9 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 	// River's state of each job, in one query; without it (River's table
 	// unreadable, say) the page still shows the job IDs.
 	var jobs []job
-	fanout, jobsErr := events.Outbox{Schema: h.opts.Schema}.FanoutJobs(r.Context(), h.db, id)
+	fanout, jobsErr := h.config.Outbox.FanoutJobs(r.Context(), h.db, id)
 	if jobsErr != nil {
-		h.opts.Logger.WarnContext(r.Context(), "eventsui: reading the fanout's River jobs", slog.String("err", jobsErr.Error()))
+		h.config.Logger.WarnContext(r.Context(), "eventsui: reading the fanout's River jobs", slog.String("err", jobsErr.Error()))
 		for name, jobID := range e.Fanout {
 			fanout = append(fanout, events.FanoutJob{Subscriber: name, JobID: jobID})
 		}
@@ -414,8 +425,8 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, fj := range fanout {
 		j := job{FanoutJob: fj}
-		if h.opts.RiverUIURL != "" {
-			j.URL = fmt.Sprintf("%s/jobs/%d", strings.TrimRight(h.opts.RiverUIURL, "/"), fj.JobID)
+		if h.config.RiverUIURL != "" {
+			j.URL = fmt.Sprintf("%s/jobs/%d", strings.TrimRight(h.config.RiverUIURL, "/"), fj.JobID)
 		}
 		jobs = append(jobs, j)
 	}
@@ -460,11 +471,11 @@ type confirm struct {
 
 // guard refuses a confirmation page to a request that could not post it.
 func (h *handler) guard(w http.ResponseWriter, r *http.Request, action Action) bool {
-	if h.opts.ReadOnly {
+	if h.config.ReadOnly {
 		h.fail(w, r, http.StatusForbidden, "Forbidden", "This view is read-only.")
 		return false
 	}
-	if !h.opts.Authorize(r, action) {
+	if !h.config.Authorize(r, action) {
 		h.fail(w, r, http.StatusForbidden, "Forbidden", fmt.Sprintf("You may not %s.", actionText[action]))
 		return false
 	}
@@ -476,7 +487,7 @@ func (h *handler) confirmDiscard(w http.ResponseWriter, r *http.Request) {
 	if !ok || !h.guard(w, r, ActionDiscard) {
 		return
 	}
-	e, err := events.Outbox{Schema: h.opts.Schema}.Inspect(r.Context(), h.db, id)
+	e, err := h.config.Outbox.Inspect(r.Context(), h.db, id)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -499,8 +510,8 @@ func (h *handler) confirmDiscard(w http.ResponseWriter, r *http.Request) {
 	h.render(w, http.StatusOK, "confirm", confirm{page: h.page("Discard event?", "", r),
 		Question: "Discard this poisoned event for good?",
 		Detail:   detail,
-		Action:   h.opts.Prefix + "/events/" + id.String() + "/discard", Button: "Discard", Danger: true,
-		Shown: []events.EventInfo{e}, Cancel: h.opts.Prefix + "/events/" + id.String()})
+		Action:   h.config.Prefix + "/events/" + id.String() + "/discard", Button: "Discard", Danger: true,
+		Shown: []events.EventInfo{e}, Cancel: h.config.Prefix + "/events/" + id.String()})
 }
 
 // bulkMax is the most events one bulk confirmation covers: its form carries
@@ -522,7 +533,7 @@ func (h *handler) confirmBulk(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	params := events.ListParams{State: events.StatePoisoned, Type: q.Get("type"), Subject: q.Get("subject"), Limit: bulkMax}
-	res, err := events.Outbox{Schema: h.opts.Schema}.ListEvents(r.Context(), h.db, params)
+	res, err := h.config.Outbox.ListEvents(r.Context(), h.db, params)
 	var invalid *events.ValidationError
 	if errors.As(err, &invalid) {
 		h.fail(w, r, http.StatusBadRequest, "Bad request", fmt.Sprintf("%s %s", invalid.Field, invalid.Reason))
@@ -533,7 +544,7 @@ func (h *handler) confirmBulk(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := confirm{page: h.page(fmt.Sprintf("%s %d events?", titleCase(string(action)), len(res.Events)), "poisoned", r),
-		Action: h.opts.Prefix + "/bulk/" + string(action), Button: fmt.Sprintf("%s %d events", titleCase(string(action)), len(res.Events)),
+		Action: h.config.Prefix + "/bulk/" + string(action), Button: fmt.Sprintf("%s %d events", titleCase(string(action)), len(res.Events)),
 		Danger: action == ActionDiscard, More: res.Next != ""}
 	for _, e := range res.Events {
 		c.IDs = append(c.IDs, e.ID)
@@ -549,7 +560,7 @@ func (h *handler) confirmBulk(w http.ResponseWriter, r *http.Request) {
 		filter.Set("subject", params.Subject)
 		of += " with subject " + params.Subject
 	}
-	c.Cancel = h.opts.Prefix + "/events?" + filter.Encode()
+	c.Cancel = h.config.Prefix + "/events?" + filter.Encode()
 	c.Question = fmt.Sprintf("%s %d poisoned events%s?", titleCase(string(action)), len(res.Events), of)
 	switch action {
 	case ActionRequeue:
@@ -612,7 +623,7 @@ func (h *handler) bulk(w http.ResponseWriter, r *http.Request) {
 	if skipped > 0 {
 		msg += fmt.Sprintf(" %d skipped: no longer poisoned.", skipped)
 	}
-	http.Redirect(w, r, h.opts.Prefix+"/events?state=poisoned&done="+url.QueryEscape(msg), http.StatusSeeOther)
+	http.Redirect(w, r, h.config.Prefix+"/events?state=poisoned&done="+url.QueryEscape(msg), http.StatusSeeOther)
 }
 
 func titleCase(s string) string {
@@ -637,9 +648,9 @@ func (h *handler) change(action Action, done string, f func(*http.Request, uuid.
 			h.dbError(w, r, err)
 			return
 		}
-		target := h.opts.Prefix + "/events/" + id.String()
+		target := h.config.Prefix + "/events/" + id.String()
 		if action == ActionDiscard {
-			target = h.opts.Prefix + "/events?state=poisoned"
+			target = h.config.Prefix + "/events?state=poisoned"
 		}
 		http.Redirect(w, r, target+sep(target)+"done="+url.QueryEscape(fmt.Sprintf("Event %s %s.", id, done)), http.StatusSeeOther)
 	}
@@ -678,7 +689,7 @@ func (h *handler) dbError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, events.ErrNotPoisoned):
 		h.fail(w, r, http.StatusConflict, "Not poisoned", "Only poisoned events can be requeued or discarded.")
 	default:
-		h.opts.Logger.ErrorContext(r.Context(), "eventsui: database error", slog.String("err", err.Error()))
+		h.config.Logger.ErrorContext(r.Context(), "eventsui: database error", slog.String("err", err.Error()))
 		h.fail(w, r, http.StatusInternalServerError, "Error", "The database could not answer; see the server's log.")
 	}
 }

@@ -26,6 +26,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(eventstest.Main(m)) }
 
+// outbox is the zero Outbox: the tables on the search_path.
+var outbox events.Outbox
+
 func allowAll(*http.Request, eventsui.Action) bool { return true }
 
 // fixture makes a database with a pending event whose payload is hostile
@@ -49,7 +52,7 @@ func fixture(t *testing.T) (pool *pgxpool.Pool, pending, poisoned, fanned uuid.U
 	return pool, pending, poisoned, fanned
 }
 
-func serve(t *testing.T, pool *pgxpool.Pool, opts eventsui.Options) *httptest.Server {
+func serve(t *testing.T, pool *pgxpool.Pool, opts eventsui.Config) *httptest.Server {
 	t.Helper()
 	h, err := eventsui.NewHandler(pool, &opts)
 	require.NoError(t, err)
@@ -90,7 +93,7 @@ func post(t *testing.T, u, site string) (int, string) {
 func TestEveryPage(t *testing.T) {
 	t.Parallel()
 	pool, pending, poisoned, fanned := fixture(t)
-	srv := serve(t, pool, eventsui.Options{Prefix: "/outbox", RiverUIURL: "/riverui", Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Prefix: "/outbox", RiverUIURL: "/riverui", Authorize: allowAll})
 	base := srv.URL + "/outbox"
 
 	code, body := get(t, base+"/")
@@ -141,13 +144,13 @@ func TestRequeueAndDiscardArePostOnlyAndGuarded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, pending, poisoned, _ := fixture(t)
-	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Authorize: allowAll})
 
 	code, _ := get(t, srv.URL+"/events/"+poisoned.String()+"/requeue")
 	require.Equal(t, http.StatusMethodNotAllowed, code, "GET changes nothing")
 	code, _ = post(t, srv.URL+"/events/"+poisoned.String()+"/requeue", "cross-site")
 	require.Equal(t, http.StatusForbidden, code, "a cross-origin POST is refused")
-	info, err := events.Inspect(ctx, pool, poisoned)
+	info, err := outbox.Inspect(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.True(t, info.Poisoned())
 
@@ -157,7 +160,7 @@ func TestRequeueAndDiscardArePostOnlyAndGuarded(t *testing.T) {
 	code, loc := post(t, srv.URL+"/events/"+poisoned.String()+"/requeue", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.True(t, strings.HasPrefix(loc, "/events/"+poisoned.String()), loc)
-	info, err = events.Inspect(ctx, pool, poisoned)
+	info, err = outbox.Inspect(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.False(t, info.Poisoned())
 	_, body := get(t, srv.URL+loc)
@@ -171,7 +174,7 @@ func TestRequeueAndDiscardArePostOnlyAndGuarded(t *testing.T) {
 	u, err := url.Parse(loc)
 	require.NoError(t, err)
 	require.Equal(t, "poisoned", u.Query().Get("state"))
-	_, err = events.Inspect(ctx, pool, poisoned)
+	_, err = outbox.Inspect(ctx, pool, poisoned)
 	require.ErrorIs(t, err, events.ErrNotFound)
 }
 
@@ -180,17 +183,23 @@ func TestAuthorizationAndReadOnly(t *testing.T) {
 	ctx := context.Background()
 	pool, _, poisoned, _ := fixture(t)
 
-	_, err := eventsui.NewHandler(pool, &eventsui.Options{})
+	_, err := eventsui.NewHandler(pool, &eventsui.Config{})
 	require.ErrorContains(t, err, "Authorize is required", "the view never ships open")
+	var ve *events.ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.ErrorIs(t, err, events.ErrInvalidConfig)
+	require.Equal(t, "Authorize", ve.Field)
+	_, err = eventsui.NewHandler(pool, &eventsui.Config{Authorize: func(*http.Request, eventsui.Action) bool { return true }, Outbox: events.Outbox{Schema: "a-b"}})
+	require.ErrorIs(t, err, events.ErrInvalidConfig)
 
-	viewOnly := serve(t, pool, eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView }})
+	viewOnly := serve(t, pool, eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView }})
 	code, _ := post(t, viewOnly.URL+"/events/"+poisoned.String()+"/requeue", "same-origin")
 	require.Equal(t, http.StatusForbidden, code, "the hook refuses requeue")
-	nobody := serve(t, pool, eventsui.Options{Authorize: func(*http.Request, eventsui.Action) bool { return false }})
+	nobody := serve(t, pool, eventsui.Config{Authorize: func(*http.Request, eventsui.Action) bool { return false }})
 	code, _ = get(t, nobody.URL+"/")
 	require.Equal(t, http.StatusForbidden, code, "the hook refuses viewing")
 
-	readOnly := serve(t, pool, eventsui.Options{Authorize: allowAll, ReadOnly: true})
+	readOnly := serve(t, pool, eventsui.Config{Authorize: allowAll, ReadOnly: true})
 	code, body := get(t, readOnly.URL+"/events/"+poisoned.String())
 	require.Equal(t, http.StatusOK, code)
 	require.NotContains(t, body, `id="requeue"`)
@@ -198,7 +207,7 @@ func TestAuthorizationAndReadOnly(t *testing.T) {
 	code, _ = post(t, readOnly.URL+"/events/"+poisoned.String()+"/discard", "same-origin")
 	require.Equal(t, http.StatusForbidden, code)
 
-	info, err := events.Inspect(ctx, pool, poisoned)
+	info, err := outbox.Inspect(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.True(t, info.Poisoned(), "nothing changed")
 }
@@ -244,7 +253,7 @@ func TestEventShowsEachJobsRiverState(t *testing.T) {
 	_, err := pool.Exec(ctx, `INSERT INTO outbox_events (id, type, subject, fanned_out_at, fanout) VALUES ($1, 'note.changed', 'note:1', now(), $2)`,
 		id, fmt.Sprintf(`{"audit": %d, "search": %d, "mail": %d}`, done, failing, gone))
 	require.NoError(t, err)
-	srv := serve(t, pool, eventsui.Options{RiverUIURL: "/riverui/", Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{RiverUIURL: "/riverui/", Authorize: allowAll})
 
 	code, body := get(t, srv.URL+"/events/"+id.String())
 	require.Equal(t, http.StatusOK, code)
@@ -268,7 +277,7 @@ func TestDiscardAsksFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, pending, poisoned, _ := fixture(t)
-	srv := serve(t, pool, eventsui.Options{Prefix: "/outbox", Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Prefix: "/outbox", Authorize: allowAll})
 	base := srv.URL + "/outbox"
 
 	// The detail page links to the confirmation; it has no form that discards.
@@ -282,7 +291,7 @@ func TestDiscardAsksFirst(t *testing.T) {
 	require.Contains(t, body, "Discard this poisoned event for good?")
 	require.Contains(t, body, "no &lt;i&gt;template&lt;/i&gt;", "the event's last error, escaped")
 	require.Contains(t, body, `id="cancel" href="/outbox/events/`+poisoned.String()+`"`)
-	_, err := events.Inspect(ctx, pool, poisoned)
+	_, err := outbox.Inspect(ctx, pool, poisoned)
 	require.NoError(t, err, "showing the confirmation changes nothing")
 
 	code, _ = get(t, base+"/events/"+pending.String()+"/discard")
@@ -291,32 +300,32 @@ func TestDiscardAsksFirst(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 	code, _ = post(t, base+"/events/"+poisoned.String()+"/discard", "cross-site")
 	require.Equal(t, http.StatusForbidden, code, "the confirmed POST is refused cross-origin")
-	_, err = events.Inspect(ctx, pool, poisoned)
+	_, err = outbox.Inspect(ctx, pool, poisoned)
 	require.NoError(t, err)
 
 	code, loc := post(t, base+"/events/"+poisoned.String()+"/discard", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.True(t, strings.HasPrefix(loc, "/outbox/events?state=poisoned"), loc)
-	_, err = events.Inspect(ctx, pool, poisoned)
+	_, err = outbox.Inspect(ctx, pool, poisoned)
 	require.ErrorIs(t, err, events.ErrNotFound)
 }
 
 func TestButtonsShowOnlyWhenAuthorized(t *testing.T) {
 	t.Parallel()
 	pool, _, poisoned, _ := fixture(t)
-	only := func(allowed eventsui.Action) eventsui.Options {
-		return eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView || a == allowed }}
+	only := func(allowed eventsui.Action) eventsui.Config {
+		return eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView || a == allowed }}
 	}
 	for _, tc := range []struct {
 		name                string
-		opts                eventsui.Options
+		opts                eventsui.Config
 		requeue, discard    bool
 		requeueGET, discGET int
 	}{
 		{"requeue only", only(eventsui.ActionRequeue), true, false, http.StatusOK, http.StatusForbidden},
 		{"discard only", only(eventsui.ActionDiscard), false, true, http.StatusForbidden, http.StatusOK},
 		{"view only", only(eventsui.ActionView), false, false, http.StatusForbidden, http.StatusForbidden},
-		{"read-only", eventsui.Options{Authorize: allowAll, ReadOnly: true}, false, false, http.StatusForbidden, http.StatusForbidden},
+		{"read-only", eventsui.Config{Authorize: allowAll, ReadOnly: true}, false, false, http.StatusForbidden, http.StatusForbidden},
 	} {
 		srv := serve(t, pool, tc.opts)
 		_, detail := get(t, srv.URL+"/events/"+poisoned.String())
@@ -369,7 +378,7 @@ func hiddenIDs(t *testing.T, body string) url.Values {
 func poisonedNow(t *testing.T, pool *pgxpool.Pool, ids ...uuid.UUID) (n int) {
 	t.Helper()
 	for _, id := range ids {
-		info, err := events.Inspect(context.Background(), pool, id)
+		info, err := outbox.Inspect(context.Background(), pool, id)
 		if err == nil && info.Poisoned() {
 			n++
 		}
@@ -380,7 +389,7 @@ func poisonedNow(t *testing.T, pool *pgxpool.Pool, ids ...uuid.UUID) (n int) {
 func TestBulkRequeueByFilterConfirmsTheCount(t *testing.T) {
 	t.Parallel()
 	pool, ledger, note := bulkFixture(t)
-	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Authorize: allowAll})
 
 	_, list := get(t, srv.URL+"/events?state=poisoned&type=ledger.**")
 	require.Contains(t, list, `id="bulk-requeue" href="/bulk/requeue?type=ledger.%2A%2A"`)
@@ -399,7 +408,7 @@ func TestBulkRequeueByFilterConfirmsTheCount(t *testing.T) {
 	require.Equal(t, 4, poisonedNow(t, pool, append(ledger, note)...))
 
 	// One of them is requeued by someone else meanwhile: skipped, not an error.
-	require.NoError(t, events.Requeue(context.Background(), pool, ledger[2]))
+	require.NoError(t, outbox.Requeue(context.Background(), pool, ledger[2]))
 	code, loc := postForm(t, srv.URL+"/bulk/requeue", "same-origin", form)
 	require.Equal(t, http.StatusSeeOther, code)
 	u, err := url.Parse(loc)
@@ -425,16 +434,16 @@ func TestBulkDiscardByFilterIsGuarded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, ledger, note := bulkFixture(t)
-	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Authorize: allowAll})
 	_, body := get(t, srv.URL+"/bulk/discard?subject=entry:3")
 	require.Contains(t, body, "Discard 1 poisoned events with subject entry:3?")
 	form := hiddenIDs(t, body)
 	require.Equal(t, []string{ledger[2].String()}, form["id"])
 
-	readOnly := serve(t, pool, eventsui.Options{Authorize: allowAll, ReadOnly: true})
+	readOnly := serve(t, pool, eventsui.Config{Authorize: allowAll, ReadOnly: true})
 	code, _ := postForm(t, readOnly.URL+"/bulk/discard", "same-origin", form)
 	require.Equal(t, http.StatusForbidden, code)
-	noDiscard := serve(t, pool, eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a != eventsui.ActionDiscard }})
+	noDiscard := serve(t, pool, eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a != eventsui.ActionDiscard }})
 	code, _ = postForm(t, noDiscard.URL+"/bulk/discard", "same-origin", form)
 	require.Equal(t, http.StatusForbidden, code)
 	require.Equal(t, 4, poisonedNow(t, pool, append(ledger, note)...))
@@ -442,7 +451,7 @@ func TestBulkDiscardByFilterIsGuarded(t *testing.T) {
 	code, loc := postForm(t, srv.URL+"/bulk/discard", "same-origin", form)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Contains(t, loc, "done=1+events+discarded.")
-	_, err := events.Inspect(ctx, pool, ledger[2])
+	_, err := outbox.Inspect(ctx, pool, ledger[2])
 	require.ErrorIs(t, err, events.ErrNotFound)
 	require.Equal(t, 3, poisonedNow(t, pool, ledger[0], ledger[1], note))
 }
@@ -452,7 +461,7 @@ func TestPoisonedListShowsWhenPoisoned(t *testing.T) {
 	pool, _, poisoned, _ := fixture(t)
 	_, err := pool.Exec(context.Background(), "UPDATE outbox_events SET poisoned_at = '2026-01-02 03:04:05Z', created_at = '2025-12-31 00:00:00Z' WHERE id = $1", poisoned)
 	require.NoError(t, err)
-	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Authorize: allowAll})
 	_, body := get(t, srv.URL+"/events?state=poisoned")
 	require.Contains(t, body, "<th>Poisoned</th>")
 	require.Contains(t, body, `<td class="mono nowrap poisoned-at">2026-01-02 03:04:05.000Z</td>`)
@@ -483,7 +492,7 @@ func TestOverviewChartsFanOutAndLag(t *testing.T) {
 		(gen_random_uuid(), 'a', now() - interval '2 seconds', now(), '{}'),
 		(gen_random_uuid(), 'a', now() - interval '3 hours 1 minute', now() - interval '3 hours', '{}')`)
 	require.NoError(t, err)
-	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Authorize: allowAll})
 
 	resp, err := noRedirect.Get(srv.URL + "/")
 	require.NoError(t, err)
@@ -515,8 +524,8 @@ func TestOverviewChartsFanOutAndLag(t *testing.T) {
 func TestOverviewAutoRefresh(t *testing.T) {
 	t.Parallel()
 	pool := eventstest.Pool(t)
-	off := serve(t, pool, eventsui.Options{Authorize: allowAll})
-	every30 := serve(t, pool, eventsui.Options{Authorize: allowAll, Refresh: 30 * time.Second})
+	off := serve(t, pool, eventsui.Config{Authorize: allowAll})
+	every30 := serve(t, pool, eventsui.Config{Authorize: allowAll, Refresh: 30 * time.Second})
 	for _, tc := range []struct {
 		srv  *httptest.Server
 		path string

@@ -23,7 +23,7 @@ import (
 // The subscribers' and pairs' actions.
 const (
 	// ActionPause and ActionResume pause and resume one subscriber
-	// (events.PauseSubscriber, events.ResumeSubscriber). Requeue and
+	// ([events.Outbox.PauseSubscriber], [events.Outbox.ResumeSubscriber]). Requeue and
 	// discard of one (event, subscriber) pair are ActionRequeue and
 	// ActionDiscard, like the event's.
 	ActionPause  Action = "subscriber.pause"
@@ -59,7 +59,7 @@ func viewRelay(r events.RelayInfo, now time.Time) relayView {
 }
 
 func (h *handler) subscriberRoutes() {
-	p := h.opts.Prefix
+	p := h.config.Prefix
 	h.mux.HandleFunc("GET "+p+"/relays", h.relays)
 	h.mux.HandleFunc("GET "+p+"/subscribers", h.subscribers)
 	h.mux.HandleFunc("POST "+p+"/subscribers/{name}/pause", h.pauseResume(ActionPause))
@@ -70,7 +70,7 @@ func (h *handler) subscriberRoutes() {
 }
 
 func (h *handler) outbox() events.Outbox {
-	return events.Outbox{Schema: h.opts.Schema, OrphanAfter: h.opts.OrphanAfter}
+	return h.config.Outbox
 }
 
 func (h *handler) relays(w http.ResponseWriter, r *http.Request) {
@@ -134,7 +134,7 @@ func (h *handler) subscribers(w http.ResponseWriter, r *http.Request) {
 	for _, s := range subs {
 		v := subscriberView{SubscriberInfo: s, SubscriberDeliveries: counts[s.Name], Orphaned: slices.Contains(st.Orphaned, s.Name)}
 		v.Subscriber = s.Name
-		base := h.opts.Prefix + "/subscribers/" + url.PathEscape(s.Name)
+		base := h.config.Prefix + "/subscribers/" + url.PathEscape(s.Name)
 		v.PauseURL, v.ResumeURL = base+"/pause", base+"/resume"
 		for i := range relays {
 			if slices.Contains(relays[i].Subscribers, s.Name) && (v.LastServedBy == nil || !relays[i].LastSeenAt.Before(v.LastServedBy.LastSeenAt)) {
@@ -156,7 +156,7 @@ func (h *handler) subscribers(w http.ResponseWriter, r *http.Request) {
 		OrphanAfter         time.Duration
 		CanPause, CanResume bool
 		Now                 time.Time
-	}{p, views, orphans, cmp.Or(h.opts.OrphanAfter, events.OrphanAfterDefault),
+	}{p, views, orphans, cmp.Or(h.config.Outbox.OrphanAfter, events.OrphanAfterDefault),
 		h.may(r, ActionPause), h.may(r, ActionResume), now})
 }
 
@@ -179,7 +179,7 @@ func (h *handler) pauseResume(action Action) http.HandlerFunc {
 			h.dbError(w, r, err)
 			return
 		}
-		http.Redirect(w, r, h.opts.Prefix+"/subscribers?done="+url.QueryEscape(fmt.Sprintf("Subscriber %s %s.", name, done)), http.StatusSeeOther)
+		http.Redirect(w, r, h.config.Prefix+"/subscribers?done="+url.QueryEscape(fmt.Sprintf("Subscriber %s %s.", name, done)), http.StatusSeeOther)
 	}
 }
 
@@ -202,7 +202,7 @@ func (h *handler) pairChange(action Action) http.HandlerFunc {
 			h.pairError(w, r, err)
 			return
 		}
-		target := h.opts.Prefix + "/events/" + id.String()
+		target := h.config.Prefix + "/events/" + id.String()
 		http.Redirect(w, r, target+"?done="+url.QueryEscape(fmt.Sprintf("Event %s %s for %s.", id, done, subscriber)), http.StatusSeeOther)
 	}
 }
@@ -245,8 +245,8 @@ func (h *handler) confirmPairDiscard(w http.ResponseWriter, r *http.Request) {
 	h.render(w, http.StatusOK, "confirm", confirm{page: h.page("Discard delivery?", "", r),
 		Question: fmt.Sprintf("Discard this event for subscriber %s for good?", subscriber),
 		Detail:   "That subscriber never gets it; the event and every other subscriber's delivery stay. This cannot be undone.",
-		Action:   pairURL(h.opts.Prefix, id, subscriber) + "/discard", Button: "Discard for " + subscriber, Danger: true,
-		Shown: []events.EventInfo{shown}, Cancel: h.opts.Prefix + "/events/" + id.String()})
+		Action:   pairURL(h.config.Prefix, id, subscriber) + "/discard", Button: "Discard for " + subscriber, Danger: true,
+		Shown: []events.EventInfo{shown}, Cancel: h.config.Prefix + "/events/" + id.String()})
 }
 
 // pairURL is the path of an event's pair.
@@ -279,7 +279,7 @@ func (h *handler) deliveries(e *events.EventInfo, jobs []job) []delivery {
 		if d.Poisoned() {
 			state = "poisoned"
 		}
-		out = append(out, delivery{Subscriber: d.Subscriber, State: state, Pair: d, URL: pairURL(h.opts.Prefix, e.ID, d.Subscriber)})
+		out = append(out, delivery{Subscriber: d.Subscriber, State: state, Pair: d, URL: pairURL(h.config.Prefix, e.ID, d.Subscriber)})
 	}
 	slices.SortStableFunc(out, func(a, b delivery) int { return cmp.Compare(a.Subscriber, b.Subscriber) })
 	return out
@@ -294,7 +294,7 @@ func (h *handler) poisonedFor(r *http.Request, list []events.EventInfo) map[uuid
 	}
 	names, err := h.outbox().PoisonedSubscribers(r.Context(), h.db, ids)
 	if err != nil {
-		h.opts.Logger.WarnContext(r.Context(), "eventsui: reading the poisoned subscribers", slog.String("err", err.Error()))
+		h.config.Logger.WarnContext(r.Context(), "eventsui: reading the poisoned subscribers", slog.String("err", err.Error()))
 		return nil
 	}
 	return names

@@ -81,7 +81,7 @@ func table(t *testing.T, body, start string) string {
 func TestRelaysPage(t *testing.T) {
 	t.Parallel()
 	pool, _, _, _ := pairs(t)
-	srv := serve(t, pool, eventsui.Options{Prefix: "/outbox", Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Prefix: "/outbox", Authorize: allowAll})
 
 	code, body := get(t, srv.URL+"/outbox/")
 	require.Equal(t, http.StatusOK, code)
@@ -94,7 +94,7 @@ func TestRelaysPage(t *testing.T) {
 	require.Contains(t, body, `see <a href="/outbox/subscribers">Subscribers</a>`)
 	require.Contains(t, body, `<div class="n" id="owed">2</div><div class="l">owed deliveries (1 paused)</div>`)
 	require.Contains(t, body, `<div class="n" id="poisoned-deliveries">1</div>`)
-	later := serve(t, pool, eventsui.Options{Prefix: "/outbox", Authorize: allowAll, OrphanAfter: 2 * time.Hour})
+	later := serve(t, pool, eventsui.Config{Prefix: "/outbox", Authorize: allowAll, Outbox: events.Outbox{OrphanAfter: 2 * time.Hour}})
 	_, body = get(t, later.URL+"/outbox/")
 	require.NotContains(t, body, "Orphaned:", "with OrphanAfter 2h, ghost (served an hour ago) is not orphaned")
 	_, body = get(t, later.URL+"/outbox/subscribers")
@@ -117,7 +117,7 @@ func TestRelaysPage(t *testing.T) {
 	require.Contains(t, rows[2], `<td class="mode">polling</td>`)
 	require.Contains(t, rows[2], `<span class="error-text">3</span>`)
 
-	nobody := serve(t, pool, eventsui.Options{Authorize: func(*http.Request, eventsui.Action) bool { return false }})
+	nobody := serve(t, pool, eventsui.Config{Authorize: func(*http.Request, eventsui.Action) bool { return false }})
 	code, _ = get(t, nobody.URL+"/relays")
 	require.Equal(t, http.StatusForbidden, code)
 }
@@ -125,7 +125,7 @@ func TestRelaysPage(t *testing.T) {
 func TestSubscribersPage(t *testing.T) {
 	t.Parallel()
 	pool, _, _, _ := pairs(t)
-	srv := serve(t, pool, eventsui.Options{Prefix: "/outbox", Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Prefix: "/outbox", Authorize: allowAll})
 
 	code, body := get(t, srv.URL+"/outbox/subscribers")
 	require.Equal(t, http.StatusOK, code)
@@ -165,7 +165,7 @@ func TestSubscribersPage(t *testing.T) {
 func TestPoisonedListNamesTheSubscribers(t *testing.T) {
 	t.Parallel()
 	pool, poisoned, owed, whole := pairs(t)
-	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Authorize: allowAll})
 	code, body := get(t, srv.URL+"/events?state=poisoned")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "<th>For subscribers</th>")
@@ -182,7 +182,7 @@ func TestEventShowsEachSubscribersDelivery(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, poisoned, _, _ := pairs(t)
-	srv := serve(t, pool, eventsui.Options{Prefix: "/outbox", RiverUIURL: "/riverui", Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Prefix: "/outbox", RiverUIURL: "/riverui", Authorize: allowAll})
 	base := srv.URL + "/outbox"
 
 	code, body := get(t, base+"/events/"+poisoned.String())
@@ -205,7 +205,7 @@ func TestEventShowsEachSubscribersDelivery(t *testing.T) {
 	code, loc := post(t, base+"/events/"+poisoned.String()+"/deliveries/mail/requeue", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, "/outbox/events/"+poisoned.String()+"?done="+url.QueryEscape("Event "+poisoned.String()+" requeued for mail."), loc)
-	info, err := events.Inspect(ctx, pool, poisoned)
+	info, err := outbox.Inspect(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.Len(t, info.Deliveries, 2)
 	require.False(t, info.Deliveries[0].Poisoned(), "mail's pair is owed again")
@@ -220,11 +220,11 @@ func TestPairActionsAreGuarded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, poisoned, owed, _ := pairs(t)
-	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Authorize: allowAll})
 	pairURL := srv.URL + "/events/" + poisoned.String() + "/deliveries/mail"
 	stillPoisoned := func(msg string) {
 		t.Helper()
-		info, err := events.Inspect(ctx, pool, poisoned)
+		info, err := outbox.Inspect(ctx, pool, poisoned)
 		require.NoError(t, err)
 		require.True(t, info.Deliveries[0].Subscriber == "mail" && info.Deliveries[0].Poisoned(), msg)
 	}
@@ -237,7 +237,7 @@ func TestPairActionsAreGuarded(t *testing.T) {
 	}
 	stillPoisoned("cross-origin posts change nothing")
 
-	viewOnly := serve(t, pool, eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView }})
+	viewOnly := serve(t, pool, eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView }})
 	code, body := get(t, viewOnly.URL+"/events/"+poisoned.String())
 	require.Equal(t, http.StatusOK, code)
 	require.NotContains(t, body, "pair-requeue", "no button the hook would refuse")
@@ -247,7 +247,7 @@ func TestPairActionsAreGuarded(t *testing.T) {
 	code, _ = get(t, viewOnly.URL+"/events/"+poisoned.String()+"/deliveries/mail/discard")
 	require.Equal(t, http.StatusForbidden, code, "nor the confirmation")
 
-	readOnly := serve(t, pool, eventsui.Options{Authorize: allowAll, ReadOnly: true})
+	readOnly := serve(t, pool, eventsui.Config{Authorize: allowAll, ReadOnly: true})
 	_, body = get(t, readOnly.URL+"/events/"+poisoned.String())
 	require.NotContains(t, body, "pair-requeue")
 	require.NotContains(t, body, "pair-discard")
@@ -278,7 +278,7 @@ func TestPairActionsAreGuarded(t *testing.T) {
 	code, loc := post(t, pairURL+"/discard", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.True(t, strings.HasPrefix(loc, "/events/"+poisoned.String()+"?done="), loc)
-	info, err := events.Inspect(ctx, pool, poisoned)
+	info, err := outbox.Inspect(ctx, pool, poisoned)
 	require.NoError(t, err, "the event stays")
 	require.Len(t, info.Deliveries, 1)
 	require.Equal(t, "search", info.Deliveries[0].Subscriber, "search's pair stays")
@@ -295,7 +295,7 @@ func TestPauseAndResume(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT paused_at IS NOT NULL FROM outbox_subscribers WHERE name = $1`, name).Scan(&p))
 		return p
 	}
-	srv := serve(t, pool, eventsui.Options{Authorize: allowAll})
+	srv := serve(t, pool, eventsui.Config{Authorize: allowAll})
 
 	code, _ := get(t, srv.URL+"/subscribers/search/pause")
 	require.Equal(t, http.StatusMethodNotAllowed, code)
@@ -323,7 +323,7 @@ func TestPauseAndResume(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code, "a retired subscriber")
 
 	// Only the actions the hook allows show; the others are refused.
-	pauseOnly := serve(t, pool, eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool {
+	pauseOnly := serve(t, pool, eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool {
 		return a == eventsui.ActionView || a == eventsui.ActionPause
 	}})
 	_, body = get(t, pauseOnly.URL+"/subscribers")
@@ -333,7 +333,7 @@ func TestPauseAndResume(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, code)
 	require.True(t, paused("mail"))
 
-	readOnly := serve(t, pool, eventsui.Options{Authorize: allowAll, ReadOnly: true})
+	readOnly := serve(t, pool, eventsui.Config{Authorize: allowAll, ReadOnly: true})
 	code, body = get(t, readOnly.URL+"/subscribers")
 	require.Equal(t, http.StatusOK, code)
 	require.NotContains(t, body, "<form", "no buttons in read-only mode")

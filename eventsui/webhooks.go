@@ -20,7 +20,7 @@ import (
 	"github.com/standmeet/events/webhook"
 )
 
-// The webhook endpoints pages, with Options.Webhooks: what an operator
+// The webhook endpoints pages, with Config.Webhooks: what an operator
 // asks of an endpoint that stopped receiving (is it enabled, why not, is
 // its breaker open, how often did it answer and how fast, what did it say)
 // and the four remedies (enable, disable, replay one event, recover a time
@@ -63,7 +63,7 @@ const (
 )
 
 func (h *handler) webhookRoutes() {
-	p := h.opts.Prefix
+	p := h.config.Prefix
 	h.mux.HandleFunc("GET "+p+"/webhooks", h.webhooks)
 	h.mux.HandleFunc("GET "+p+"/webhooks/{id}", h.endpoint)
 	h.mux.HandleFunc("GET "+p+"/webhooks/{id}/disable", h.confirmDisable)
@@ -128,7 +128,7 @@ func (h *handler) health(r *http.Request, views []endpointView) error {
 	for i, v := range views {
 		ids[i] = v.ID
 	}
-	list, err := h.opts.Webhooks.Health(r.Context(), ids...)
+	list, err := h.config.Webhooks.Health(r.Context(), ids...)
 	if err != nil {
 		return err
 	}
@@ -151,7 +151,7 @@ func (h *handler) webhooks(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	res, err := h.opts.Webhooks.List(r.Context(), after, endpointsPage)
+	res, err := h.config.Webhooks.List(r.Context(), after, endpointsPage)
 	if err != nil {
 		h.webhookError(w, r, err)
 		return
@@ -166,7 +166,7 @@ func (h *handler) webhooks(w http.ResponseWriter, r *http.Request) {
 	}
 	next := ""
 	if res.Next != uuid.Nil {
-		next = h.opts.Prefix + "/webhooks?after=" + res.Next.String()
+		next = h.config.Prefix + "/webhooks?after=" + res.Next.String()
 	}
 	p := h.page("Webhook endpoints", "webhooks", r)
 	p.Refresh = h.refresh(r)
@@ -208,7 +208,7 @@ func (h *handler) endpoint(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Before = n
 	}
-	e, err := h.opts.Webhooks.Get(r.Context(), id)
+	e, err := h.config.Webhooks.Get(r.Context(), id)
 	if err != nil {
 		h.webhookError(w, r, err)
 		return
@@ -218,17 +218,17 @@ func (h *handler) endpoint(w http.ResponseWriter, r *http.Request) {
 		h.webhookError(w, r, err)
 		return
 	}
-	attempts, err := h.opts.Webhooks.Attempts(r.Context(), f)
+	attempts, err := h.config.Webhooks.Attempts(r.Context(), f)
 	if err != nil {
 		h.webhookError(w, r, err)
 		return
 	}
-	base := h.opts.Prefix + "/webhooks/" + id.String()
+	base := h.config.Prefix + "/webhooks/" + id.String()
 	d := endpointPage{page: h.page(views[0].Host, "webhooks", r), Endpoint: views[0], Attempts: attempts,
 		FailuresOnly: f.FailuresOnly, AllURL: base, FailuresURL: base + "?failures=1",
 		CanEnable: !e.Enabled && h.may(r, ActionWebhookEnable), CanDisable: e.Enabled && h.may(r, ActionWebhookDisable),
-		CanReplay:  e.Enabled && h.opts.RiverClient != nil && h.may(r, ActionWebhookReplay),
-		CanRecover: e.Enabled && h.opts.RiverClient != nil && h.may(r, ActionWebhookRecover),
+		CanReplay:  e.Enabled && h.config.RiverClient != nil && h.may(r, ActionWebhookReplay),
+		CanRecover: e.Enabled && h.config.RiverClient != nil && h.may(r, ActionWebhookRecover),
 		Window:     formatWindow(webhook.HealthWindow)}
 	if len(attempts) == attemptsPage {
 		next := url.Values{"before": {strconv.FormatInt(attempts[len(attempts)-1].ID, 10)}}
@@ -248,7 +248,7 @@ func (h *handler) confirmDisable(w http.ResponseWriter, r *http.Request) {
 	if !ok || !h.guard(w, r, ActionWebhookDisable) {
 		return
 	}
-	e, err := h.opts.Webhooks.Get(r.Context(), id)
+	e, err := h.config.Webhooks.Get(r.Context(), id)
 	if err != nil {
 		h.webhookError(w, r, err)
 		return
@@ -260,8 +260,8 @@ func (h *handler) confirmDisable(w http.ResponseWriter, r *http.Request) {
 		Action   string
 		Cancel   string
 		Max      int
-	}{h.page("Disable endpoint?", "webhooks", r), v, h.opts.Prefix + "/webhooks/" + id.String() + "/disable",
-		h.opts.Prefix + "/webhooks/" + id.String(), reasonMax})
+	}{h.page("Disable endpoint?", "webhooks", r), v, h.config.Prefix + "/webhooks/" + id.String() + "/disable",
+		h.config.Prefix + "/webhooks/" + id.String(), reasonMax})
 }
 
 // requestError is a change the request cannot make: its status and what
@@ -300,7 +300,7 @@ func (h *handler) endpointChange(action Action, f func(*http.Request, webhook.En
 			h.fail(w, r, http.StatusBadRequest, "Bad request", "The form could not be read.")
 			return
 		}
-		e, err := h.opts.Webhooks.Get(r.Context(), id)
+		e, err := h.config.Webhooks.Get(r.Context(), id)
 		if err != nil {
 			h.webhookError(w, r, err)
 			return
@@ -310,7 +310,7 @@ func (h *handler) endpointChange(action Action, f func(*http.Request, webhook.En
 			h.webhookError(w, r, err)
 			return
 		}
-		target := h.opts.Prefix + "/webhooks/" + id.String()
+		target := h.config.Prefix + "/webhooks/" + id.String()
 		http.Redirect(w, r, target+"?done="+url.QueryEscape(done), http.StatusSeeOther)
 	}
 }
@@ -323,24 +323,24 @@ func (h *handler) disableEndpoint(r *http.Request, e webhook.Endpoint) (string, 
 	if utf8.RuneCountInString(reason) > reasonMax {
 		return "", badRequest("The reason is longer than %d characters.", reasonMax)
 	}
-	if err := h.opts.Webhooks.Disable(r.Context(), e.ID, reason); err != nil {
+	if err := h.config.Webhooks.Disable(r.Context(), e.ID, reason); err != nil {
 		return "", err
 	}
 	return "Endpoint disabled; its pending deliveries are cancelled.", nil
 }
 
 func (h *handler) enableEndpoint(r *http.Request, e webhook.Endpoint) (string, error) {
-	if err := h.opts.Webhooks.Enable(r.Context(), e.ID); err != nil {
+	if err := h.config.Webhooks.Enable(r.Context(), e.ID); err != nil {
 		return "", err
 	}
 	return "Endpoint enabled. Deliveries missed while it was disabled are not sent: recover them below.", nil
 }
 
-// errNoClient answers Replay and Recover without Options.RiverClient.
-var errNoClient = &requestError{http.StatusNotFound, "Not found", "Replay and Recover need Options.RiverClient."}
+// errNoClient answers Replay and Recover without Config.RiverClient.
+var errNoClient = &requestError{http.StatusNotFound, "Not found", "Replay and Recover need Config.RiverClient."}
 
 func (h *handler) replay(r *http.Request, e webhook.Endpoint) (string, error) {
-	if h.opts.RiverClient == nil {
+	if h.config.RiverClient == nil {
 		return "", errNoClient
 	}
 	event, err := uuid.Parse(strings.TrimSpace(r.PostForm.Get("event")))
@@ -350,14 +350,14 @@ func (h *handler) replay(r *http.Request, e webhook.Endpoint) (string, error) {
 	if !e.Enabled {
 		return "", errDisabled
 	}
-	if err := h.opts.Webhooks.Replay(r.Context(), h.opts.RiverClient, event, e.ID); err != nil {
+	if err := h.config.Webhooks.Replay(r.Context(), h.config.RiverClient, event, e.ID); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("Event %s queued for delivery again.", event), nil
 }
 
 func (h *handler) recover(r *http.Request, e webhook.Endpoint) (string, error) {
-	if h.opts.RiverClient == nil {
+	if h.config.RiverClient == nil {
 		return "", errNoClient
 	}
 	from, err := parseFormTime(r.PostForm.Get("from"))
@@ -374,7 +374,7 @@ func (h *handler) recover(r *http.Request, e webhook.Endpoint) (string, error) {
 	if !e.Enabled {
 		return "", errDisabled
 	}
-	n, err := h.opts.Webhooks.Recover(r.Context(), h.opts.RiverClient, e.ID, from, to)
+	n, err := h.config.Webhooks.Recover(r.Context(), h.config.RiverClient, e.ID, from, to)
 	if err != nil {
 		return "", fmt.Errorf("after %d deliveries: %w", n, err)
 	}
@@ -413,7 +413,7 @@ func (h *handler) webhookError(w http.ResponseWriter, r *http.Request, err error
 	case errors.Is(err, events.ErrNotFound):
 		h.fail(w, r, http.StatusNotFound, "Not found", "No such event in the outbox (retention may have deleted it).")
 	default:
-		h.opts.Logger.ErrorContext(r.Context(), "eventsui: webhooks", slog.String("err", err.Error()))
+		h.config.Logger.ErrorContext(r.Context(), "eventsui: webhooks", slog.String("err", err.Error()))
 		h.fail(w, r, http.StatusInternalServerError, "Error", "The database could not answer; see the server's log.")
 	}
 }

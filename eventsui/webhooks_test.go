@@ -87,7 +87,7 @@ func webhookFixture(t *testing.T) *whBundle {
 	return b
 }
 
-func (b *whBundle) serve(t *testing.T, opts eventsui.Options) *httptest.Server {
+func (b *whBundle) serve(t *testing.T, opts eventsui.Config) *httptest.Server {
 	t.Helper()
 	opts.Webhooks = b.wh
 	if opts.RiverClient == nil {
@@ -126,13 +126,13 @@ var secrets = []string{"s3cret-token", "token=", "tenant-header-value", "sealed-
 func TestWebhookPagesOnlyWithWebhooks(t *testing.T) {
 	t.Parallel()
 	b := webhookFixture(t)
-	without := serve(t, b.pool, eventsui.Options{Authorize: allowAll})
+	without := serve(t, b.pool, eventsui.Config{Authorize: allowAll})
 	_, body := get(t, without.URL+"/")
 	require.NotContains(t, body, `id="nav-webhooks"`)
 	code, _ := get(t, without.URL+"/webhooks")
 	require.Equal(t, http.StatusNotFound, code)
 
-	with := b.serve(t, eventsui.Options{Prefix: "/outbox", Authorize: allowAll})
+	with := b.serve(t, eventsui.Config{Prefix: "/outbox", Authorize: allowAll})
 	_, body = get(t, with.URL+"/outbox/")
 	require.Contains(t, body, `<a href="/outbox/webhooks" id="nav-webhooks"`)
 }
@@ -142,7 +142,7 @@ func TestWebhookEndpointsList(t *testing.T) {
 	ctx := context.Background()
 	b := webhookFixture(t)
 	require.NoError(t, b.wh.Disable(ctx, b.billing.ID, `receiver <b>moved</b>`))
-	srv := b.serve(t, eventsui.Options{Authorize: allowAll})
+	srv := b.serve(t, eventsui.Config{Authorize: allowAll})
 
 	code, body := get(t, srv.URL+"/webhooks")
 	require.Equal(t, http.StatusOK, code)
@@ -181,7 +181,7 @@ func TestWebhookEndpointsList(t *testing.T) {
 func TestWebhookEndpointDetail(t *testing.T) {
 	t.Parallel()
 	b := webhookFixture(t)
-	srv := b.serve(t, eventsui.Options{Authorize: allowAll})
+	srv := b.serve(t, eventsui.Config{Authorize: allowAll})
 
 	code, body := get(t, srv.URL+"/webhooks/"+b.orders.ID.String())
 	require.Equal(t, http.StatusOK, code)
@@ -226,7 +226,7 @@ func TestWebhookDisableAsksFirstAndEnable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := webhookFixture(t)
-	srv := b.serve(t, eventsui.Options{Prefix: "/outbox", Authorize: allowAll})
+	srv := b.serve(t, eventsui.Config{Prefix: "/outbox", Authorize: allowAll})
 	base := srv.URL + "/outbox/webhooks/" + b.orders.ID.String()
 
 	// The page links to the confirmation; it has no form that disables.
@@ -300,7 +300,7 @@ func TestWebhookDisableAsksFirstAndEnable(t *testing.T) {
 func TestWebhookReplayAndRecover(t *testing.T) {
 	t.Parallel()
 	b := webhookFixture(t)
-	srv := b.serve(t, eventsui.Options{Authorize: allowAll})
+	srv := b.serve(t, eventsui.Config{Authorize: allowAll})
 	base := srv.URL + "/webhooks/" + b.orders.ID.String()
 
 	_, body := get(t, base)
@@ -355,7 +355,7 @@ func TestWebhookReplayAndRecover(t *testing.T) {
 
 	// Without a River client, neither is offered.
 	require.NoError(t, b.wh.Enable(context.Background(), b.orders.ID))
-	noClient := serve(t, b.pool, eventsui.Options{Authorize: allowAll, Webhooks: b.wh})
+	noClient := serve(t, b.pool, eventsui.Config{Authorize: allowAll, Webhooks: b.wh})
 	_, body = get(t, noClient.URL+"/webhooks/"+b.orders.ID.String())
 	require.NotContains(t, body, `id="replay"`)
 	require.NotContains(t, body, `id="recover"`)
@@ -380,22 +380,22 @@ func TestWebhookButtonsAndActionsFollowAuthorize(t *testing.T) {
 	}
 	buttons := map[string]string{"enable": `id="enable"`, "disable": `id="disable"`, "replay": `id="replay"`, "recover": `id="recover"`}
 	target := map[string]uuid.UUID{"enable": b.billing.ID, "disable": b.orders.ID, "replay": b.orders.ID, "recover": b.orders.ID}
-	only := func(allowed eventsui.Action) eventsui.Options {
-		return eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView || a == allowed }}
+	only := func(allowed eventsui.Action) eventsui.Config {
+		return eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView || a == allowed }}
 	}
 	for _, tc := range []struct {
 		name    string
-		opts    eventsui.Options
+		opts    eventsui.Config
 		allowed string // the one action allowed; "" for none
 	}{
 		{"enable only", only(eventsui.ActionWebhookEnable), "enable"},
 		{"disable only", only(eventsui.ActionWebhookDisable), "disable"},
 		{"replay only", only(eventsui.ActionWebhookReplay), "replay"},
 		{"recover only", only(eventsui.ActionWebhookRecover), "recover"},
-		{"the event actions only", eventsui.Options{Authorize: func(_ *http.Request, a eventsui.Action) bool {
+		{"the event actions only", eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool {
 			return a == eventsui.ActionView || a == eventsui.ActionRequeue || a == eventsui.ActionDiscard
 		}}, ""},
-		{"read-only", eventsui.Options{Authorize: allowAll, ReadOnly: true}, ""},
+		{"read-only", eventsui.Config{Authorize: allowAll, ReadOnly: true}, ""},
 	} {
 		srv := b.serve(t, tc.opts)
 		for action, button := range buttons {

@@ -1,5 +1,5 @@
 // Package migrations holds the library's schema as plain, versioned SQL files,
-// embedded so that [github.com/standmeet/events.Migrate] can apply them.
+// embedded so that [github.com/standmeet/events.Outbox.Migrate] can apply them.
 //
 // Teams with their own migration tool can take the files as they are: each
 // version N has NNN_name.up.sql and NNN_name.down.sql. The files use

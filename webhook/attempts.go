@@ -62,11 +62,7 @@ func (w *Webhooks) Attempts(ctx context.Context, f AttemptFilter) ([]Attempt, er
 	if f.Before > 0 {
 		before = &f.Before
 	}
-	rows, err := w.pool.Query(ctx, `SELECT id, endpoint_id, event_id, attempt, status, error_class, error, duration_ms,
-		dialed_ip, response, created_at FROM `+w.t.attempts+`
-		WHERE ($1::uuid IS NULL OR endpoint_id = $1) AND ($2::uuid IS NULL OR event_id = $2)
-		  AND (NOT $3 OR error_class <> '') AND ($4::bigint IS NULL OR id < $4)
-		ORDER BY id DESC LIMIT $5`, endpoint, event, f.FailuresOnly, before, f.Limit)
+	rows, err := w.pool.Query(ctx, w.sql.ListAttempts, endpoint, event, f.FailuresOnly, before, f.Limit)
 	if err != nil {
 		return nil, err
 	}
@@ -80,18 +76,20 @@ func (w *Webhooks) Attempts(ctx context.Context, f AttemptFilter) ([]Attempt, er
 	})
 }
 
+// pruneBatch is how many attempts one statement of PruneAttempts deletes.
+const pruneBatch = 5000
+
 // PruneAttempts deletes attempts older than before, in batches of 5,000,
 // and returns how many it deleted.
 func (w *Webhooks) PruneAttempts(ctx context.Context, before time.Time) (int64, error) {
 	var total int64
 	for {
-		tag, err := w.pool.Exec(ctx, `DELETE FROM `+w.t.attempts+` WHERE id IN
-			(SELECT id FROM `+w.t.attempts+` WHERE created_at < $1 ORDER BY created_at LIMIT 5000)`, before)
+		tag, err := w.pool.Exec(ctx, w.sql.PruneAttempts, before, pruneBatch)
 		if err != nil {
 			return total, err
 		}
 		total += tag.RowsAffected()
-		if tag.RowsAffected() < 5000 {
+		if tag.RowsAffected() < pruneBatch {
 			return total, nil
 		}
 	}

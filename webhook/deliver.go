@@ -43,10 +43,8 @@ func (f *fanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) err
 		return err
 	}
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		// Scopes filter in SQL; type globs in Go. Only what matching needs:
-		// not the secrets, which only the delivery opens.
-		rows, err := tx.Query(ctx, "SELECT id, types FROM "+w.t.endpoints+
-			" WHERE enabled AND (cardinality(scopes) = 0 OR $1 = ANY(scopes))", e.Scope)
+		// Scopes filter in SQL; type globs in Go.
+		rows, err := tx.Query(ctx, w.sql.MatchingEndpoints, e.Scope)
 		if err != nil {
 			return err
 		}
@@ -69,6 +67,18 @@ func (f *fanoutWorker) Work(ctx context.Context, job *river.Job[FanoutArgs]) err
 		_, err = client.InsertManyTx(ctx, tx, params)
 		return err
 	})
+}
+
+// checkClient refuses a nil River client, and one of another schema than
+// the Outbox's: its jobs would land where no worker of this outbox looks.
+func (w *Webhooks) checkClient(client *river.Client[pgx.Tx]) error {
+	if client == nil {
+		return invalidConfig("client", "is nil")
+	}
+	if schema := client.Schema(); schema != w.outbox.Schema {
+		return invalidConfig("client", "the River client's schema is %q, the Outbox's %q; name the same schema in both", schema, w.outbox.Schema)
+	}
+	return nil
 }
 
 func deliverArgs(endpoint uuid.UUID, e events.Event, replay string) DeliverArgs {
@@ -145,22 +155,8 @@ func triesSoFar(metadata []byte) int {
 func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) error {
 	w, a := d.w, job.Args
 	ep, err := w.getForDelivery(ctx, a.EndpointID)
-	switch {
-	case errors.Is(err, ErrNotFound):
-		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was deleted", a.EndpointID))
-	case err != nil:
+	if err := w.deliverable(job, &ep, err); err != nil {
 		return err
-	case !ep.Enabled:
-		return river.JobCancel(fmt.Errorf("webhook: endpoint %s is disabled: %s", ep.ID, ep.DisabledReason))
-	case job.CreatedAt.Before(ep.EnabledAt):
-		// Pending when the endpoint was disabled (running then, so Disable
-		// could not cancel it): it ends as cancelled, as Disable promises.
-		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was disabled after this delivery was made", ep.ID))
-	}
-	tries := triesSoFar(job.Metadata)
-	if age := time.Since(job.CreatedAt); age >= w.config.GiveUpAfter {
-		return river.JobCancel(fmt.Errorf("webhook: gave up the delivery of %s to %s after %d tries in %v (GiveUpAfter)",
-			a.EventID, ep.ID, tries, age.Round(time.Second)))
 	}
 	if !w.acquire(ep.ID, ep.MaxInFlight) {
 		return river.JobSnooze(time.Second) // the endpoint's concurrency is used up in this process; not a try
@@ -174,7 +170,7 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 		return river.JobSnooze(adm.wait) // the breaker is open, or the rate limit's slot is later; not a try
 	}
 
-	tries++
+	tries := triesSoFar(job.Metadata) + 1
 	if err := river.MetadataSet(ctx, metaTries, tries); err != nil {
 		return err
 	}
@@ -183,9 +179,41 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 	// goes to the attempt log and, through the error returned, to
 	// river_job.errors (jsonb, which cannot hold NUL): escaped and capped.
 	out.err = errorText(out.err)
+	return w.settle(ctx, &ep, a, tries, out, retryAfter, adm.probe)
+}
+
+// deliverable returns nil if job may be tried now, else how it ends:
+// cancelled when its endpoint was deleted or disabled, or when it has
+// outlived GiveUpAfter. err is getForDelivery's.
+func (w *Webhooks) deliverable(job *river.Job[DeliverArgs], ep *Endpoint, err error) error {
+	a := job.Args
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was deleted", a.EndpointID))
+	case err != nil:
+		return err
+	case !ep.Enabled:
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s is disabled: %s", ep.ID, ep.DisabledReason))
+	case job.CreatedAt.Before(ep.EnabledAt):
+		// Pending when the endpoint was disabled (running then, so Disable
+		// could not cancel it): it ends as cancelled, as Disable promises.
+		return river.JobCancel(fmt.Errorf("webhook: endpoint %s was disabled after this delivery was made", ep.ID))
+	}
+	if age := time.Since(job.CreatedAt); age >= w.config.GiveUpAfter {
+		return river.JobCancel(fmt.Errorf("webhook: gave up the delivery of %s to %s after %d tries in %v (GiveUpAfter)",
+			a.EventID, ep.ID, triesSoFar(job.Metadata), age.Round(time.Second)))
+	}
+	return nil
+}
+
+// settle records the attempt and returns how the job goes on: done on
+// success; cancelled on 410 Gone, when the endpoint is disabled for failing
+// too long, or after MaxAttempts tries; snoozed for a Retry-After; otherwise
+// an error, which River retries on the schedule.
+func (w *Webhooks) settle(ctx context.Context, ep *Endpoint, a DeliverArgs, tries int, out outcome, retryAfter time.Duration, probe bool) error {
 	success := out.errorClass == ""
 	gone := out.status == http.StatusGone
-	if err := w.record(ctx, &ep, a, tries, out, success, gone, adm.probe); err != nil {
+	if err := w.record(ctx, ep, a, tries, out, success, gone, probe); err != nil {
 		if success {
 			// Sent and answered 2xx: returning the error would send it again.
 			w.config.Logger.ErrorContext(ctx, "webhook: delivered, but its outcome could not be recorded",
@@ -202,7 +230,7 @@ func (d *deliverWorker) Work(ctx context.Context, job *river.Job[DeliverArgs]) e
 		return river.JobCancel(fmt.Errorf("webhook: endpoint %s answered 410 Gone: disabled", ep.ID))
 	}
 	// Every failure counts toward auto-disable, Retry-After answers too.
-	if disabled, err := w.autoDisable(ctx, &ep); err != nil || disabled {
+	if disabled, err := w.autoDisable(ctx, ep); err != nil || disabled {
 		if err == nil {
 			w.cancelPendingQuietly(ctx, ep.ID)
 			err = river.JobCancel(fmt.Errorf("webhook: endpoint %s failed for %v: disabled", ep.ID, w.config.AutoDisableAfter))
@@ -237,26 +265,6 @@ func body(a DeliverArgs) ([]byte, error) {
 func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outcome, time.Duration) {
 	w.clientOnce.Do(func() { w.client = w.guard.newClient(w.lookup, nil) })
 	var out outcome
-	b, err := body(a)
-	if err != nil {
-		out.errorClass, out.err = "payload", err.Error()
-		return out, 0
-	}
-	now := time.Now()
-	secrets, err := w.openSecrets(ep, now)
-	var secretHeaders map[string]string
-	if err == nil {
-		secretHeaders, err = w.openHeaders(ep)
-	}
-	if err != nil {
-		out.errorClass, out.err = "secret", err.Error()
-		return out, 0
-	}
-	sig, err := Sign(secrets, a.EventID.String(), now, b)
-	if err != nil {
-		out.errorClass, out.err = "secret", err.Error()
-		return out, 0
-	}
 	// The address the request went to, new connection or reused.
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		if host, _, err := net.SplitHostPort(info.Conn.RemoteAddr().String()); err == nil {
@@ -265,10 +273,47 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	}})
 	ctx, cancel := context.WithTimeout(ctx, ep.Timeout)
 	defer cancel()
+	req, class, err := w.request(ctx, ep, a)
+	if err != nil {
+		out.errorClass, out.err = class, err.Error()
+		return out, 0
+	}
+	start := time.Now()
+	resp, err := w.client.Do(req)
+	out.duration = time.Since(start)
+	if err != nil {
+		out.errorClass, out.err = unanswered(err, req.URL)
+		return out, 0
+	}
+	// Closing without draining the rest: a huge answer is cut off, not read.
+	defer func() { _ = resp.Body.Close() }()
+	snooze := w.answered(resp, start, &out)
+	return out, snooze
+}
+
+// request builds the signed POST of a to ep. When it cannot, it returns the
+// attempt's error class: "payload", "secret" or "request".
+func (w *Webhooks) request(ctx context.Context, ep *Endpoint, a DeliverArgs) (*http.Request, string, error) {
+	b, err := body(a)
+	if err != nil {
+		return nil, "payload", err
+	}
+	now := time.Now()
+	secrets, err := w.openSecrets(ep, now)
+	var secretHeaders map[string]string
+	if err == nil {
+		secretHeaders, err = w.openHeaders(ep)
+	}
+	if err != nil {
+		return nil, "secret", err
+	}
+	sig, err := Sign(secrets, a.EventID.String(), now, b)
+	if err != nil {
+		return nil, "secret", err
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(b))
 	if err != nil {
-		out.errorClass, out.err = "request", err.Error()
-		return out, 0
+		return nil, "request", err
 	}
 	for k, v := range ep.Headers {
 		req.Header.Set(k, v)
@@ -281,29 +326,32 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	req.Header.Set(HeaderID, a.EventID.String())
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
 	req.Header.Set(HeaderSignature, sig)
-	start := time.Now()
-	resp, err := w.client.Do(req)
-	out.duration = time.Since(start)
-	if err != nil {
-		out.err = err.Error()
-		// net/http names the whole URL; its path and query may hold a token.
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			out.err = uerr.Op + " " + req.URL.Scheme + "://" + req.URL.Host + ": " + uerr.Err.Error()
-		}
-		var nerr net.Error
-		switch {
-		case errors.Is(err, ErrForbiddenAddress):
-			out.errorClass = "forbidden_address"
-		case errors.As(err, &nerr) && nerr.Timeout(), errors.Is(err, context.DeadlineExceeded):
-			out.errorClass = "timeout"
-		default:
-			out.errorClass = "network"
-		}
-		return out, 0
+	return req, "", nil
+}
+
+// unanswered classifies a request that got no answer and says why, naming
+// the endpoint by scheme and host only: net/http names the whole URL, whose
+// path and query may hold a token.
+func unanswered(err error, u *url.URL) (class, msg string) {
+	msg = err.Error()
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		msg = uerr.Op + " " + u.Scheme + "://" + u.Host + ": " + uerr.Err.Error()
 	}
-	// Closing without draining the rest: a huge answer is cut off, not read.
-	defer func() { _ = resp.Body.Close() }()
+	var nerr net.Error
+	switch {
+	case errors.Is(err, ErrForbiddenAddress):
+		return "forbidden_address", msg
+	case errors.As(err, &nerr) && nerr.Timeout(), errors.Is(err, context.DeadlineExceeded):
+		return "timeout", msg
+	}
+	return "network", msg
+}
+
+// answered fills out from the receiver's answer to a request sent at start,
+// and returns how long to snooze for a 429, 502, 503 or 504 with
+// Retry-After.
+func (w *Webhooks) answered(resp *http.Response, start time.Time, out *outcome) time.Duration {
 	// At most MaxResponseBytes are read: a huge answer costs nothing more.
 	kept, _ := io.ReadAll(io.LimitReader(resp.Body, int64(w.config.MaxResponseBytes)))
 	out.duration = time.Since(start)
@@ -313,19 +361,19 @@ func (w *Webhooks) send(ctx context.Context, ep *Endpoint, a DeliverArgs) (outco
 	out.status, out.response = resp.StatusCode, cleanText(kept)
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		return out, 0
+		return 0
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
 		out.errorClass, out.err = "redirect", "redirects are not followed: "+resp.Header.Get("Location")
-		return out, 0
+		return 0
 	}
 	out.errorClass, out.err = "status", resp.Status
 	switch resp.StatusCode {
 	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		if d := retryAfter(resp.Header.Get("Retry-After"), time.Now()); d > 0 {
-			return out, min(max(d, minSnooze), maxSnooze)
+			return min(max(d, minSnooze), maxSnooze)
 		}
 	}
-	return out, 0
+	return 0
 }
 
 // maxErrorBytes caps the error text of an attempt, stored in the attempt
@@ -370,19 +418,17 @@ func (w *Webhooks) record(ctx context.Context, ep *Endpoint, a DeliverArgs, atte
 		var err error
 		switch {
 		case success:
-			_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET failing_since = NULL, last_success_at = now() WHERE id = $1", ep.ID)
+			_, err = tx.Exec(ctx, w.sql.EndpointSucceeded, ep.ID)
 		case gone:
 			err = w.disable(ctx, tx, ep, "the endpoint answered 410 Gone")
 		default:
-			_, err = tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET failing_since = coalesce(failing_since, now()) WHERE id = $1", ep.ID)
+			_, err = tx.Exec(ctx, w.sql.EndpointFailed, ep.ID)
 		}
 		if err != nil {
 			return err
 		}
 		err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
-			_, err := sp.Exec(ctx, `INSERT INTO `+w.t.attempts+` (endpoint_id, event_id, attempt, status, error_class, error,
-				duration_ms, dialed_ip, response) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-				ep.ID, a.EventID, attempt, out.status, out.errorClass, out.err, out.duration.Milliseconds(),
+			_, err := sp.Exec(ctx, w.sql.InsertAttempt, ep.ID, a.EventID, attempt, out.status, out.errorClass, out.err, out.duration.Milliseconds(),
 				out.dialedIP, out.response)
 			return err
 		})
@@ -400,8 +446,7 @@ func (w *Webhooks) autoDisable(ctx context.Context, ep *Endpoint) (bool, error) 
 	disabled := false
 	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		var failing bool
-		if err := tx.QueryRow(ctx, "SELECT coalesce(failing_since < now() - $2::bigint * interval '1 millisecond', false) FROM "+
-			w.t.endpoints+" WHERE id = $1 AND enabled FOR UPDATE", ep.ID, w.config.AutoDisableAfter.Milliseconds()).Scan(&failing); err != nil {
+		if err := tx.QueryRow(ctx, w.sql.FailingFor, ep.ID, w.config.AutoDisableAfter.Milliseconds()).Scan(&failing); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
@@ -423,8 +468,7 @@ func (w *Webhooks) autoDisable(ctx context.Context, ep *Endpoint) (bool, error) 
 // endpoints hear it; it names the endpoint by ID and host, never by URL,
 // whose path or query may hold a token.
 func (w *Webhooks) disable(ctx context.Context, tx pgx.Tx, ep *Endpoint, reason string) error {
-	if _, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1",
-		ep.ID, reason); err != nil {
+	if _, err := tx.Exec(ctx, w.sql.DisableEndpoint, ep.ID, reason); err != nil {
 		return err
 	}
 	host := ""
@@ -477,8 +521,13 @@ func (w *Webhooks) release(id uuid.UUID) {
 
 // Replay delivers one event to one endpoint again (a new job, whatever
 // became of the first). The event is read from the outbox: a deleted one
-// (retention) returns an error wrapping events.ErrNotFound.
+// (retention) returns an error wrapping events.ErrNotFound. Like
+// events.Relay.Start it refuses a nil client and one whose schema is not
+// Config.Outbox.Schema, with an [*events.ValidationError] for "client".
 func (w *Webhooks) Replay(ctx context.Context, client *river.Client[pgx.Tx], eventID, endpointID uuid.UUID) error {
+	if err := w.checkClient(client); err != nil {
+		return err
+	}
 	info, err := w.outbox.Inspect(ctx, w.pool, eventID)
 	if err != nil {
 		return err
@@ -495,10 +544,10 @@ func (w *Webhooks) Replay(ctx context.Context, client *river.Client[pgx.Tx], eve
 // was fixed (and enabled). It returns how many it queued; events deleted by
 // retention meanwhile are skipped.
 func (w *Webhooks) Recover(ctx context.Context, client *river.Client[pgx.Tx], endpointID uuid.UUID, from, to time.Time) (int, error) {
-	rows, err := w.pool.Query(ctx, `SELECT DISTINCT a.event_id FROM `+w.t.attempts+` a
-		WHERE a.endpoint_id = $1 AND a.error_class <> '' AND a.created_at >= $2 AND a.created_at < $3
-		  AND NOT EXISTS (SELECT 1 FROM `+w.t.attempts+` s WHERE s.endpoint_id = a.endpoint_id AND s.event_id = a.event_id
-		                   AND s.error_class = '' AND s.created_at > a.created_at)`, endpointID, from, to)
+	if err := w.checkClient(client); err != nil {
+		return 0, err
+	}
+	rows, err := w.pool.Query(ctx, w.sql.FailedEvents, endpointID, from, to)
 	if err != nil {
 		return 0, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,16 +13,17 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/standmeet/events"
 	"github.com/standmeet/events/internal/glob"
 )
 
 // ErrNotFound is returned for an endpoint ID that does not exist.
 var ErrNotFound = errors.New("webhook: endpoint not found")
 
-// ErrInvalidEndpoint is returned for endpoint parameters that cannot work;
-// the error names the field. A URL refused for its address (a private
-// literal, or a number such as 127.1 that means one) also matches
-// ErrForbiddenAddress.
+// ErrInvalidEndpoint is returned for endpoint parameters that cannot work,
+// as an [*events.ValidationError] naming the field. A URL refused for its
+// address (a private literal, or a number such as 127.1 that means one) also
+// matches ErrForbiddenAddress.
 var ErrInvalidEndpoint = errors.New("webhook: invalid endpoint")
 
 // Endpoint is a registered receiver.
@@ -121,54 +123,27 @@ var deniedHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "
 	http.CanonicalHeaderKey(HeaderID), http.CanonicalHeaderKey(HeaderTimestamp), http.CanonicalHeaderKey(HeaderSignature)}
 
 func (w *Webhooks) validate(p *EndpointParams) error {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s %s", ErrInvalidEndpoint, field, fmt.Sprintf(format, args...))
-	}
 	if _, err := w.guard.validateURL(p.URL); err != nil {
-		// %w: a refused address also matches ErrForbiddenAddress.
-		return fmt.Errorf("%w: URL: %w", ErrInvalidEndpoint, err)
+		// Err: a refused address also matches ErrForbiddenAddress.
+		return &events.ValidationError{Kind: ErrInvalidEndpoint, Field: "URL", Reason: err.Error(), Err: err}
 	}
 	if len(p.Types) == 0 {
-		return bad("Types", "is empty; give at least one glob, such as \"**\"")
+		return invalidEndpoint("Types", "is empty; give at least one glob, such as \"**\"")
 	}
 	for _, t := range p.Types {
 		if _, err := glob.Compile(t); err != nil {
-			return bad("Types", "%v", err)
+			return invalidEndpoint("Types", "%v", err)
 		}
 	}
-	seen := map[string]bool{}
-	for name, value := range mergedHeaders(p.Headers, p.SecretHeaders) {
-		canonical := http.CanonicalHeaderKey(name)
-		switch {
-		case !validHeaderName(name):
-			return bad("Headers", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
-		case !validHeaderValue(value):
-			return bad("Headers", "%s: the value holds a control character (CR, LF, NUL …)", canonical)
-		case seen[canonical]:
-			return bad("Headers", "%s is given twice", canonical)
-		case slices.Contains(deniedHeaders, canonical) || strings.HasPrefix(strings.ToLower(name), "webhook-"):
-			return bad("Headers", "%q may not be set", name)
-		}
-		seen[canonical] = true
+	if err := validateHeaders(mergedHeaders(p.Headers, p.SecretHeaders)); err != nil {
+		return err
 	}
-	if p.Timeout == 0 {
-		p.Timeout = TimeoutDefault
-	}
-	if p.Timeout < 0 || p.Timeout > time.Minute {
-		return bad("Timeout", "%v: must be between 0 and 1m", p.Timeout)
-	}
-	if p.MaxInFlight == 0 {
-		p.MaxInFlight = MaxInFlightDefault
-	}
-	if p.MaxInFlight < 1 {
-		return bad("MaxInFlight", "%d: must be at least 1", p.MaxInFlight)
-	}
-	if p.RateLimit < 0 || p.RateLimit > 1e6 || p.RateLimit != p.RateLimit {
-		return bad("RateLimit", "%v: must be between 0 (none) and 1e6 per second", p.RateLimit)
+	if err := p.limits(); err != nil {
+		return err
 	}
 	if p.Secret != "" {
 		if _, err := secretKey(p.Secret); err != nil {
-			return bad("Secret", "%v", err)
+			return invalidEndpoint("Secret", "%v", err)
 		}
 	}
 	if p.Scopes == nil {
@@ -183,8 +158,56 @@ func (w *Webhooks) validate(p *EndpointParams) error {
 	return nil
 }
 
+// invalidEndpoint is the error for a field of EndpointParams that cannot
+// work.
+func invalidEndpoint(field, format string, args ...any) error {
+	return &events.ValidationError{Kind: ErrInvalidEndpoint, Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// validateHeaders checks an endpoint's headers, plain and secret together:
+// valid names and values, each name once, none that the delivery sets.
+func validateHeaders(headers iter.Seq2[string, string]) error {
+	seen := map[string]bool{}
+	for name, value := range headers {
+		canonical := http.CanonicalHeaderKey(name)
+		switch {
+		case !validHeaderName(name):
+			return invalidEndpoint("Headers", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", name)
+		case !validHeaderValue(value):
+			return invalidEndpoint("Headers", "%s: the value holds a control character (CR, LF, NUL …)", canonical)
+		case seen[canonical]:
+			return invalidEndpoint("Headers", "%s is given twice", canonical)
+		case slices.Contains(deniedHeaders, canonical) || strings.HasPrefix(strings.ToLower(name), "webhook-"):
+			return invalidEndpoint("Headers", "%q may not be set", name)
+		}
+		seen[canonical] = true
+	}
+	return nil
+}
+
+// limits fills p's Timeout and MaxInFlight where they are zero, and checks
+// them and RateLimit.
+func (p *EndpointParams) limits() error {
+	if p.Timeout == 0 {
+		p.Timeout = TimeoutDefault
+	}
+	if p.Timeout < 0 || p.Timeout > time.Minute {
+		return invalidEndpoint("Timeout", "%v: must be between 0 and 1m", p.Timeout)
+	}
+	if p.MaxInFlight == 0 {
+		p.MaxInFlight = MaxInFlightDefault
+	}
+	if p.MaxInFlight < 1 {
+		return invalidEndpoint("MaxInFlight", "%d: must be at least 1", p.MaxInFlight)
+	}
+	if p.RateLimit < 0 || p.RateLimit > 1e6 || p.RateLimit != p.RateLimit {
+		return invalidEndpoint("RateLimit", "%v: must be between 0 (none) and 1e6 per second", p.RateLimit)
+	}
+	return nil
+}
+
 // mergedHeaders iterates both maps, for validation.
-func mergedHeaders(a, b map[string]string) func(func(string, string) bool) {
+func mergedHeaders(a, b map[string]string) iter.Seq2[string, string] {
 	return func(yield func(string, string) bool) {
 		for _, m := range []map[string]string{a, b} {
 			for k, v := range m {
@@ -221,9 +244,8 @@ func validHeaderValue(value string) bool {
 	return true
 }
 
-const endpointColumns = "id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, rate_limit, enabled," +
-	" coalesce(disabled_reason, ''), disabled_at, enabled_at, failing_since, last_success_at, created_at, updated_at"
-
+// scanEndpoint reads a row of the statements that return a whole endpoint
+// (their columns are in webhook.sql's order), and then more.
 func scanEndpoint(row pgx.Row, more ...any) (Endpoint, error) {
 	var (
 		e                                                Endpoint
@@ -279,12 +301,7 @@ func (w *Webhooks) Create(ctx context.Context, p EndpointParams) (Endpoint, erro
 	if err != nil {
 		return Endpoint{}, err
 	}
-	ep, err := scanEndpoint(w.pool.QueryRow(ctx, `WITH ep AS (INSERT INTO `+w.t.endpoints+`
-		(id, url, description, types, scopes, headers, secret_headers, secrets, timeout_ms, max_in_flight, rate_limit)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING *),
-		h AS (INSERT INTO `+w.t.health+` (endpoint_id) SELECT id FROM ep)
-		SELECT `+endpointColumns+` FROM ep`,
-		id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, []stored{sealed}, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, w.sql.CreateEndpoint, id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, []stored{sealed}, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit))
 	if err != nil {
 		return Endpoint{}, err
 	}
@@ -301,7 +318,7 @@ func (w *Webhooks) sealHeaders(id uuid.UUID, values map[string]string, old map[s
 		if v == Redacted {
 			s, ok := old[name]
 			if !ok {
-				return nil, fmt.Errorf("%w: SecretHeaders %s: %s keeps a stored value, and there is none", ErrInvalidEndpoint, name, Redacted)
+				return nil, &events.ValidationError{Kind: ErrInvalidEndpoint, Field: "SecretHeaders", Reason: fmt.Sprintf("%s: %s keeps a stored value, and there is none", name, Redacted)}
 			}
 			out[name] = s
 			continue
@@ -320,7 +337,7 @@ func (w *Webhooks) sealHeaders(id uuid.UUID, values map[string]string, old map[s
 // concurrency (not its secrets: see RotateSecret).
 func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (Endpoint, error) {
 	if p.Secret != "" {
-		return Endpoint{}, fmt.Errorf("%w: Secret is set at Create; use RotateSecret", ErrInvalidEndpoint)
+		return Endpoint{}, &events.ValidationError{Kind: ErrInvalidEndpoint, Field: "Secret", Reason: "is set at Create; use RotateSecret"}
 	}
 	keep := p.SecretHeaders == nil
 	if err := w.validate(&p); err != nil {
@@ -329,7 +346,7 @@ func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (
 	var ep Endpoint
 	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		var old map[string]stored
-		if err := tx.QueryRow(ctx, "SELECT secret_headers FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id).Scan(&old); err != nil {
+		if err := tx.QueryRow(ctx, w.sql.LockSecretHeaders, id).Scan(&old); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrNotFound
 			}
@@ -343,10 +360,7 @@ func (w *Webhooks) Update(ctx context.Context, id uuid.UUID, p EndpointParams) (
 			}
 		}
 		var err error
-		ep, err = public(scanEndpoint(tx.QueryRow(ctx, `UPDATE `+w.t.endpoints+` SET url = $2, description = $3, types = $4,
-			scopes = $5, headers = $6, secret_headers = $7, timeout_ms = $8, max_in_flight = $9, rate_limit = $10, updated_at = now()
-			WHERE id = $1 RETURNING `+endpointColumns,
-			id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit)))
+		ep, err = public(scanEndpoint(tx.QueryRow(ctx, w.sql.UpdateEndpoint, id, p.URL, p.Description, p.Types, p.Scopes, p.Headers, headers, p.Timeout.Milliseconds(), p.MaxInFlight, p.RateLimit)))
 		return err
 	})
 	return ep, err
@@ -362,7 +376,7 @@ func public(ep Endpoint, err error) (Endpoint, error) {
 
 // Get returns an endpoint, or ErrNotFound.
 func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
-	return public(scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id = $1", id)))
+	return public(scanEndpoint(w.pool.QueryRow(ctx, w.sql.GetEndpoint, id)))
 }
 
 // getForDelivery is Get with the endpoint's breaker. An endpoint without a
@@ -373,11 +387,9 @@ func (w *Webhooks) getForDelivery(ctx context.Context, id uuid.UUID) (Endpoint, 
 		h   health
 		has bool
 	)
-	ep, err := scanEndpoint(w.pool.QueryRow(ctx, "SELECT "+endpointColumns+", coalesce(h.failures, 0), h.open_until, h.probe_until,"+
-		" h.endpoint_id IS NOT NULL FROM "+w.t.endpoints+" LEFT JOIN "+w.t.health+" h ON h.endpoint_id = id WHERE id = $1", id),
-		&h.failures, &h.openUntil, &h.probeUntil, &has)
+	ep, err := scanEndpoint(w.pool.QueryRow(ctx, w.sql.GetEndpointForDelivery, id), &h.failures, &h.openUntil, &h.probeUntil, &has)
 	if err == nil && !has {
-		_, err = w.pool.Exec(ctx, "INSERT INTO "+w.t.health+" (endpoint_id) VALUES ($1) ON CONFLICT DO NOTHING", id)
+		_, err = w.pool.Exec(ctx, w.sql.CreateHealth, id)
 	}
 	ep.health = h
 	return ep, err
@@ -396,7 +408,7 @@ func (w *Webhooks) List(ctx context.Context, after uuid.UUID, limit int) (ListEn
 	if limit <= 0 || limit > 1000 {
 		limit = 50
 	}
-	rows, err := w.pool.Query(ctx, "SELECT "+endpointColumns+" FROM "+w.t.endpoints+" WHERE id > $1 ORDER BY id LIMIT $2", after, limit+1)
+	rows, err := w.pool.Query(ctx, w.sql.ListEndpoints, after, limit+1)
 	if err != nil {
 		return ListEndpointsResult{}, err
 	}
@@ -418,7 +430,7 @@ func (w *Webhooks) List(ctx context.Context, after uuid.UUID, limit int) (ListEn
 // before it returns (in batches of cancelBatch), and one that was running
 // meanwhile is cancelled when its retry comes, even after an Enable.
 func (w *Webhooks) Disable(ctx context.Context, id uuid.UUID, reason string) error {
-	if err := w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = false, disabled_reason = $2, disabled_at = now(), updated_at = now() WHERE id = $1", id, reason); err != nil {
+	if err := w.exec(ctx, w.sql.DisableEndpoint, id, reason); err != nil {
 		return err
 	}
 	_, err := w.cancelPending(ctx, id)
@@ -429,10 +441,7 @@ func (w *Webhooks) Disable(ctx context.Context, id uuid.UUID, reason string) err
 // missed meanwhile, and deliveries pending at disable time, are not sent:
 // see Recover.
 func (w *Webhooks) Enable(ctx context.Context, id uuid.UUID) error {
-	// enabled_at only moves for an endpoint that was disabled: enabling an
-	// enabled endpoint must not cancel what it has pending.
-	return w.exec(ctx, "UPDATE "+w.t.endpoints+" SET enabled = true, disabled_reason = NULL, disabled_at = NULL,"+
-		" enabled_at = CASE WHEN enabled THEN enabled_at ELSE now() END, failing_since = NULL, updated_at = now() WHERE id = $1", id)
+	return w.exec(ctx, w.sql.EnableEndpoint, id)
 }
 
 // cancelBatch is how many deliveries one statement of cancelPending cancels.
@@ -451,16 +460,7 @@ const cancelBatch = 1000
 func (w *Webhooks) cancelPending(ctx context.Context, endpoint uuid.UUID) (int64, error) {
 	var total int64
 	for {
-		tag, err := w.pool.Exec(ctx, `WITH cutoff AS (
-			SELECT CASE WHEN e.id IS NULL THEN 'infinity' WHEN e.enabled THEN '-infinity' ELSE e.disabled_at END AS t
-			  FROM (SELECT 1) one LEFT JOIN `+w.t.endpoints+` e ON e.id = $1::text::uuid),
-			batch AS (
-			SELECT id FROM `+w.t.riverJob+` WHERE kind = 'webhook.deliver' AND args @> jsonb_build_object('endpoint_id', $1::text)
-			   AND state IN ('available', 'scheduled', 'retryable', 'pending') AND created_at <= (SELECT t FROM cutoff)
-			 LIMIT $2 FOR UPDATE SKIP LOCKED)
-			UPDATE `+w.t.riverJob+` j SET state = 'cancelled', finalized_at = now(),
-			       metadata = j.metadata || jsonb_build_object('cancel_attempted_at', now(), 'webhook_cancelled', 'endpoint disabled')
-			  FROM batch WHERE j.id = batch.id`, endpoint.String(), cancelBatch)
+		tag, err := w.pool.Exec(ctx, w.sql.CancelPending, endpoint.String(), cancelBatch)
 		if err != nil {
 			return total, fmt.Errorf("webhook: cancelling the deliveries to %s: %w", endpoint, err)
 		}
@@ -487,7 +487,7 @@ func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Du
 	}
 	err = pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		var current []stored
-		if err := tx.QueryRow(ctx, "SELECT secrets FROM "+w.t.endpoints+" WHERE id = $1 FOR UPDATE", id).Scan(&current); err != nil {
+		if err := tx.QueryRow(ctx, w.sql.LockSecrets, id).Scan(&current); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrNotFound
 			}
@@ -504,7 +504,7 @@ func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Du
 				kept = append(kept, s)
 			}
 		}
-		_, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET secrets = $2, updated_at = now() WHERE id = $1", id, kept)
+		_, err := tx.Exec(ctx, w.sql.SetSecrets, id, kept)
 		return err
 	})
 	if err != nil {
@@ -516,7 +516,7 @@ func (w *Webhooks) RotateSecret(ctx context.Context, id uuid.UUID, grace time.Du
 // Delete removes an endpoint; its pending deliveries end as cancelled. The
 // attempt log keeps its entries until retention.
 func (w *Webhooks) Delete(ctx context.Context, id uuid.UUID) error {
-	if err := w.exec(ctx, "DELETE FROM "+w.t.endpoints+" WHERE id = $1", id); err != nil {
+	if err := w.exec(ctx, w.sql.DeleteEndpoint, id); err != nil {
 		return err
 	}
 	_, err := w.cancelPending(ctx, id)

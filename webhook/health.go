@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+
+	"github.com/standmeet/events/internal/backoff"
 )
 
 // Defaults of the circuit breaker (Config.BreakerThreshold,
@@ -101,13 +103,7 @@ func (w *Webhooks) admit(ctx context.Context, ep *Endpoint, job *river.Job[Deliv
 		probe bool
 		slot  time.Time
 	)
-	err := w.pool.QueryRow(ctx, `UPDATE `+w.t.health+` h SET
-		probe_until = CASE WHEN h.failures >= $2 THEN now() + $3::bigint * interval '1 microsecond' ELSE h.probe_until END,
-		next_slot = CASE WHEN $4::bigint > 0 THEN greatest(h.next_slot, now()) + $4::bigint * interval '1 microsecond' ELSE h.next_slot END
-		WHERE h.endpoint_id = $1 AND (h.failures < $2
-		   OR (coalesce(h.open_until, '-infinity') <= now() AND coalesce(h.probe_until, '-infinity') <= now()))
-		RETURNING h.failures >= $2, coalesce(h.next_slot - $4::bigint * interval '1 microsecond', now())`,
-		ep.ID, w.config.BreakerThreshold, lease.Microseconds(), interval.Microseconds()).Scan(&probe, &slot)
+	err := w.pool.QueryRow(ctx, w.sql.Admit, ep.ID, w.config.BreakerThreshold, lease.Microseconds(), interval.Microseconds()).Scan(&probe, &slot)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return w.breakerWait(ctx, ep)
 	}
@@ -128,7 +124,7 @@ func (w *Webhooks) admit(ctx context.Context, ep *Endpoint, job *river.Job[Deliv
 // one more interval so that waiting deliveries do not all come back at once.
 func (w *Webhooks) breakerWait(ctx context.Context, ep *Endpoint) (admission, error) {
 	var openUntil, probeUntil *time.Time
-	if err := w.pool.QueryRow(ctx, "SELECT open_until, probe_until FROM "+w.t.health+" WHERE endpoint_id = $1", ep.ID).
+	if err := w.pool.QueryRow(ctx, w.sql.BreakerState, ep.ID).
 		Scan(&openUntil, &probeUntil); err != nil {
 		return admission{}, err
 	}
@@ -155,18 +151,10 @@ func reservedSlot(metadata []byte) time.Time {
 }
 
 func sleepUntil(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return nil
+	if d := time.Until(t); d > 0 {
+		return backoff.Sleep(ctx, d)
 	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return nil
 }
 
 // recordHealth updates the breaker in tx after a request: success closes
@@ -175,13 +163,9 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 func (w *Webhooks) recordHealth(ctx context.Context, tx pgx.Tx, ep *Endpoint, success, probe bool) error {
 	var err error
 	if success {
-		_, err = tx.Exec(ctx, "UPDATE "+w.t.health+" SET failures = 0, open_until = NULL, probe_until = NULL"+
-			" WHERE endpoint_id = $1 AND (failures <> 0 OR open_until IS NOT NULL OR probe_until IS NOT NULL)", ep.ID)
+		_, err = tx.Exec(ctx, w.sql.BreakerClose, ep.ID)
 	} else {
-		_, err = tx.Exec(ctx, `UPDATE `+w.t.health+` SET failures = failures + 1,
-			open_until = CASE WHEN failures + 1 >= $2 THEN now() + $3::bigint * interval '1 microsecond' ELSE open_until END,
-			probe_until = CASE WHEN $4::boolean THEN NULL ELSE probe_until END
-			WHERE endpoint_id = $1`, ep.ID, w.config.BreakerThreshold, w.config.BreakerInterval.Microseconds(), probe)
+		_, err = tx.Exec(ctx, w.sql.BreakerFail, ep.ID, w.config.BreakerThreshold, w.config.BreakerInterval.Microseconds(), probe)
 	}
 	return err
 }
@@ -217,16 +201,7 @@ func (w *Webhooks) Health(ctx context.Context, ids ...uuid.UUID) ([]EndpointHeal
 	if ids == nil {
 		ids = []uuid.UUID{}
 	}
-	rows, err := w.pool.Query(ctx, `SELECT e.id, e.rate_limit, coalesce(h.failures, 0), h.open_until, h.probe_until,
-		coalesce(a.n, 0), coalesce(a.ok, 0), coalesce(a.p50, 0), coalesce(a.p95, 0), coalesce(a.p99, 0)
-		FROM `+w.t.endpoints+` e LEFT JOIN `+w.t.health+` h ON h.endpoint_id = e.id
-		LEFT JOIN LATERAL (SELECT count(*) AS n, count(*) FILTER (WHERE error_class = '') AS ok,
-		       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) AS p50,
-		       percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms) AS p95,
-		       percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms) AS p99
-		  FROM `+w.t.attempts+` WHERE endpoint_id = e.id AND created_at > now() - $2::bigint * interval '1 microsecond'
-		   AND error_class NOT IN ('secret', 'payload', 'request')) a ON true
-		WHERE cardinality($1::uuid[]) = 0 OR e.id = ANY($1) ORDER BY e.id`, ids, HealthWindow.Microseconds())
+	rows, err := w.pool.Query(ctx, w.sql.Health, ids, HealthWindow.Microseconds())
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,7 @@ func TestRateLimitHoldsWithRiverDefaultPolling(t *testing.T) {
 	pool := testdb.New(t)
 	wh, err := New(pool, &Config{AllowedNetworks: loopback, Keys: []Key{testKey("test")}})
 	require.NoError(t, err)
-	relay, err := events.NewRelay(pool, &events.Config{Listener: events.ListenerConfig{PollInterval: 50 * time.Millisecond}})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{Listener: events.ListenerConfig{PollInterval: 50 * time.Millisecond}})
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(wh.Subscriber("webhooks")))
 	workers := river.NewWorkers()

@@ -80,13 +80,13 @@ func newKeyring(keys []Key, plain bool) (keyring, error) {
 	k := keyring{aeads: map[string]cipher.AEAD{}, plain: plain}
 	for i, key := range keys {
 		if !validKeyID(key.ID) {
-			return keyring{}, fmt.Errorf("webhook: Keys[%d]: ID %q: 1 to 64 letters, digits, '-', '_' or '.'", i, key.ID)
+			return keyring{}, invalidConfig(fmt.Sprintf("Keys[%d].ID", i), "%q: 1 to 64 letters, digits, '-', '_' or '.'", key.ID)
 		}
 		if _, dup := k.aeads[key.ID]; dup {
-			return keyring{}, fmt.Errorf("webhook: Keys[%d]: ID %q is given twice", i, key.ID)
+			return keyring{}, invalidConfig(fmt.Sprintf("Keys[%d].ID", i), "%q is given twice", key.ID)
 		}
 		if len(key.Key) != 32 {
-			return keyring{}, fmt.Errorf("webhook: Keys[%d] (%s): %d bytes; AES-256 needs 32", i, key.ID, len(key.Key))
+			return keyring{}, invalidConfig(fmt.Sprintf("Keys[%d].Key", i), "(%s): %d bytes; AES-256 needs 32", key.ID, len(key.Key))
 		}
 		block, err := aes.NewCipher(key.Key)
 		if err != nil {
@@ -239,10 +239,7 @@ func (w *Webhooks) Reseal(ctx context.Context) (int, error) {
 // seen.
 func (w *Webhooks) resealBatch(ctx context.Context, after uuid.UUID, errs *[]error) (n int, last uuid.UUID, more bool, err error) {
 	err = pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id, secrets, secret_headers FROM `+w.t.endpoints+`
-			WHERE id > $1 AND (EXISTS (SELECT 1 FROM jsonb_array_elements(secrets) s WHERE s->>'key_id' IS DISTINCT FROM $2)
-			   OR EXISTS (SELECT 1 FROM jsonb_each(secret_headers) h WHERE h.value->>'key_id' IS DISTINCT FROM $2))
-			ORDER BY id LIMIT $3 FOR UPDATE`, after, w.keys.primary, ResealBatch)
+		rows, err := tx.Query(ctx, w.sql.ResealCandidates, after, w.keys.primary, ResealBatch)
 		if err != nil {
 			return err
 		}
@@ -263,8 +260,7 @@ func (w *Webhooks) resealBatch(ctx context.Context, after uuid.UUID, errs *[]err
 				*errs = append(*errs, err)
 				continue
 			}
-			if _, err := tx.Exec(ctx, "UPDATE "+w.t.endpoints+" SET secrets = $2, secret_headers = $3 WHERE id = $1",
-				r.ID, secrets, headers); err != nil {
+			if _, err := tx.Exec(ctx, w.sql.Reseal, r.ID, secrets, headers); err != nil {
 				return err
 			}
 			n++

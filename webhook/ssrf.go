@@ -233,59 +233,9 @@ type lookupFunc func(ctx context.Context, host string) ([]netip.Addr, error)
 // address. No proxy, no redirects (a 3xx is a failure), no keep-alive
 // surprises across endpoints beyond the transport's pool.
 func (g guard) newClient(lookup lookupFunc, dialed func(ctx context.Context, ip string)) *http.Client {
-	dialer := &net.Dialer{
-		Timeout: 10 * time.Second,
-		Control: func(_, address string, _ syscall.RawConn) error {
-			ap, err := netip.ParseAddrPort(address)
-			if err != nil {
-				return fmt.Errorf("%w: %s", ErrForbiddenAddress, address)
-			}
-			if err := g.checkPort(int(ap.Port())); err != nil {
-				return err
-			}
-			return g.check(ap.Addr())
-		},
-	}
 	transport := &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
-			host, port, err := net.SplitHostPort(address)
-			if err != nil {
-				return nil, err
-			}
-			if n, err := strconv.Atoi(port); err != nil {
-				return nil, fmt.Errorf("%w: port %q", ErrForbiddenAddress, port)
-			} else if err := g.checkPort(n); err != nil {
-				return nil, err
-			}
-			var ips []netip.Addr
-			if ip, err := netip.ParseAddr(host); err == nil {
-				ips = []netip.Addr{ip}
-			} else if _, numeric := numericHost(host); numeric {
-				// A resolver would read it as an address, whatever the guard
-				// thinks of that address: never hand it one.
-				return nil, fmt.Errorf("%w: host %q is a number, not a name", ErrForbiddenAddress, host)
-			} else if ips, err = lookup(ctx, host); err != nil {
-				return nil, err
-			}
-			lastErr := fmt.Errorf("webhook: %s resolves to no address", host)
-			for _, ip := range ips {
-				if err := g.check(ip); err != nil {
-					lastErr = err
-					continue
-				}
-				conn, err := dialer.DialContext(ctx, network, net.JoinHostPort(ip.String(), port))
-				if err != nil {
-					lastErr = err
-					continue
-				}
-				if dialed != nil {
-					dialed(ctx, ip.String())
-				}
-				return conn, nil
-			}
-			return nil, lastErr
-		},
+		Proxy:                 nil,
+		DialContext:           g.dialContext(lookup, dialed),
 		ForceAttemptHTTP2:     true,
 		MaxIdleConnsPerHost:   8,
 		IdleConnTimeout:       90 * time.Second,
@@ -296,6 +246,72 @@ func (g guard) newClient(lookup lookupFunc, dialed func(ctx context.Context, ip 
 		Transport:     transport,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+}
+
+// dialContext returns the transport's dial: it checks the port, resolves
+// the host itself, and dials the first of its addresses that the guard
+// allows, reporting it to dialed (when set). The dialer checks the address
+// once more as it dials.
+func (g guard) dialContext(lookup lookupFunc, dialed func(ctx context.Context, ip string)) func(ctx context.Context, network, address string) (net.Conn, error) {
+	dialer := &net.Dialer{Timeout: 10 * time.Second, Control: g.control}
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		host, port, err := net.SplitHostPort(address)
+		if err != nil {
+			return nil, err
+		}
+		if n, err := strconv.Atoi(port); err != nil {
+			return nil, fmt.Errorf("%w: port %q", ErrForbiddenAddress, port)
+		} else if err := g.checkPort(n); err != nil {
+			return nil, err
+		}
+		ips, err := resolve(ctx, lookup, host)
+		if err != nil {
+			return nil, err
+		}
+		lastErr := fmt.Errorf("webhook: %s resolves to no address", host)
+		for _, ip := range ips {
+			if err := g.check(ip); err != nil {
+				lastErr = err
+				continue
+			}
+			conn, err := dialer.DialContext(ctx, network, net.JoinHostPort(ip.String(), port))
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			if dialed != nil {
+				dialed(ctx, ip.String())
+			}
+			return conn, nil
+		}
+		return nil, lastErr
+	}
+}
+
+// resolve returns host's addresses: host itself if it is one, else what
+// lookup finds. A host that a resolver would read as a number is refused.
+func resolve(ctx context.Context, lookup lookupFunc, host string) ([]netip.Addr, error) {
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return []netip.Addr{ip}, nil
+	}
+	if _, numeric := numericHost(host); numeric {
+		// A resolver would read it as an address, whatever the guard thinks
+		// of that address: never hand it one.
+		return nil, fmt.Errorf("%w: host %q is a number, not a name", ErrForbiddenAddress, host)
+	}
+	return lookup(ctx, host)
+}
+
+// control is the dialer's check of the address it is about to dial.
+func (g guard) control(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("%w: %s", ErrForbiddenAddress, address)
+	}
+	if err := g.checkPort(int(ap.Port())); err != nil {
+		return err
+	}
+	return g.check(ap.Addr())
 }
 
 // defaultLookup resolves with the system's resolver.

@@ -63,6 +63,9 @@ func TestRegistrationRefuses(t *testing.T) {
 		name := fmt.Sprintf("%s %q", c.url, c.headers)
 		_, err := wh.Create(ctx, EndpointParams{URL: c.url, Types: []string{"**"}, Headers: c.headers})
 		require.ErrorIs(t, err, ErrInvalidEndpoint, name)
+		var ve *events.ValidationError
+		require.ErrorAs(t, err, &ve, "one error type across packages: %s", name)
+		require.NotEmpty(t, ve.Field, name)
 		if c.forbidden {
 			require.ErrorIs(t, err, ErrForbiddenAddress, name)
 		}
@@ -100,4 +103,30 @@ func TestNumericHostIsNotResolved(t *testing.T) {
 	require.Equal(t, "forbidden_address", a.ErrorClass, a.Error)
 	require.Zero(t, lookups.Load(), "never handed to the resolver")
 	require.Zero(t, calls.Load())
+}
+
+// A refused config field is an *events.ValidationError naming it, as in
+// the root package.
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	for _, c := range []struct {
+		cfg   *Config
+		field string
+	}{
+		{&Config{MaxResponseBytes: -1}, "MaxResponseBytes"},
+		{&Config{BreakerInterval: -1}, "BreakerInterval"},
+		{&Config{AllowedPorts: []int{443, 0}}, "AllowedPorts[1]"},
+		{&Config{Keys: []Key{{ID: "k", Key: []byte("short")}}}, "Keys[0].Key"},
+		{&Config{Keys: []Key{{ID: "bad id", Key: make([]byte, 32)}}}, "Keys[0].ID"},
+		{&Config{Outbox: events.Outbox{Schema: "a-b"}}, "Outbox.Schema"},
+	} {
+		_, err := New(pool, c.cfg)
+		var ve *events.ValidationError
+		require.ErrorAs(t, err, &ve, c.field)
+		require.ErrorIs(t, err, events.ErrInvalidConfig, c.field)
+		require.Equal(t, c.field, ve.Field)
+	}
+	_, err := New(nil, nil)
+	require.ErrorIs(t, err, events.ErrInvalidConfig)
 }

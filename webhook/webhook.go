@@ -54,7 +54,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -63,11 +62,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
 	"github.com/standmeet/events"
+	"github.com/standmeet/events/internal/logging"
+	"github.com/standmeet/events/internal/statements"
 )
 
 // Defaults of Config and EndpointParams.
@@ -107,9 +107,10 @@ type DisabledEvent struct {
 
 // Config configures the webhooks. The zero value works.
 type Config struct {
-	// Schema holds the tables (the library's and River's). Empty means the
-	// search_path.
-	Schema string
+	// Outbox is the schema of the tables (the library's, River's and the
+	// webhooks'), as every component is built from it. The zero Outbox is
+	// the search_path's.
+	Outbox events.Outbox
 	// MaxResponseBytes is how much of a response body is read and kept in
 	// the attempt log. Defaults to MaxResponseBytesDefault (20 KB).
 	MaxResponseBytes int
@@ -154,7 +155,8 @@ type Config struct {
 	// Queue is the River queue of the fanout and delivery jobs. Defaults to
 	// river.QueueDefault.
 	Queue string
-	// Logger receives the package's logs. Defaults to slog.Default().
+	// Logger receives the package's logs. Defaults to warnings and errors on
+	// standard error, as every component of the library.
 	Logger *slog.Logger
 }
 
@@ -166,7 +168,7 @@ type Webhooks struct {
 	guard  guard
 	lookup lookupFunc
 	outbox events.Outbox
-	t      tables
+	sql    *statements.Webhook
 	keys   keyring
 
 	clientOnce sync.Once
@@ -176,14 +178,11 @@ type Webhooks struct {
 	inFlight map[uuid.UUID]int
 }
 
-// tables are the package's table names in the schema.
-type tables struct{ endpoints, attempts, health, riverJob string }
-
-// New returns the webhooks of pool's database. events.Migrate creates their
+// New returns the webhooks of pool's database. Outbox.Migrate creates their
 // tables.
 func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 	if pool == nil {
-		return nil, errors.New("webhook: pool is nil")
+		return nil, invalidConfig("pool", "is nil")
 	}
 	if config == nil {
 		config = &Config{}
@@ -196,32 +195,56 @@ func New(pool *pgxpool.Pool, config *Config) (*Webhooks, error) {
 	cfg.BreakerThreshold = cmp.Or(cfg.BreakerThreshold, BreakerThresholdDefault)
 	cfg.BreakerInterval = cmp.Or(cfg.BreakerInterval, BreakerIntervalDefault)
 	cfg.Queue = cmp.Or(cfg.Queue, river.QueueDefault)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.MaxResponseBytes < 0 || cfg.AutoDisableAfter < 0 || cfg.AttemptRetention < 0 || cfg.GiveUpAfter < 0 ||
-		cfg.BreakerThreshold < 0 || cfg.BreakerInterval < 0 {
-		return nil, errors.New("webhook: MaxResponseBytes, AutoDisableAfter, AttemptRetention, GiveUpAfter, BreakerThreshold and BreakerInterval must not be negative")
-	}
-	for _, p := range cfg.AllowedPorts {
-		if p < 1 || p > 65535 {
-			return nil, fmt.Errorf("webhook: AllowedPorts: %d is not between 1 and 65535", p)
-		}
+	cfg.Logger = cmp.Or(cfg.Logger, logging.Default())
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	keys, err := newKeyring(cfg.Keys, cfg.PlainSecrets)
 	if err != nil {
 		return nil, err
 	}
 	cfg.Keys = nil // the keyring holds them; a copy of Config should not
-	q := func(table string) string {
-		if cfg.Schema == "" {
-			return table
-		}
-		return pgx.Identifier{cfg.Schema, table}.Sanitize()
+	sql, err := statements.For(cfg.Outbox.Schema)
+	if err != nil { // validate has refused a bad schema already
+		return nil, invalidConfig("Outbox.Schema", "%q: %v", cfg.Outbox.Schema, err)
 	}
 	return &Webhooks{pool: pool, config: cfg, keys: keys, guard: guard{allowed: cfg.AllowedNetworks, ports: cfg.AllowedPorts}, lookup: defaultLookup,
-		outbox: events.Outbox{Schema: cfg.Schema}, t: tables{endpoints: q("webhook_endpoints"), attempts: q("webhook_attempts"), health: q("webhook_endpoint_health"), riverJob: q("river_job")},
-		inFlight: map[uuid.UUID]int{}}, nil
+		outbox: cfg.Outbox, sql: &sql.Webhook, inFlight: map[uuid.UUID]int{}}, nil
+}
+
+// validate refuses a config that cannot work, with an
+// [*events.ValidationError] naming the field.
+func (c *Config) validate() error {
+	if err := c.Outbox.Validate(); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name     string
+		negative bool
+		value    any
+	}{
+		{"MaxResponseBytes", c.MaxResponseBytes < 0, c.MaxResponseBytes},
+		{"AutoDisableAfter", c.AutoDisableAfter < 0, c.AutoDisableAfter},
+		{"AttemptRetention", c.AttemptRetention < 0, c.AttemptRetention},
+		{"GiveUpAfter", c.GiveUpAfter < 0, c.GiveUpAfter},
+		{"BreakerThreshold", c.BreakerThreshold < 0, c.BreakerThreshold},
+		{"BreakerInterval", c.BreakerInterval < 0, c.BreakerInterval},
+	} {
+		if f.negative {
+			return invalidConfig(f.name, "%v: must not be negative", f.value)
+		}
+	}
+	for i, p := range c.AllowedPorts {
+		if p < 1 || p > 65535 {
+			return invalidConfig(fmt.Sprintf("AllowedPorts[%d]", i), "%d: must be between 1 and 65535", p)
+		}
+	}
+	return nil
+}
+
+// invalidConfig is a refused Config field, as the root package reports one.
+func invalidConfig(field, format string, args ...any) error {
+	return &events.ValidationError{Kind: events.ErrInvalidConfig, Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // FanoutArgs are the args of a "webhook.fanout" job: the whole event.

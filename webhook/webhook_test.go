@@ -26,8 +26,11 @@ import (
 	"github.com/standmeet/events/internal/testdb"
 )
 
+// outbox is the zero Outbox: the tables on the search_path.
+var outbox events.Outbox
+
 func TestMain(m *testing.M) {
-	os.Exit(testdb.Main(m, func(ctx context.Context, pool *pgxpool.Pool) error { return events.Migrate(ctx, pool, nil) }))
+	os.Exit(testdb.Main(m, func(ctx context.Context, pool *pgxpool.Pool) error { return outbox.Migrate(ctx, pool) }))
 }
 
 var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
@@ -67,7 +70,7 @@ func (b *bundle) start(t *testing.T, cfg *Config) {
 	var err error
 	b.wh, err = New(b.pool, cfg)
 	require.NoError(t, err)
-	relay, err := events.NewRelay(b.pool, &events.Config{Listener: events.ListenerConfig{PollInterval: 50 * time.Millisecond}})
+	relay, err := events.NewRelay(b.pool, &events.RelayConfig{Listener: events.ListenerConfig{PollInterval: 50 * time.Millisecond}})
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(b.wh.Subscriber("webhooks")))
 	workers := river.NewWorkers()
@@ -419,10 +422,10 @@ func TestAutoDisableRecordsAnEvent(t *testing.T) {
 	got, err := b.wh.Get(ctx, ep.ID)
 	require.NoError(t, err)
 	require.False(t, got.Enabled)
-	page, err := events.ListEvents(ctx, b.pool, events.ListParams{State: events.StateRecent, Type: EventEndpointDisabled})
+	page, err := outbox.ListEvents(ctx, b.pool, events.ListParams{State: events.StateRecent, Type: EventEndpointDisabled})
 	require.NoError(t, err)
 	if len(page.Events) == 0 {
-		page, err = events.ListEvents(ctx, b.pool, events.ListParams{State: events.StatePending, Type: EventEndpointDisabled})
+		page, err = outbox.ListEvents(ctx, b.pool, events.ListParams{State: events.StatePending, Type: EventEndpointDisabled})
 		require.NoError(t, err)
 	}
 	require.Len(t, page.Events, 1)

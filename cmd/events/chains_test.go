@@ -36,7 +36,7 @@ func TestChainsBlockedResumeAndSkip(t *testing.T) {
 		handled []uuid.UUID
 	)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	relay, err := events.NewRelay(pool, &events.Config{Logger: quiet})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{Logger: quiet})
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(events.Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true,
 		InsertOpts: &river.InsertOpts{MaxAttempts: 1},
@@ -80,7 +80,7 @@ func TestChainsBlockedResumeAndSkip(t *testing.T) {
 		return append([]uuid.UUID(nil), handled...)
 	}
 	blocked := func() bool {
-		st, err := events.Stats(ctx, pool)
+		st, err := events.Outbox{}.Stats(ctx, pool)
 		require.NoError(t, err)
 		return st.BlockedChains == 1
 	}

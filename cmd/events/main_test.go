@@ -23,8 +23,11 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
+// outbox is the zero Outbox: the tables on the search_path.
+var outbox events.Outbox
+
 func TestMain(m *testing.M) {
-	os.Exit(testdb.Main(m, func(ctx context.Context, pool *pgxpool.Pool) error { return events.Migrate(ctx, pool, nil) }))
+	os.Exit(testdb.Main(m, func(ctx context.Context, pool *pgxpool.Pool) error { return outbox.Migrate(ctx, pool) }))
 }
 
 // runCLI runs the command line and returns its exit code and output.
@@ -81,7 +84,7 @@ func fixture(t *testing.T) (url string, poisoned, fanned uuid.UUID) {
 	exec(`INSERT INTO outbox_events (id, type, subject, fanned_out_at, fanout) VALUES ($1, 'note.changed', 'note:2', now(), '{"search":12,"audit":13}')`, fanned)
 	exec(`INSERT INTO outbox_subscribers (name) VALUES ('audit'), ('search')`)
 	exec(`CREATE TABLE invoices (id int PRIMARY KEY, status text)`)
-	require.NoError(t, events.InstallWatch(ctx, pool, events.Watch{Table: "invoices",
+	require.NoError(t, outbox.InstallWatch(ctx, pool, events.Watch{Table: "invoices",
 		Types: map[events.Op]string{events.OpUpdate: "invoice.changed", events.OpDelete: "invoice.deleted"}, SubjectPrefix: "invoice:"}))
 	return url, poisoned, fanned
 }

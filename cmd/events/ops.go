@@ -225,7 +225,7 @@ func (c *cli) subscribers(args []string) error {
 				r.Owed, oldest, r.Poisoned, served, cell(dash(r.lastServedBy), subjectWidth), stamp(r.RegisteredAt), backfill)
 		}
 		for _, name := range orphans {
-			fmt.Fprintf(w, "\nwarning: no running relay has served %s for %s: its events pile up as owed; deploy a release that has it, or retire it (events.RetireSubscriber)\n",
+			fmt.Fprintf(w, "\nwarning: no running relay has served %s for %s: its events pile up as owed; deploy a release that has it, or retire it (Outbox.RetireSubscriber)\n",
 				clean(name), c.outbox.OrphanAfter)
 		}
 	})

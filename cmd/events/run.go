@@ -217,10 +217,9 @@ func (c *cli) migrate(args []string) error {
 	if err != nil {
 		return err
 	}
-	opts := &events.MigrateOpts{Schema: c.outbox.Schema}
 	switch {
 	case len(pos) == 1 && pos[0] == "list":
-		all, err := events.MigrationStatus(c.ctx, c.pool, opts)
+		all, err := c.outbox.MigrationStatus(c.ctx, c.pool)
 		if err != nil {
 			return err
 		}
@@ -243,7 +242,7 @@ func (c *cli) migrate(args []string) error {
 	case len(pos) > 0:
 		return usagef("migrate: unexpected %q", pos[0])
 	case dryRun:
-		all, err := events.MigrationStatus(c.ctx, c.pool, opts)
+		all, err := c.outbox.MigrationStatus(c.ctx, c.pool)
 		if err != nil {
 			return err
 		}
@@ -259,7 +258,7 @@ func (c *cli) migrate(args []string) error {
 		}
 		return nil
 	}
-	if err := events.Migrate(c.ctx, c.pool, opts); err != nil {
+	if err := c.outbox.Migrate(c.ctx, c.pool); err != nil {
 		return err
 	}
 	if c.json {

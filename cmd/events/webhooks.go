@@ -184,7 +184,7 @@ func (c *cli) webhookHandle(threshold int) (*webhook.Webhooks, error) {
 	if threshold < 1 {
 		return nil, usagef("webhooks: --breaker-threshold takes a positive number")
 	}
-	return webhook.New(c.pool, &webhook.Config{Schema: c.outbox.Schema, BreakerThreshold: threshold,
+	return webhook.New(c.pool, &webhook.Config{Outbox: c.outbox, BreakerThreshold: threshold,
 		Logger: slog.New(slog.DiscardHandler)})
 }
 

@@ -54,6 +54,9 @@ func main() {
 }
 
 func run(ctx context.Context, addr string) error {
+	// The library\'s handle: its tables on the search_path (set Schema for
+	// a schema of their own, in River\'s config too).
+	var outbox events.Outbox
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		pg, err := eventstest.StartPostgres(ctx)
@@ -68,14 +71,14 @@ func run(ctx context.Context, addr string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := events.Migrate(ctx, pool, nil); err != nil {
+	if err := outbox.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 	// A relay whose "search" subscriber fails until the first requeue.
 	var fixed atomic.Bool
-	relay, err := events.NewRelay(pool, &events.Config{MaxAttempts: 1, Logger: logger})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{MaxAttempts: 1, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -113,7 +116,7 @@ func run(ctx context.Context, addr string) error {
 		return err
 	}
 	for {
-		info, err := events.Inspect(ctx, pool, poisoned.ID)
+		info, err := outbox.Inspect(ctx, pool, poisoned.ID)
 		if err != nil {
 			return err
 		}
@@ -132,7 +135,8 @@ func run(ctx context.Context, addr string) error {
 	if err := ui.Start(ctx); err != nil {
 		return err
 	}
-	outbox, err := eventsui.NewHandler(pool, &eventsui.Options{
+	view, err := eventsui.NewHandler(pool, &eventsui.Config{
+		Outbox:     outbox,
 		Prefix:     "/outbox",
 		RiverUIURL: "/riverui",
 		// A demo on loopback: everyone may do everything. A real host checks
@@ -144,7 +148,7 @@ func run(ctx context.Context, addr string) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/riverui/", ui)
-	mux.Handle("/outbox/", outbox)
+	mux.Handle("/outbox/", view)
 	mux.Handle("/{$}", http.RedirectHandler("/outbox/", http.StatusFound))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -57,6 +57,9 @@ func main() {
 }
 
 func run(ctx context.Context) error {
+	// The library\'s handle: its tables on the search_path (set Schema for
+	// a schema of their own, in River\'s config too).
+	var outbox events.Outbox
 	// DATABASE_URL, or a throwaway PostgreSQL removed on exit.
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
@@ -73,7 +76,7 @@ func run(ctx context.Context) error {
 	}
 	defer pool.Close()
 
-	if err := events.Migrate(ctx, pool, nil); err != nil {
+	if err := outbox.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS quickstart_notes (id int PRIMARY KEY, title text NOT NULL);
@@ -103,7 +106,7 @@ func run(ctx context.Context) error {
 	}
 
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	relay, err := events.NewRelay(pool, &events.Config{Logger: quiet})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{Logger: quiet})
 	if err != nil {
 		return err
 	}

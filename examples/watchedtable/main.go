@@ -42,6 +42,9 @@ func main() {
 }
 
 func run(ctx context.Context) error {
+	// The library\'s handle: its tables on the search_path (set Schema for
+	// a schema of their own, in River\'s config too).
+	var outbox events.Outbox
 	// DATABASE_URL, or a throwaway PostgreSQL removed on exit.
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
@@ -57,7 +60,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	if err := events.Migrate(ctx, pool, nil); err != nil {
+	if err := outbox.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS corpus_notes;
@@ -67,7 +70,7 @@ func run(ctx context.Context) error {
 	}
 
 	// The watch: changes of title or body (not views) and deletes.
-	if err := events.InstallWatch(ctx, pool, events.Watch{
+	if err := outbox.InstallWatch(ctx, pool, events.Watch{
 		Table:          "corpus_notes",
 		Types:          map[events.Op]string{events.OpUpdate: "corpus.note.changed", events.OpDelete: "corpus.note.deleted"},
 		Columns:        []string{"title", "body"},
@@ -80,7 +83,7 @@ func run(ctx context.Context) error {
 	fmt.Println("installed a watch on corpus_notes (UPDATE OF title, body; DELETE)")
 
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	relay, err := events.NewRelay(pool, &events.Config{Logger: quiet})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{Logger: quiet})
 	if err != nil {
 		return err
 	}

@@ -40,6 +40,9 @@ func main() {
 }
 
 func run(ctx context.Context) error {
+	// The library\'s handle: its tables on the search_path (set Schema for
+	// a schema of their own, in River\'s config too).
+	var outbox events.Outbox
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		pg, err := eventstest.StartPostgres(ctx)
@@ -54,7 +57,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	if err := events.Migrate(ctx, pool, nil); err != nil {
+	if err := outbox.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -99,7 +102,7 @@ func run(ctx context.Context) error {
 		secrets[path] = ep.Secrets[0].Secret
 	}
 
-	relay, err := events.NewRelay(pool, &events.Config{Logger: quiet})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{Logger: quiet})
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,10 @@
-// Package backoff computes capped exponential delays.
+// Package backoff computes capped exponential delays, and waits them out.
 package backoff
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Delay returns the pause before the given attempt (1-based): first, doubling
 // with every attempt, never more than max.
@@ -20,4 +23,16 @@ func Delay(attempt int, first, max time.Duration) time.Duration {
 		return max
 	}
 	return d
+}
+
+// Sleep waits d, or until ctx ends: then it returns ctx's error.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

@@ -59,6 +59,9 @@ type Options struct {
 	Log io.Writer
 }
 
+// outbox is the zero Outbox: the benchmark's tables on the search_path.
+var outbox events.Outbox
+
 func (o *Options) defaults() {
 	def := func(v *int, d int) {
 		if *v == 0 {
@@ -185,7 +188,7 @@ func newHarness(ctx context.Context, adminURL string) (*harness, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := events.Migrate(ctx, pool, nil); err != nil {
+	if err := outbox.Migrate(ctx, pool); err != nil {
 		h.close()
 		return nil, err
 	}
@@ -196,7 +199,7 @@ func newHarness(ctx context.Context, adminURL string) (*harness, error) {
 		h.close()
 		return nil, err
 	}
-	if err := events.InstallWatch(ctx, pool, events.Watch{Table: "bench_watched",
+	if err := outbox.InstallWatch(ctx, pool, events.Watch{Table: "bench_watched",
 		Types: map[events.Op]string{events.OpUpdate: "account.changed"}, SubjectPrefix: "account:"}); err != nil {
 		h.close()
 		return nil, err

@@ -98,7 +98,7 @@ func retentionUnderLoad(ctx context.Context, h *harness, o Options, rep *Report)
 	var took []time.Duration
 	for range 10 {
 		start := time.Now()
-		if _, err := events.Stats(ctx, pool); err != nil {
+		if _, err := outbox.Stats(ctx, pool); err != nil {
 			return err
 		}
 		took = append(took, time.Since(start))
@@ -111,7 +111,7 @@ func retentionUnderLoad(ctx context.Context, h *harness, o Options, rep *Report)
 	if err != nil {
 		return err
 	}
-	relay, err := events.NewRelay(pool, &events.Config{BatchSize: o.Batch, Logger: quiet, Retention: 24 * time.Hour,
+	relay, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: o.Batch, Logger: quiet, Retention: 24 * time.Hour,
 		RetentionInterval: 100 * time.Millisecond})
 	if err != nil {
 		return err
@@ -150,7 +150,7 @@ func retentionUnderLoad(ctx context.Context, h *harness, o Options, rep *Report)
 	if err := <-writing; err != nil {
 		return err
 	}
-	st, err := events.Stats(ctx, pool)
+	st, err := outbox.Stats(ctx, pool)
 	if err != nil {
 		return err
 	}

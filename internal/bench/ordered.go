@@ -133,7 +133,7 @@ func (o orderedRun) fanOut(ctx context.Context, h *harness) (time.Duration, erro
 	if err != nil {
 		return 0, err
 	}
-	relay, err := events.NewRelay(pool, &events.Config{BatchSize: o.batch, Logger: quiet})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: o.batch, Logger: quiet})
 	if err != nil {
 		return 0, err
 	}
@@ -195,7 +195,7 @@ func (o orderedRun) handled(ctx context.Context, h *harness) (handledResult, err
 	if err != nil {
 		return res, err
 	}
-	relay, err := events.NewRelay(pool, &events.Config{BatchSize: o.batch, Logger: quiet})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: o.batch, Logger: quiet})
 	if err != nil {
 		pool.Close()
 		return res, err
@@ -241,11 +241,7 @@ func (o orderedRun) handled(ctx context.Context, h *harness) (handledResult, err
 		return res, err
 	}
 	defer after.Close()
-	var rowsAfter int64
 	for range 50 { // the last backends may still be exiting
-		if rowsAfter, err = rowsWritten(ctx, after); err != nil {
-			return res, err
-		}
 		var others int
 		if err := after.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", name).Scan(&others); err != nil {
 			return res, err
@@ -255,7 +251,8 @@ func (o orderedRun) handled(ctx context.Context, h *harness) (handledResult, err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if rowsAfter, err = rowsWritten(ctx, after); err != nil {
+	rowsAfter, err := rowsWritten(ctx, after)
+	if err != nil {
 		return res, err
 	}
 	res.roundTrips = float64(trips) / float64(o.n)
@@ -279,7 +276,7 @@ func orderedLatency(ctx context.Context, h *harness, ordered bool, rate int, d t
 		return 0, 0, err
 	}
 	defer pool.Close()
-	relay, err := events.NewRelay(pool, &events.Config{BatchSize: batch, Logger: quiet})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: batch, Logger: quiet})
 	if err != nil {
 		return 0, 0, err
 	}

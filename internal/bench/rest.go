@@ -23,7 +23,7 @@ func startRelay(ctx context.Context, pool *pgxpool.Pool, batch int) (*events.Rel
 	if err != nil {
 		return nil, err
 	}
-	r, err := events.NewRelay(pool, &events.Config{BatchSize: batch, Logger: quiet})
+	r, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: batch, Logger: quiet})
 	if err != nil {
 		return nil, err
 	}

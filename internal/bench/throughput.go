@@ -104,7 +104,7 @@ func drainWithRelaysRounds(ctx context.Context, pool *pgxpool.Pool, relays, batc
 	}
 	var rs []*events.Relay
 	for range relays {
-		r, err := events.NewRelay(pool, &events.Config{BatchSize: batch, MaxRoundsInFlight: rounds, Logger: quiet})
+		r, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: batch, MaxRoundsInFlight: rounds, Logger: quiet})
 		if err != nil {
 			return 0, err
 		}

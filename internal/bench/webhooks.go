@@ -102,7 +102,7 @@ func deliveries(ctx context.Context, h *harness, url string, endpoints, perEndpo
 			return 0, err
 		}
 	}
-	relay, err := events.NewRelay(pool, &events.Config{Logger: quiet})
+	relay, err := events.NewRelay(pool, &events.RelayConfig{Logger: quiet})
 	if err != nil {
 		return 0, err
 	}

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,13 +47,11 @@ type Listener struct {
 
 	// OnNotify is called, on the Run goroutine, for every notification.
 	OnNotify func(channel, payload string)
-	// OnConnect is called after every successful (re)connect, once LISTEN is
-	// in effect: notifications sent while disconnected are lost, so callers
+	// OnConnect is called after every successful connect, once LISTEN is
+	// in effect, with whether an earlier session of this Listener had
+	// connected: notifications sent while disconnected are lost, so callers
 	// re-check state here.
-	OnConnect func()
-	// OnDisconnect is called, with the reason, whenever a session that had
-	// connected ends before ctx does.
-	OnDisconnect func(err error)
+	OnConnect func(reconnect bool)
 
 	// PingInterval is how long the connection may stay silent before it is
 	// pinged, and how long the ping may take. Defaults to PingIntervalDefault.
@@ -61,9 +60,17 @@ type Listener struct {
 	Logger *slog.Logger
 	// ReconnectMin and ReconnectMax bound the pause between attempts.
 	ReconnectMin, ReconnectMax time.Duration
-	// Sleep waits d or until ctx ends; tests replace it.
+	// Sleep waits d or until ctx ends. Defaults to backoff.Sleep; tests
+	// replace it.
 	Sleep func(ctx context.Context, d time.Duration)
+
+	listening atomic.Bool // LISTEN is in effect
+	connected atomic.Bool // a session has connected
 }
+
+// Listening reports whether LISTEN is in effect: a session has connected
+// and has not ended.
+func (l *Listener) Listening() bool { return l.listening.Load() }
 
 // PingIntervalDefault is Listener.PingInterval's default, River's.
 const PingIntervalDefault = 5 * time.Second
@@ -81,49 +88,63 @@ func (l *Listener) Run(ctx context.Context) {
 		d := backoff.Delay(failures, l.ReconnectMin, l.ReconnectMax)
 		l.Logger.WarnContext(ctx, "events: listener connection lost; reconnecting",
 			slog.String("err", err.Error()), slog.Duration("in", d), slog.Int("failures", failures))
-		l.Sleep(ctx, d)
+		if l.Sleep != nil {
+			l.Sleep(ctx, d)
+		} else {
+			_ = backoff.Sleep(ctx, d)
+		}
 	}
 }
 
 // session connects, listens and relays notifications until the connection or
 // ctx fails, or the server stops answering pings.
-func (l *Listener) session(ctx context.Context, failures *int) (err error) {
+func (l *Listener) session(ctx context.Context, failures *int) error {
 	ping := l.PingInterval
 	if ping <= 0 {
 		ping = PingIntervalDefault
 	}
-	// The dial is bounded like a silent session: a path that accepts TCP
-	// and answers nothing (a proxy that lost the server) would otherwise
-	// hold the startup handshake forever.
+	conn, err := l.open(ctx, ping)
+	if err != nil {
+		return err
+	}
+	defer closeConn(ctx, conn) // the session is over either way
+	*failures = 0
+	l.listening.Store(true)
+	reconnect := l.connected.Swap(true)
+	if l.OnConnect != nil {
+		l.OnConnect(reconnect)
+	}
+	defer l.listening.Store(false)
+	return l.relay(ctx, conn, ping)
+}
+
+// open connects and LISTENs on the channels. The dial is bounded like a
+// silent session (twice ping): a path that accepts TCP and answers nothing
+// (a proxy that lost the server) would otherwise hold the startup handshake
+// forever; each LISTEN is bounded by ping.
+func (l *Listener) open(ctx context.Context, ping time.Duration) (*pgx.Conn, error) {
 	dialCtx, cancelDial := context.WithTimeout(ctx, 2*ping)
 	conn, err := l.connect(dialCtx)
 	cancelDial()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx) // the session is over either way
-	}()
 	keepAlive(conn.PgConn().Conn())
 	for _, ch := range l.Channels {
 		listenCtx, cancel := context.WithTimeout(ctx, ping)
 		_, err := conn.Exec(listenCtx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
 		cancel()
 		if err != nil {
-			return err
+			closeConn(ctx, conn)
+			return nil, err
 		}
 	}
-	*failures = 0
-	if l.OnConnect != nil {
-		l.OnConnect()
-	}
-	defer func() {
-		if ctx.Err() == nil && l.OnDisconnect != nil {
-			l.OnDisconnect(err)
-		}
-	}()
+	return conn, nil
+}
+
+// relay hands every notification to OnNotify until the connection or ctx
+// fails, or a ping after a silent interval goes unanswered within ping.
+func (l *Listener) relay(ctx context.Context, conn *pgx.Conn, ping time.Duration) error {
 	for {
 		waitCtx, cancel := context.WithTimeout(ctx, ping)
 		n, err := conn.WaitForNotification(waitCtx)
@@ -144,11 +165,17 @@ func (l *Listener) session(ctx context.Context, failures *int) (err error) {
 				}
 				return fmt.Errorf("no answer to a ping within %v: %w", ping, err)
 			}
-			continue
 		default:
 			return err
 		}
 	}
+}
+
+// closeConn closes conn within a second, even once ctx has ended.
+func closeConn(ctx context.Context, conn *pgx.Conn) {
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = conn.Close(closeCtx)
 }
 
 // keepAlive turns on TCP keepalives that notice a dead peer within about
@@ -176,14 +203,4 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 		cfg.RuntimeParams["application_name"] = l.ApplicationName
 	}
 	return pgx.ConnectConfig(ctx, cfg)
-}
-
-// SleepContext waits d or until ctx ends.
-func SleepContext(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

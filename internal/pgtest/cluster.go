@@ -15,17 +15,13 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ErrNoBinaries is returned by Start when no PostgreSQL server binaries can be
@@ -45,7 +41,7 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
-	exited  chan struct{}
+	exited  <-chan struct{}
 	logFile *os.File
 }
 
@@ -116,41 +112,36 @@ func start(ctx context.Context, durable bool) (*Cluster, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	// A port picked as free can be taken before postgres binds it: try a few.
+	if err := c.startOnFreePort(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// startOnFreePort starts the server on a free port. A port picked as free
+// can be taken before postgres binds it: it tries a few.
+func (c *Cluster) startOnFreePort(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
-		if c.port, err = freePort(); err != nil {
-			break
+		port, err := freePort()
+		if err != nil {
+			return err
 		}
-		if err = c.Start(ctx); err == nil {
-			return c, nil
-		}
-		if attempt == 4 || ctx.Err() != nil {
-			break
+		c.port = port
+		if err = c.Start(ctx); err == nil || attempt == 4 || ctx.Err() != nil {
+			return err
 		}
 	}
-	c.Close()
-	return nil, err
 }
 
 func (c *Cluster) init(ctx context.Context) error {
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return fmt.Errorf("pgtest: running as root, and PostgreSQL refuses root, but there is no postgres user to run it as: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	cred, err := serverCredential("PostgreSQL")
+	if err != nil {
+		return err
 	}
-	if err := os.MkdirAll(c.sockDir, 0o700); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
-	}
-	if c.cred != nil {
-		for _, d := range []string{c.dir, c.sockDir} {
-			if err := os.Chown(d, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
-				return fmt.Errorf("pgtest: %w", err)
-			}
-		}
+	c.cred = cred
+	if err := c.makeDirs(); err != nil {
+		return err
 	}
 	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, "initdb"),
 		"-D", c.dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
@@ -159,6 +150,15 @@ func (c *Cluster) init(ctx context.Context) error {
 		return fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
 	}
 	return nil
+}
+
+// makeDirs makes the socket directory, and gives it and the cluster's
+// directory to the user the server runs as.
+func (c *Cluster) makeDirs() error {
+	if err := os.MkdirAll(c.sockDir, 0o700); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	return chown(c.cred, c.dir, c.sockDir)
 }
 
 // Start starts the server (again) on its data directory and port and waits
@@ -174,6 +174,35 @@ func (c *Cluster) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pgtest: %w", err)
 	}
+	cmd := exec.Command(filepath.Join(c.binDir, "postgres"), c.serverArgs()...)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	exited, err := startServer(cmd, c.cred)
+	if err != nil {
+		logFile.Close()
+		return fmt.Errorf("pgtest: starting postgres: %w", err)
+	}
+	c.cmd, c.exited, c.logFile = cmd, exited, logFile
+
+	err = awaitConnections(ctx, c.URL("postgres"), exited, 60*time.Second)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errExited):
+		c.cmd = nil
+		logFile.Close()
+		return fmt.Errorf("pgtest: postgres exited at start-up; log:\n%s", c.logTail())
+	case ctx.Err() != nil:
+		c.stopLocked()
+		return ctx.Err()
+	}
+	c.stopLocked()
+	return fmt.Errorf("pgtest: postgres did not accept connections within 60s: %w; log:\n%s", err, c.logTail())
+}
+
+// serverArgs are postgres's arguments: the cluster's directories and port,
+// and, unless durable, no durability.
+func (c *Cluster) serverArgs() []string {
 	args := []string{
 		"-D", c.dataDir,
 		"-p", strconv.Itoa(c.port),
@@ -186,55 +215,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 	if !c.durable {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
 	}
-	cmd := exec.Command(filepath.Join(c.binDir, "postgres"), args...)
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
-	// Pdeathsig is tied to the OS thread that forks, so the fork happens on a
-	// locked thread that stays alive for as long as the server does: a test
-	// binary that dies takes its server with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGKILL}
-	started := make(chan error, 1)
-	exited := make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			close(exited)
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	if err := <-started; err != nil {
-		logFile.Close()
-		return fmt.Errorf("pgtest: starting postgres: %w", err)
-	}
-	c.cmd, c.exited, c.logFile = cmd, exited, logFile
-
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		conn, err := pgx.Connect(ctx, c.URL("postgres"))
-		if err == nil {
-			conn.Close(ctx)
-			return nil
-		}
-		select {
-		case <-exited:
-			c.cmd = nil
-			logFile.Close()
-			return fmt.Errorf("pgtest: postgres exited at start-up; log:\n%s", c.logTail())
-		case <-ctx.Done():
-			c.stopLocked()
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			c.stopLocked()
-			return fmt.Errorf("pgtest: postgres did not accept connections within 60s: %w; log:\n%s", err, c.logTail())
-		}
-	}
+	return args
 }
 
 // Stop shuts the server down (fast mode: open connections are terminated, as
@@ -246,17 +227,15 @@ func (c *Cluster) Stop() {
 	c.stopLocked()
 }
 
-func (c *Cluster) stopLocked() {
+func (c *Cluster) stopLocked() { c.shutDownLocked(syscall.SIGINT) }
+
+// shutDownLocked sends sig to the server (SIGINT: a fast shutdown; SIGQUIT:
+// an immediate one) and waits for it to exit, killing it after 30 s.
+func (c *Cluster) shutDownLocked(sig os.Signal) {
 	if c.cmd == nil {
 		return
 	}
-	_ = c.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-c.exited:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.exited
-	}
+	stopServer(c.cmd, c.exited, sig, 30*time.Second)
 	c.logFile.Close()
 	c.cmd = nil
 }

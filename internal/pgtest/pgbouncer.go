@@ -7,15 +7,11 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ErrNoPgBouncer is returned by StartPgBouncer when the pgbouncer binary is
@@ -28,7 +24,7 @@ type PgBouncer struct {
 	dir    string
 	port   int
 	cmd    *exec.Cmd
-	exited chan struct{}
+	exited <-chan struct{}
 }
 
 // StartPgBouncer starts PgBouncer in transaction pooling mode in front of the
@@ -51,12 +47,39 @@ func StartPgBouncer(ctx context.Context, serverURL string) (*PgBouncer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
-	b := &PgBouncer{dir: dir, exited: make(chan struct{})}
-	if b.port, err = freePort(); err != nil {
+	b := &PgBouncer{dir: dir}
+	cred, err := b.configure(u)
+	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	userName := u.User.Username()
+	b.cmd = exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+	if b.exited, err = startServer(b.cmd, cred); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("pgtest: starting pgbouncer: %w", err)
+	}
+	err = awaitConnections(ctx, b.URL(serverURL), b.exited, 30*time.Second)
+	switch {
+	case err == nil:
+		return b, nil
+	case errors.Is(err, errExited):
+		log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("pgtest: pgbouncer exited at start-up: %s", strings.TrimSpace(string(log)))
+	}
+	b.Close()
+	return nil, fmt.Errorf("pgtest: pgbouncer did not accept connections within 30s: %w", err)
+}
+
+// configure picks b's port and writes its configuration, in transaction
+// pooling mode in front of the server of u, trusting u's user. It returns
+// the credential to run it with (as root: the postgres user's, who then owns
+// b's directory).
+func (b *PgBouncer) configure(u *url.URL) (*syscall.Credential, error) {
+	var err error
+	if b.port, err = freePort(); err != nil {
+		return nil, err
+	}
 	ini := fmt.Sprintf(`[databases]
 * = host=%s port=%s
 
@@ -72,64 +95,18 @@ default_pool_size = 40
 ignore_startup_parameters = extra_float_digits
 logfile = %s
 pidfile =
-`, u.Hostname(), u.Port(), b.port, filepath.Join(dir, "users.txt"), filepath.Join(dir, "pgbouncer.log"))
-	if err := os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o644); err != nil {
+`, u.Hostname(), u.Port(), b.port, filepath.Join(b.dir, "users.txt"), filepath.Join(b.dir, "pgbouncer.log"))
+	if err := os.WriteFile(filepath.Join(b.dir, "pgbouncer.ini"), []byte(ini), 0o644); err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "users.txt"), []byte(strconv.Quote(userName)+` ""`+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(b.dir, "users.txt"), []byte(strconv.Quote(u.User.Username())+` ""`+"\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		pu, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("pgtest: pgbouncer refuses root, and there is no postgres user to run it as: %w", err)
-		}
-		uid, _ := strconv.Atoi(pu.Uid)
-		gid, _ := strconv.Atoi(pu.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return nil, fmt.Errorf("pgtest: %w", err)
-		}
+	cred, err := serverCredential("PgBouncer")
+	if err != nil {
+		return nil, err
 	}
-	b.cmd = exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // Pdeathsig follows the forking thread
-		defer runtime.UnlockOSThread()
-		if err := b.cmd.Start(); err != nil {
-			started <- err
-			close(b.exited)
-			return
-		}
-		started <- nil
-		_ = b.cmd.Wait()
-		close(b.exited)
-	}()
-	if err := <-started; err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("pgtest: starting pgbouncer: %w", err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		conn, err := pgx.Connect(ctx, b.URL(serverURL))
-		if err == nil {
-			conn.Close(ctx)
-			return b, nil
-		}
-		select {
-		case <-b.exited:
-			log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
-			os.RemoveAll(dir)
-			return nil, fmt.Errorf("pgtest: pgbouncer exited at start-up: %s", strings.TrimSpace(string(log)))
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			b.Close()
-			return nil, fmt.Errorf("pgtest: pgbouncer did not accept connections within 30s: %w", err)
-		}
-	}
+	return cred, chown(cred, b.dir)
 }
 
 // URL returns serverURL with its host and port replaced by PgBouncer's.
@@ -145,13 +122,7 @@ func (b *PgBouncer) URL(serverURL string) string {
 // Close stops PgBouncer and removes its files.
 func (b *PgBouncer) Close() {
 	if b.cmd != nil && b.cmd.Process != nil {
-		_ = b.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-b.exited:
-		case <-time.After(5 * time.Second):
-			_ = b.cmd.Process.Kill()
-			<-b.exited
-		}
+		stopServer(b.cmd, b.exited, syscall.SIGTERM, 5*time.Second)
 	}
 	os.RemoveAll(b.dir)
 }

@@ -32,15 +32,8 @@ func (c *Cluster) Standby(ctx context.Context) (*Cluster, error) {
 		sockDir: filepath.Join(dir, "sock"),
 		cred:    c.cred,
 	}
-	if err := os.MkdirAll(s.sockDir, 0o700); err != nil {
-		return nil, fmt.Errorf("pgtest: %w", err)
-	}
-	if s.cred != nil {
-		for _, d := range []string{s.dir, s.sockDir} {
-			if err := os.Chown(d, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
-				return nil, fmt.Errorf("pgtest: %w", err)
-			}
-		}
+	if err := s.makeDirs(); err != nil {
+		return nil, err
 	}
 	// -R writes standby.signal and primary_conninfo; -X stream brings the
 	// WAL written during the copy along.
@@ -52,18 +45,7 @@ func (c *Cluster) Standby(ctx context.Context) (*Cluster, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pgtest: pg_basebackup: %w\n%s", err, out)
 	}
-	for attempt := 0; ; attempt++ {
-		if s.port, err = freePort(); err != nil {
-			break
-		}
-		if err = s.Start(ctx); err == nil {
-			break
-		}
-		if attempt == 4 || ctx.Err() != nil {
-			break
-		}
-	}
-	if err != nil {
+	if err := s.startOnFreePort(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -71,7 +53,16 @@ func (c *Cluster) Standby(ctx context.Context) (*Cluster, error) {
 		s.Close()
 		return nil, err
 	}
-	// Wait until the primary counts it as its synchronous standby.
+	if err := c.awaitSyncStandby(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("pgtest: the standby never became synchronous (%w); log:\n%s", err, s.logTail())
+	}
+	return s, nil
+}
+
+// awaitSyncStandby waits, up to a minute, until c counts a standby as its
+// synchronous one.
+func (c *Cluster) awaitSyncStandby(ctx context.Context) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var sync bool
@@ -81,14 +72,13 @@ func (c *Cluster) Standby(ctx context.Context) (*Cluster, error) {
 			conn.Close(ctx)
 		}
 		if err == nil && sync {
-			return s, nil
+			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			if err == nil {
 				err = errors.New("pg_stat_replication shows no synchronous standby")
 			}
-			s.Close()
-			return nil, fmt.Errorf("pgtest: the standby never became synchronous (%w); log:\n%s", err, s.logTail())
+			return err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -104,18 +94,7 @@ func (c *Cluster) Promote(ctx context.Context) error {
 func (c *Cluster) Crash() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cmd == nil {
-		return
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGQUIT)
-	select {
-	case <-c.exited:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.exited
-	}
-	c.logFile.Close()
-	c.cmd = nil
+	c.shutDownLocked(syscall.SIGQUIT)
 }
 
 // Port is the server's TCP port on 127.0.0.1.

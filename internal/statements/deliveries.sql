@@ -1,0 +1,137 @@
+-- Delivery state per (event, subscriber): the relay's deliveries lane and
+-- the operator's statements on pairs. outbox_deliveries holds only pairs
+-- still owed (retrying, poisoned, paused, or owed to a subscriber the
+-- stamping relay did not know).
+
+-- name: ClaimOwed
+-- Owed pairs of the subscribers $1 the relay knows, due, of subscribers
+-- neither retired nor paused, one row per pair with its event, up to $2;
+-- both rows locked (the event's fanout is extended), skipped when another
+-- round holds either.
+SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber
+  FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
+ WHERE d.subscriber = ANY($1::text[]) AND d.poisoned_at IS NULL AND d.next_attempt_at <= now()
+   AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_subscribers s
+                WHERE s.name = d.subscriber AND s.retired_at IS NULL AND s.paused_at IS NULL)
+ ORDER BY d.next_attempt_at, d.event_seq LIMIT $2
+   FOR UPDATE OF d, e SKIP LOCKED;
+
+-- name: ClaimOwedOne
+-- As ClaimOwed, for the event $2 only.
+SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber
+  FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
+ WHERE d.subscriber = ANY($1::text[]) AND d.poisoned_at IS NULL AND d.next_attempt_at <= now()
+   AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_subscribers s
+                WHERE s.name = d.subscriber AND s.retired_at IS NULL AND s.paused_at IS NULL)
+   AND d.event_seq = $2
+   FOR UPDATE OF d, e SKIP LOCKED;
+
+-- name: StampOwed
+-- The deliveries lane's stamp: the events' fanouts extended by the new jobs
+-- ($1 seqs, $2 fanout documents) and the pairs served ($3 seqs, $4
+-- subscribers) deleted, in the round's transaction.
+WITH f AS (
+    UPDATE /* TEMPLATE: schema */outbox_events AS e
+       SET fanout = coalesce(e.fanout, '{}') || u.fanout::jsonb
+      FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout)
+     WHERE e.seq = u.seq)
+DELETE FROM /* TEMPLATE: schema */outbox_deliveries AS d
+ USING unnest($3::bigint[], $4::text[]) AS p(seq, sub)
+ WHERE d.event_seq = p.seq AND d.subscriber = p.sub;
+
+-- name: ChargeDeliveries
+-- A failed attempt of pairs ($1 seqs, $2 subscribers, $3 errors, $4 pauses
+-- in µs, $5 MaxAttempts): the first one writes the owed pair, a later one
+-- counts up; the last is poisoned, and announced on the fanned channel for
+-- the receipts. The error joins the pair's history of its last 10. Pairs of
+-- a subscriber retired meanwhile are not written (its registry row is read
+-- FOR KEY SHARE, as in Stamp).
+WITH reg AS (
+    SELECT name FROM /* TEMPLATE: schema */outbox_subscribers
+     WHERE name = ANY($2::text[]) AND retired_at IS NULL
+       FOR KEY SHARE),
+c AS (
+    INSERT INTO /* TEMPLATE: schema */outbox_deliveries AS d
+           (event_seq, subscriber, attempts, next_attempt_at, poisoned_at, last_error, errors)
+    SELECT u.seq, u.sub, 1, now() + u.delay * interval '1 microsecond', CASE WHEN 1 >= $5 THEN now() END, u.err,
+           jsonb_build_array(jsonb_build_object('at', now(), 'error', u.err))
+      FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[]) AS u(seq, sub, err, delay) JOIN reg ON reg.name = u.sub
+    ON CONFLICT (event_seq, subscriber) DO UPDATE
+       SET attempts = d.attempts + 1, next_attempt_at = EXCLUDED.next_attempt_at,
+           poisoned_at = CASE WHEN d.attempts + 1 >= $5 THEN now() END, last_error = EXCLUDED.last_error,
+           errors = (SELECT jsonb_agg(x ORDER BY n)
+                       FROM (SELECT x, n FROM jsonb_array_elements(d.errors || EXCLUDED.errors)
+                             WITH ORDINALITY AS a(x, n) ORDER BY n DESC LIMIT 10) h)
+    RETURNING event_seq, subscriber, poisoned_at IS NOT NULL AS poisoned)
+SELECT c.event_seq, c.subscriber, c.poisoned,
+       CASE WHEN c.poisoned THEN pg_notify(/* TEMPLATE_BEGIN: channel_fanned */'standmeet_events_fanned'/* TEMPLATE_END */,
+                                           (SELECT id::text FROM /* TEMPLATE: schema */outbox_events WHERE seq = c.event_seq)) END
+  FROM c;
+
+-- Pairs for operators. A pair is named by its event's ID ($1) and its
+-- subscriber ($2).
+
+-- name: DeliveriesOf
+-- $1 the event's seq.
+SELECT e.seq, e.id, e.type, e.subject, d.subscriber, d.attempts, d.last_error, d.errors, d.next_attempt_at, d.poisoned_at, d.created_at
+  FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
+ WHERE d.event_seq = $1
+ ORDER BY d.subscriber;
+
+-- name: ListDeliveries
+-- $1 limit, $2 'owed' or 'poisoned', $3 type regexp or NULL, $4 subscriber
+-- or NULL, $5 and $6 the cursor (seq, subscriber) or NULL.
+SELECT e.seq, e.id, e.type, e.subject, d.subscriber, d.attempts, d.last_error, d.errors, d.next_attempt_at, d.poisoned_at, d.created_at
+  FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
+ WHERE (d.poisoned_at IS NOT NULL) = ($2 = 'poisoned')
+   AND ($3::text IS NULL OR ('.' || e.type) ~ $3) AND ($4::text IS NULL OR d.subscriber = $4)
+   AND ($5::bigint IS NULL OR (d.event_seq, d.subscriber) > ($5, $6::text))
+ ORDER BY d.event_seq, d.subscriber LIMIT $1;
+
+-- name: RequeueDelivery
+WITH p AS (
+    SELECT d.event_seq, d.poisoned_at
+      FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
+     WHERE e.id = $1 AND d.subscriber = $2),
+q AS (
+    UPDATE /* TEMPLATE: schema */outbox_deliveries SET poisoned_at = NULL, attempts = 0, next_attempt_at = now()
+     WHERE (event_seq, subscriber) IN (SELECT event_seq, $2 FROM p WHERE poisoned_at IS NOT NULL)
+    RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM p), EXISTS (SELECT 1 FROM q),
+       (SELECT pg_notify(/* TEMPLATE_BEGIN: channel_events */'standmeet_events'/* TEMPLATE_END */, ''));
+
+-- name: DiscardDelivery
+WITH p AS (
+    SELECT d.event_seq, d.poisoned_at
+      FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
+     WHERE e.id = $1 AND d.subscriber = $2),
+q AS (
+    DELETE FROM /* TEMPLATE: schema */outbox_deliveries
+     WHERE (event_seq, subscriber) IN (SELECT event_seq, $2 FROM p WHERE poisoned_at IS NOT NULL)
+    RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM p), EXISTS (SELECT 1 FROM q);
+
+-- By filter, a batch at a time: $1 type regexp or NULL, $2 subscriber or
+-- NULL, $3 batch size.
+
+-- name: RequeueDeliveries
+WITH q AS (
+    UPDATE /* TEMPLATE: schema */outbox_deliveries SET poisoned_at = NULL, attempts = 0, next_attempt_at = now()
+     WHERE (event_seq, subscriber) IN (
+           SELECT d.event_seq, d.subscriber
+             FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
+            WHERE d.poisoned_at IS NOT NULL AND ($1::text IS NULL OR ('.' || e.type) ~ $1) AND ($2::text IS NULL OR d.subscriber = $2)
+            LIMIT $3 FOR UPDATE OF d SKIP LOCKED)
+    RETURNING 1)
+SELECT count(*), (SELECT pg_notify(/* TEMPLATE_BEGIN: channel_events */'standmeet_events'/* TEMPLATE_END */, '')) FROM q;
+
+-- name: DiscardDeliveries
+WITH q AS (
+    DELETE FROM /* TEMPLATE: schema */outbox_deliveries
+     WHERE (event_seq, subscriber) IN (
+           SELECT d.event_seq, d.subscriber
+             FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
+            WHERE d.poisoned_at IS NOT NULL AND ($1::text IS NULL OR ('.' || e.type) ~ $1) AND ($2::text IS NULL OR d.subscriber = $2)
+            LIMIT $3 FOR UPDATE OF d SKIP LOCKED)
+    RETURNING 1)
+SELECT count(*) FROM q;

@@ -1,0 +1,114 @@
+-- The relay's pending lane: events not yet fanned out, claimed FOR UPDATE
+-- SKIP LOCKED, mapped, and stamped in the round's transaction.
+--
+-- Every claim returns the same columns (scanClaimed): the event, its
+-- attempts and trace context, and paused, read once per claim (an InitPlan
+-- on the small registry): the subscribers an operator paused, for which the
+-- round maps nothing and the stamp leaves the pairs owed.
+--
+-- Never "seq > cursor": a row whose transaction commits late has a lower seq
+-- than rows already fanned out, and must still be found. Rows that failed
+-- before wait for their retry time in ClaimDue.
+
+-- name: ClaimBatch
+-- $1 batch size.
+SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,
+       (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
+         WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
+  FROM /* TEMPLATE: schema */outbox_events
+ WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts = 0
+ ORDER BY seq LIMIT $1
+   FOR UPDATE SKIP LOCKED;
+
+-- name: ClaimOne
+-- $1 seq.
+SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,
+       (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
+         WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
+  FROM /* TEMPLATE: schema */outbox_events
+ WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND seq = $1
+   FOR UPDATE SKIP LOCKED;
+
+-- name: ClaimDue
+-- $1 batch size: failed events whose retry is due.
+SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,
+       (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
+         WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
+  FROM /* TEMPLATE: schema */outbox_events
+ WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts > 0 AND next_attempt_at <= now()
+ ORDER BY next_attempt_at, seq LIMIT $1
+   FOR UPDATE SKIP LOCKED;
+
+-- name: Load
+-- $1 seq: a claimed event read again, unlocked.
+SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,
+       (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
+         WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
+  FROM /* TEMPLATE: schema */outbox_events
+ WHERE seq = $1;
+
+-- name: Poll
+-- One query tells an idle relay both whether new rows wait (a notification
+-- may have been throttled or lost) and when the next failed event or owed
+-- pair of its subscribers $1 is due; each through a small partial index.
+SELECT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_events
+                WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts = 0),
+       extract(epoch FROM least(
+           (SELECT min(next_attempt_at) FROM /* TEMPLATE: schema */outbox_events
+             WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts > 0),
+           (SELECT min(next_attempt_at) FROM /* TEMPLATE: schema */outbox_deliveries
+             WHERE subscriber = ANY($1::text[]) AND poisoned_at IS NULL
+               AND subscriber NOT IN (SELECT name FROM /* TEMPLATE: schema */outbox_subscribers
+                                       WHERE paused_at IS NOT NULL OR retired_at IS NOT NULL))) - now());
+
+-- name: Stamp
+-- $1 seqs, $2 their fanout documents, $3 the subscribers the round served:
+-- every other active registered subscriber whose types match an event (or
+-- whose types are unknown: registered by an older release) is owed it, as a
+-- pair. The registry rows read are locked FOR KEY SHARE, so a
+-- RetireSubscriber (which locks its row FOR UPDATE) waits for this stamp,
+-- and a stamp after it sees the subscriber retired: a retired name is never
+-- written back. When the relay knows every registered subscriber, which is
+-- the common path, no row is locked and no pair written.
+WITH lacking AS (
+    SELECT name, types_regexp FROM /* TEMPLATE: schema */outbox_subscribers
+     WHERE retired_at IS NULL AND name <> ALL($3::text[])
+       FOR KEY SHARE),
+stamped AS (
+    UPDATE /* TEMPLATE: schema */outbox_events AS e
+       SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL
+      FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout)
+     WHERE e.seq = u.seq
+    RETURNING e.seq, e.type)
+INSERT INTO /* TEMPLATE: schema */outbox_deliveries (event_seq, subscriber)
+SELECT st.seq, l.name
+  FROM stamped st JOIN lacking l ON l.types_regexp IS NULL OR ('.' || st.type) ~ l.types_regexp
+ON CONFLICT DO NOTHING;
+
+-- name: Charge
+-- A failed attempt of a whole event ($1 seq, $2 error, $3 pause in µs, $4
+-- MaxAttempts), poisoning the row at the last one: a failure no
+-- subscriber's pair could be blamed for (its stamp failed). A poisoning is
+-- announced on the fanned channel too: receipts waiting for the event must
+-- learn it will not be fanned out.
+WITH c AS (
+    UPDATE /* TEMPLATE: schema */outbox_events
+       SET attempts = attempts + 1, last_error = $2, next_attempt_at = now() + $3::bigint * interval '1 microsecond',
+           poisoned_at = CASE WHEN attempts + 1 >= $4 THEN now() END
+     WHERE seq = $1 AND fanned_out_at IS NULL AND poisoned_at IS NULL
+    RETURNING id, poisoned_at IS NOT NULL AS poisoned)
+SELECT poisoned,
+       CASE WHEN poisoned THEN pg_notify(/* TEMPLATE_BEGIN: channel_fanned */'standmeet_events_fanned'/* TEMPLATE_END */, id::text) END
+  FROM c;
+
+-- name: ConvertCatchUp
+-- $1 batch size: catch_up lists written by 0.1.0 relays become owed pairs.
+SELECT /* TEMPLATE: schema */outbox_convert_catch_up($1);
+
+-- name: NotifyFanned
+-- $1 the IDs fanned out, for the receipts.
+SELECT pg_notify(/* TEMPLATE_BEGIN: channel_fanned */'standmeet_events_fanned'/* TEMPLATE_END */, $1);
+
+-- name: NotifyEvents
+-- Wakes the relays, outside any host transaction (an awaiter's kick).
+SELECT pg_notify(/* TEMPLATE_BEGIN: channel_events */'standmeet_events'/* TEMPLATE_END */, '');

@@ -1,0 +1,96 @@
+-- Ordered subscribers (migration 008): a subscriber's jobs of one subject
+-- form a chain; only its head is released, the others wait in River's
+-- pending state, and the transaction that completes the head releases the
+-- next. The logic is in the migration's functions; these call them.
+--
+-- Where River's insert notification is sent, River's channel is named as
+-- River names it (riverpgxv5's PGNotifyMany): the schema, or
+-- current_schema() for the search_path, and ".river_insert".
+
+-- name: ChainPrepare
+-- Locks (creating if need be) the chains a round appends to and reports,
+-- for each, the earliest event of its subject still owed to the subscriber
+-- elsewhere (and when it is due), after waiting at most $10 ms for such an
+-- event that another round is fanning out: outbox_chain_prepare's
+-- arguments, in order.
+SELECT subscriber, subject, head_job, tail_job, next_pos, blocked, blocker_seq, blocker_due, tail_kind
+  FROM /* TEMPLATE: schema */outbox_chain_prepare($1::text[], $2::text[], $3::bigint[], $4::text[], $5::boolean[], $6::bigint[],
+       $7::bigint[], $8::bigint[], $9::text[], $10::integer);
+
+-- name: ChainAppend
+-- Sent with the round's stamp: links ($1 subscribers, $2 subjects, $3
+-- positions, $4 job IDs, $5 event seqs, $6 event IDs, $7 event types; a
+-- link whose job exists already, a replaced tail, is updated to the newer
+-- event), chains' heads and tails ($8 subscribers, $9 subjects, $10 first
+-- job appended, $11 last), and the args of pending tails replaced by a
+-- coalescing subscriber's newer event ($12 job IDs, $13 args).
+WITH ins AS (
+    INSERT INTO /* TEMPLATE: schema */outbox_chain_jobs AS l (subscriber, subject, pos, job_id, event_seq, event_id, event_type)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[]::uuid[], $7::text[])
+    ON CONFLICT (job_id) DO UPDATE SET event_seq = EXCLUDED.event_seq, event_id = EXCLUDED.event_id, event_type = EXCLUDED.event_type),
+heads AS (
+    UPDATE /* TEMPLATE: schema */outbox_chains AS c SET head_job = coalesce(c.head_job, u.first_job), tail_job = u.last_job
+      FROM unnest($8::text[], $9::text[], $10::bigint[], $11::bigint[]) AS u(subscriber, subject, first_job, last_job)
+     WHERE c.subscriber = u.subscriber AND c.subject = u.subject),
+replaced AS (
+    UPDATE /* TEMPLATE: schema */river_job AS j SET args = u.args::jsonb
+      FROM unnest($12::bigint[], $13::text[]) AS u(id, args)
+     WHERE j.id = u.id AND j.state = 'pending')
+SELECT 1;
+
+-- name: ChainDefer
+-- Owes pairs that could not be appended yet ($1 seqs, $2 subscribers), or
+-- counts up the deferral of pairs already owed: each is due when its blocker
+-- is ($5, where known), or else after $3 µs doubled by its deferrals so
+-- far, at most $4 µs. A deferral is not a failed attempt.
+INSERT INTO /* TEMPLATE: schema */outbox_deliveries AS d (event_seq, subscriber, next_attempt_at, deferrals)
+SELECT seq, sub, coalesce(due, now() + $3::bigint * interval '1 microsecond'), 1
+  FROM unnest($1::bigint[], $2::text[], $5::timestamptz[]) AS u(seq, sub, due)
+ON CONFLICT (event_seq, subscriber) DO UPDATE SET deferrals = d.deferrals + 1,
+    next_attempt_at = coalesce((SELECT u.due FROM unnest($1::bigint[], $2::text[], $5::timestamptz[]) AS u(seq, sub, due)
+                                 WHERE u.seq = EXCLUDED.event_seq AND u.sub = EXCLUDED.subscriber),
+        now() + least($3::bigint * power(2, least(d.deferrals, 30))::bigint, $4::bigint) * interval '1 microsecond');
+
+-- name: ChainAdvance
+-- outbox_chain_advance ($1 job, $2 attempt or NULL, $3 schema or NULL for
+-- River's channel): the outcome and the next job.
+SELECT outcome, next_job
+  FROM /* TEMPLATE: schema */outbox_chain_advance($1::bigint, $2::integer, concat(coalesce($3::text, current_schema()), '.river_insert'));
+
+-- name: ChainSweep
+-- outbox_chain_sweep ($1 subscribers, $2 those that continue past a
+-- discarded head, $3 limit, $4 schema or NULL for River's channel, $5 the
+-- advisory lock's class).
+SELECT subscriber, subject, job_id, action, state
+  FROM /* TEMPLATE: schema */outbox_chain_sweep($1::text[], $2::text[], $3::integer,
+       concat(coalesce($4::text, current_schema()), '.river_insert'), $5::integer);
+
+-- name: ChainResume
+-- Retries a blocked chain's head ($1 subscriber, $2 subject, $3 schema or
+-- NULL): 'done', 'unknown', 'not_blocked' or 'gone'.
+SELECT /* TEMPLATE: schema */outbox_chain_resume($1, $2, concat(coalesce($3::text, current_schema()), '.river_insert'));
+
+-- name: ChainSkip
+-- Gives a blocked chain's head up ($1 subscriber, $2 subject, $3 schema or
+-- NULL): 'done', 'unknown' or 'not_blocked'.
+SELECT /* TEMPLATE: schema */outbox_chain_skip($1, $2, concat(coalesce($3::text, current_schema()), '.river_insert'));
+
+-- name: ListChains
+-- Chains with jobs, by subscriber and subject: $1 limit, $2 subscriber or
+-- NULL, $3 blocked only, $4 and $5 the cursor (subscriber, subject) or NULL.
+SELECT c.subscriber, c.subject, c.head_job, c.blocked_at, coalesce(c.blocked_state, ''), coalesce(c.blocked_error, ''),
+       l.event_id, l.event_seq, l.event_type,
+       (SELECT count(*) FROM /* TEMPLATE: schema */outbox_chain_jobs w WHERE w.subscriber = c.subscriber AND w.subject = c.subject) AS jobs,
+       coalesce(j.state::text, ''), coalesce(j.attempt, 0), coalesce(j.max_attempts, 0),
+       coalesce(j.errors[array_upper(j.errors, 1)]->>'error', '')
+  FROM /* TEMPLATE: schema */outbox_chains c
+  LEFT JOIN /* TEMPLATE: schema */outbox_chain_jobs l ON l.job_id = c.head_job
+  LEFT JOIN /* TEMPLATE: schema */river_job j ON j.id = c.head_job
+ WHERE c.head_job IS NOT NULL AND ($2::text IS NULL OR c.subscriber = $2) AND (NOT $3::boolean OR c.blocked_at IS NOT NULL)
+   AND ($4::text IS NULL OR (c.subscriber, c.subject) > ($4, $5::text))
+ ORDER BY c.subscriber, c.subject LIMIT $1;
+
+-- name: JobState
+-- A River job's state and attempt ($1 job ID): has another worker's run
+-- superseded this one?
+SELECT state::text, attempt FROM /* TEMPLATE: schema */river_job WHERE id = $1;

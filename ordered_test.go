@@ -1013,3 +1013,39 @@ func TestOrderedInputIsValidated(t *testing.T) {
 	require.ErrorIs(t, o.ResumeChain(ctx, pool, "ledger", "s"), ErrUnknownChain)
 	require.Equal(t, "continue", OrderedContinue.String())
 }
+
+// Migrate applies a version the database lacks even when it has a higher
+// one: migration 008 (ordered subscribers) was numbered while 007 was on its
+// way, and a database migrated to 008 first must still get 007.
+func TestMigrateAppliesAMissingVersionBelowTheHighest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.URL(t))
+	files, err := loadMigrations()
+	require.NoError(t, err)
+	var m007 migrationFile
+	for _, f := range files {
+		if f.version == 7 {
+			m007 = f
+		}
+	}
+	require.NotEmpty(t, m007.down)
+	// The database as a branch that had 008 before 007 would leave it.
+	exec(t, pool, m007.down)
+	exec(t, pool, "DELETE FROM outbox_migration WHERE version = 7")
+	status, err := outbox.MigrationStatus(ctx, pool)
+	require.NoError(t, err)
+	for _, m := range status {
+		if m.Line == "events" && m.Version >= 7 {
+			require.Equal(t, m.Version == 8, m.Applied, "version %d", m.Version)
+		}
+	}
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	var versions []int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT array_agg(version ORDER BY version) FROM outbox_migration").Scan(&versions))
+	require.Contains(t, versions, 7)
+	require.Contains(t, versions, 8)
+	var body string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT prosrc FROM pg_proc WHERE proname = 'outbox_watch'").Scan(&body))
+	require.Contains(t, body, "outbox_uuidv7()", "007's trigger function is back")
+}

@@ -82,7 +82,7 @@ func (c *AwaiterConfig) withDefaults() AwaiterConfig {
 }
 
 func (c *AwaiterConfig) validate() error {
-	if err := c.Outbox.validate(); err != nil {
+	if err := c.Outbox.Validate(); err != nil {
 		return err
 	}
 	if c.NotFoundGrace < 0 {

@@ -113,9 +113,11 @@ func (o Outbox) withDefaults() Outbox {
 	return o
 }
 
-// validate refuses an Outbox no component can work with; the field names
-// are those of a config's Outbox field.
-func (o Outbox) validate() error {
+// Validate reports whether o can be used, as every component built from it
+// checks: an error wrapping [ErrInvalidConfig] that names the field (as a
+// config's Outbox field). Other packages building on the library (webhook,
+// eventsui) call it.
+func (o Outbox) Validate() error {
 	if _, err := statementsFor(o.Schema); err != nil {
 		return err
 	}
@@ -125,10 +127,6 @@ func (o Outbox) validate() error {
 	return nil
 }
 
-// Validate reports whether o can be used, as every component built from it
-// checks: an error wrapping [ErrInvalidConfig] that names the field. Other
-// packages building on the library (webhook, eventsui) call it.
-func (o Outbox) Validate() error { return o.validate() }
 
 // Notification throttling of [Outbox.NotifyInterval].
 const (

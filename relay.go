@@ -132,7 +132,7 @@ func (c *RelayConfig) withDefaults() RelayConfig {
 }
 
 func (c *RelayConfig) validate() error {
-	if err := c.Outbox.validate(); err != nil {
+	if err := c.Outbox.Validate(); err != nil {
 		return err
 	}
 	switch {

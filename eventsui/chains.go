@@ -40,7 +40,7 @@ func (h *handler) chainRoutes() {
 func (h *handler) chains(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	params := events.ListChainsParams{Subscriber: q.Get("subscriber"), Blocked: q.Get("blocked") == "1", After: q.Get("after")}
-	res, err := h.outbox().ListChains(r.Context(), h.db, params)
+	res, err := h.config.Outbox.ListChains(r.Context(), h.db, params)
 	var invalid *events.ValidationError
 	if errors.As(err, &invalid) {
 		h.fail(w, r, http.StatusBadRequest, "Bad request", fmt.Sprintf("%s %s", invalid.Field, invalid.Reason))
@@ -112,9 +112,9 @@ func (h *handler) chainChange(action Action) http.HandlerFunc {
 			h.fail(w, r, http.StatusBadRequest, "Bad request", "Name a subscriber and a subject.")
 			return
 		}
-		f, done := h.outbox().ResumeChain, "resumed: its head is retried"
+		f, done := h.config.Outbox.ResumeChain, "resumed: its head is retried"
 		if action == ActionChainSkip {
-			f, done = h.outbox().SkipChain, "skipped: its head is given up, the next job runs"
+			f, done = h.config.Outbox.SkipChain, "skipped: its head is given up, the next job runs"
 		}
 		if err := f(r.Context(), h.db, subscriber, subject); err != nil {
 			switch {

@@ -312,7 +312,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, title
 }
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
-	o := h.outbox()
+	o := h.config.Outbox
 	st, err := o.Stats(r.Context(), h.db)
 	if err != nil {
 		h.dbError(w, r, err)

@@ -69,12 +69,8 @@ func (h *handler) subscriberRoutes() {
 	h.mux.HandleFunc("POST "+p+"/events/{id}/deliveries/{subscriber}/discard", h.pairChange(ActionDiscard))
 }
 
-func (h *handler) outbox() events.Outbox {
-	return h.config.Outbox
-}
-
 func (h *handler) relays(w http.ResponseWriter, r *http.Request) {
-	list, err := h.outbox().ListRelays(r.Context(), h.db)
+	list, err := h.config.Outbox.ListRelays(r.Context(), h.db)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -106,7 +102,7 @@ type subscriberView struct {
 }
 
 func (h *handler) subscribers(w http.ResponseWriter, r *http.Request) {
-	o := h.outbox()
+	o := h.config.Outbox
 	ctx := r.Context()
 	subs, err := o.ListSubscribers(ctx, h.db)
 	if err != nil {
@@ -167,9 +163,9 @@ func (h *handler) pauseResume(action Action) http.HandlerFunc {
 			return
 		}
 		name := r.PathValue("name")
-		f, done := h.outbox().PauseSubscriber, "paused"
+		f, done := h.config.Outbox.PauseSubscriber, "paused"
 		if action == ActionResume {
-			f, done = h.outbox().ResumeSubscriber, "resumed"
+			f, done = h.config.Outbox.ResumeSubscriber, "resumed"
 		}
 		if err := f(r.Context(), h.db, name); err != nil {
 			if errors.Is(err, events.ErrUnknownSubscriber) {
@@ -194,9 +190,9 @@ func (h *handler) pairChange(action Action) http.HandlerFunc {
 			return
 		}
 		subscriber := r.PathValue("subscriber")
-		f, done := h.outbox().RequeueDelivery, "requeued"
+		f, done := h.config.Outbox.RequeueDelivery, "requeued"
 		if action == ActionDiscard {
-			f, done = h.outbox().DiscardDelivery, "discarded"
+			f, done = h.config.Outbox.DiscardDelivery, "discarded"
 		}
 		if err := f(r.Context(), h.db, id, subscriber); err != nil {
 			h.pairError(w, r, err)
@@ -226,7 +222,7 @@ func (h *handler) confirmPairDiscard(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	subscriber := r.PathValue("subscriber")
-	e, err := h.outbox().Inspect(r.Context(), h.db, id)
+	e, err := h.config.Outbox.Inspect(r.Context(), h.db, id)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -292,7 +288,7 @@ func (h *handler) poisonedFor(r *http.Request, list []events.EventInfo) map[uuid
 	for i, e := range list {
 		ids[i] = e.ID
 	}
-	names, err := h.outbox().PoisonedSubscribers(r.Context(), h.db, ids)
+	names, err := h.config.Outbox.PoisonedSubscribers(r.Context(), h.db, ids)
 	if err != nil {
 		h.config.Logger.WarnContext(r.Context(), "eventsui: reading the poisoned subscribers", slog.String("err", err.Error()))
 		return nil

@@ -127,7 +127,6 @@ func (o Outbox) Validate() error {
 	return nil
 }
 
-
 // Notification throttling of [Outbox.NotifyInterval].
 const (
 	NotifyIntervalDefault  = 2 * time.Millisecond

@@ -12,8 +12,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/standmeet/events/internal/hostcall"
 )
@@ -118,41 +120,41 @@ func (r *Relay) round(ctx context.Context, l lane, claimSQL string, args ...any)
 // in a savepoint of its own, so a job that River or PostgreSQL refuses is
 // charged to its pair alone: the retry of a row whose batch failed.
 func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, claimSQL string, args ...any) (claimed []int64, err error) {
-	var poisoned []pairFailure
+	var (
+		poisonedAt func() []pairFailure
+		span       trace.Span
+	)
 	start := time.Now()
 	defer func() {
+		if span != nil {
+			if err != nil {
+				span.RecordError(err)
+			}
+			span.End()
+		}
 		if len(claimed) > 0 {
 			r.metrics.roundDuration.Record(ctx, seconds(time.Since(start)), r.laneAttr[l])
 			r.metrics.batchSize.Record(ctx, int64(len(claimed)), r.laneAttr[l])
 		}
 	}()
-	err = r.beginRound(ctx, db, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, claimSQL, args...)
-		if err != nil {
-			return err
-		}
-		batch, err := collectClaimed(rows, l)
-		if err != nil {
-			return err
-		}
+	err = r.roundTx(ctx, db, l, claimSQL, args, func(tx pgx.Tx, batch []claimedRow) (*stamp, error) {
 		for _, c := range batch {
 			claimed = append(claimed, c.Seq)
 		}
 		if len(batch) == 0 {
-			return nil
+			return nil, nil
 		}
-		spanCtx, span := r.startRoundSpan(ctx, batch)
-		defer span.End()
 		// The round's span is the parent of what River's middleware does
-		// with the insert (otelriver's insert span).
-		poisoned, err = r.fanOut(spanCtx, tx, l, isolate, batch)
+		// with the insert (otelriver's insert span); it ends after the
+		// commit.
+		var spanCtx context.Context
+		spanCtx, span = r.startRoundSpan(ctx, batch)
+		st, err := r.fanOut(spanCtx, tx, l, isolate, batch)
 		if err != nil {
-			span.RecordError(err)
+			return nil, &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
 		}
-		if err != nil {
-			return &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
-		}
-		return nil
+		poisonedAt = st.poisonedAt
+		return st, nil
 	})
 	if err != nil {
 		return claimed, err
@@ -160,42 +162,147 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, 
 	if len(claimed) > 0 {
 		r.lastRound.Store(time.Now().UnixNano())
 	}
-	for _, p := range poisoned {
-		r.alertPair(ctx, p)
+	if poisonedAt != nil {
+		for _, p := range poisonedAt() {
+			r.alertPair(ctx, p)
+		}
 	}
 	return claimed, nil
 }
 
-// beginRound runs fn in a round's transaction: its own on the pool, or a
+// stamp is what a round writes last, once its jobs are in: the stamps of
+// its rows, the charges of its failed pairs and the notifications for the
+// receipts. A round of the relay's own sends it with its COMMIT, in one
+// round trip.
+type stamp struct {
+	pgx.Batch
+	events int
+	// poisonedAt lists the pairs the charges poisoned, once sent.
+	poisonedAt func() []pairFailure
+}
+
+// roundTx claims rows of lane l with claimSQL and args, runs work on them in
+// the same transaction, and sends the stamp work returns (nil: nothing to
+// stamp), then commits. The transaction is the round's own on the pool, or a
 // savepoint of the caller's transaction (FanOutTx), whose commit is the
 // caller's to decide.
 //
-// Its own begins with synchronous_commit off, in the BEGIN's round trip
-// (the Set's BeginRound). The round is atomic and idempotent on loss: if the
-// server crashes before its commit reaches disk (at most about three
-// wal_writer_delay, 600 ms by default), the jobs, the stamps and the
-// notifications vanish together and the rows are claimed again, so nothing
-// is lost and the database never holds two fan-outs of one event. Every
-// transaction that depends on the round commits synchronously after it —
-// River's fetch of a job, a worker's completion — and its flush (and its
-// wait for a synchronous standby) covers the round's commit record, so a job
-// any worker saw is never lost. What the round saves is its own WAL flush on
-// the fan-out path: about a quarter of commit-to-fanned at low rates.
-func (r *Relay) beginRound(ctx context.Context, db Beginner, fn func(pgx.Tx) error) error {
-	if pool, ok := db.(interface {
-		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
-	}); ok {
-		return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{BeginQuery: r.sql.BeginRound}, fn)
+// A round of its own takes two round trips beside its job insert: the BEGIN,
+// the setting below and the claim are sent together, and so are the stamp
+// and the COMMIT. A stamp that fails leaves the transaction aborted before
+// its COMMIT runs, and it is rolled back; a failed stamp comes back as a
+// *roundError, with rowFault set when the rows' data was refused.
+//
+// Its job inserts merge the pending lists of River's GIN indexes once they
+// pass 128 kB rather than 4 MB (RoundSettings says why: a 4 MB merge
+// stalled rounds for 80–180 ms).
+//
+// It commits with synchronous_commit off. The round is atomic and
+// idempotent on loss: if the server crashes before its commit reaches disk
+// (at most about three wal_writer_delay, 600 ms by default), the jobs, the
+// stamps and the notifications vanish together and the rows are claimed
+// again, so nothing is lost and the database never holds two fan-outs of
+// one event. Every transaction that depends on the round commits
+// synchronously after it — River's fetch of a job, a worker's completion —
+// and its flush (and its wait for a synchronous standby) covers the round's
+// commit record, so a job any worker saw is never lost. What the round saves
+// is its own WAL flush on the fan-out path: about a quarter of
+// commit-to-fanned at low rates.
+func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL string, args []any,
+	work func(tx pgx.Tx, batch []claimedRow) (*stamp, error),
+) (err error) {
+	tx, batch, release, err := r.beginClaim(ctx, db, l, claimSQL, args)
+	if err != nil {
+		return err
 	}
-	return pgx.BeginFunc(ctx, db, fn)
+	defer release()
+	committed := false
+	defer func() {
+		if !committed && tx.Conn().PgConn().TxStatus() != 'I' {
+			_ = tx.Rollback(ctx) // a failed rollback closes the connection
+		}
+	}()
+	st, err := work(tx, batch)
+	if err != nil {
+		return err
+	}
+	if st == nil || st.Len() == 0 {
+		committed = true
+		return tx.Commit(ctx)
+	}
+	own := db == Beginner(r.pool)
+	if own {
+		st.Queue(r.sql.Commit).Exec(func(tag pgconn.CommandTag) error {
+			if tag.String() == "ROLLBACK" {
+				return pgx.ErrTxCommitRollback
+			}
+			return nil
+		})
+	}
+	if err := tx.SendBatch(ctx, &st.Batch).Close(); err != nil {
+		return &roundError{err: fmt.Errorf("stamping %d events: %w", st.events, err), rowFault: isRowFault(ctx, nil, err)}
+	}
+	committed = true
+	if own {
+		return nil // the COMMIT was the batch's last statement
+	}
+	return tx.Commit(ctx)
 }
 
-// fanOut inserts the jobs of a claimed batch and stamps it, inside tx. A
-// pair whose subscriber's mapping fails (or, with isolate, whose job is
-// refused) is charged a failed attempt in the same transaction and stays
-// owed; every other pair goes ahead, and in the pending lane every event is
-// stamped fanned out. It returns the pairs this call poisoned.
-func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, batch []claimedRow) ([]pairFailure, error) {
+// beginClaim begins a round's transaction and claims its rows: on the pool,
+// the BEGIN, RoundSettings and the claim in one batch (one round trip);
+// inside the caller's transaction, a savepoint, then the claim. release
+// gives a pool connection back (one left inside a transaction is closed).
+func (r *Relay) beginClaim(ctx context.Context, db Beginner, l lane, claimSQL string, args []any) (pgx.Tx, []claimedRow, func(), error) {
+	collect := func(rows pgx.Rows) (batch []claimedRow, err error) { return collectClaimed(rows, l) }
+	if db != Beginner(r.pool) {
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		rows, err := tx.Query(ctx, claimSQL, args...)
+		var batch []claimedRow
+		if err == nil {
+			batch, err = collect(rows)
+		}
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return nil, nil, nil, err
+		}
+		return tx, batch, func() {}, nil
+	}
+	c, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var (
+		b     pgx.Batch
+		batch []claimedRow
+	)
+	b.BeginTx(pgx.TxOptions{AccessMode: pgx.ReadWrite})
+	b.Queue(r.sql.RoundSettings)
+	b.Queue(claimSQL, args...).Query(func(rows pgx.Rows) (err error) {
+		batch, err = collect(rows)
+		return err
+	})
+	br := c.SendBatch(ctx, &b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		if c.Conn().PgConn().TxStatus() != 'I' {
+			_ = tx.Rollback(ctx)
+		}
+		c.Release()
+		return nil, nil, nil, err
+	}
+	return tx, batch, c.Release, nil
+}
+
+// fanOut inserts the jobs of a claimed batch inside tx and returns the stamp
+// to send after them. A pair whose subscriber's mapping fails (or, with
+// isolate, whose job is refused) is charged a failed attempt in the stamp
+// and stays owed; every other pair goes ahead, and in the pending lane every
+// event is stamped fanned out.
+func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, batch []claimedRow) (*stamp, error) {
 	p, err := r.plan(ctx, l, batch)
 	if err != nil {
 		return nil, err
@@ -215,23 +322,20 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 		r.hooks.afterInsert(ctx, tx)
 	}
 	fanout := fanoutByEvent(p.jobs, results, len(batch))
-	var b pgx.Batch
+	st := &stamp{events: len(batch)}
 	fanned := 0
 	if l == laneOwed {
-		r.queueStampOwed(&b, batch, fanout, p.failed, chains)
+		r.queueStampOwed(&st.Batch, batch, fanout, p.failed, chains)
 	} else {
-		r.queueStampPending(&b, batch, fanout)
+		r.queueStampPending(&st.Batch, batch, fanout)
 		fanned = len(batch)
 	}
-	if err := chains.queue(&b, batch, p.jobs, results); err != nil {
+	if err := chains.queue(&st.Batch, batch, p.jobs, results); err != nil {
 		return nil, err
 	}
-	poisonedAt := r.queueDeliveryCharges(&b, p.failed)
-	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-		return nil, fmt.Errorf("stamping %d events: %w", len(batch), err)
-	}
+	st.poisonedAt = r.queueDeliveryCharges(&st.Batch, p.failed)
 	r.countFanOut(ctx, fanned, p.jobs, results)
-	return poisonedAt(), nil
+	return st, nil
 }
 
 // insertJobs inserts p's jobs in tx, all in one call, and returns their

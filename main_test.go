@@ -44,7 +44,8 @@ type testBundle struct {
 // setupOpts shapes setup; the zero value is an insert-only River client.
 type setupOpts struct {
 	config *RelayConfig
-	url    string // an existing database (another "process"); default: a new one
+	url    string        // an existing database (another "process"); default: a new one
+	pool   *pgxpool.Pool // the relay's pool, on url; default: a new one
 	// work makes the River client work jobs (handler subscribers, the sweep).
 	work         bool
 	periodicJobs []*river.PeriodicJob
@@ -60,7 +61,10 @@ func setup(t *testing.T, opts setupOpts, subs ...Subscriber) *testBundle {
 	if b.url == "" {
 		b.url = testdb.URL(t)
 	}
-	b.pool = testdb.Pool(t, b.url)
+	b.pool = opts.pool
+	if b.pool == nil {
+		b.pool = testdb.Pool(t, b.url)
+	}
 	cfg := opts.config
 	if cfg == nil {
 		cfg = &RelayConfig{}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
@@ -430,8 +433,9 @@ type immediateRetry struct{}
 func (immediateRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now() }
 
 // A round's own transaction commits without waiting for its WAL flush (a
-// lost round is redone whole: see beginRound); a FanOutTx round is the
-// caller's transaction, whose commit the caller decides.
+// lost round is redone whole: see roundTx) and merges River's GIN pending
+// lists at 128 kB (RoundSettings); a FanOutTx round is the caller's
+// transaction, whose settings the caller decides.
 func TestARoundCommitsAsynchronouslyAndFanOutTxLeavesTheCallersCommitAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -443,20 +447,123 @@ func TestARoundCommitsAsynchronouslyAndFanOutTxLeavesTheCallersCommitAlone(t *te
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	settings := make(chan string, 4)
 	b.relay.hooks.afterInsert = func(ctx context.Context, tx pgx.Tx) {
-		var s string
-		if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&s); err != nil {
+		var s, gin string
+		if err := tx.QueryRow(ctx, "SELECT current_setting('synchronous_commit'), current_setting('gin_pending_list_limit')").Scan(&s, &gin); err != nil {
 			s = err.Error()
 		}
-		settings <- s
+		settings <- s + " " + gin
 	}
 	b.record(t, Event{Type: "a"})
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		_, err := b.relay.FanOutTx(ctx, tx, b.client)
 		return err
 	}))
-	require.Equal(t, "on", <-settings, "FanOutTx changed the caller's commit")
+	require.Equal(t, "on 4MB", <-settings, "FanOutTx changed the caller's settings")
 
 	b.record(t, Event{Type: "b"})
 	b.start(t)
-	require.Equal(t, "off", <-settings, "the relay's round waits for its WAL flush")
+	require.Equal(t, "off 128kB", <-settings, "the relay's round waits for its WAL flush, or leaves River's GIN pending lists at 4 MB")
+}
+
+// A round of the relay's own costs two round trips of its own beside River's
+// job insert: the BEGIN, its setting and the claim together; the stamp, the
+// receipts' notification and the COMMIT together. (River adds its own
+// queries: a version probe once, an insert notification now and then.)
+func TestARoundTakesTwoRoundTripsBesideItsInsert(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	trips := &roundTrips{}
+	cfg.ConnConfig.Tracer = trips
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := setup(t, setupOpts{url: url, pool: pool}, mapSub("audit", false, "**"), mapSub("mail", false, "**"))
+	b.start(t)
+	b.settle(t)
+	ev := b.record(t, Event{Type: "a"})[0]
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[ev.ID].FannedOut }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, b.relay.Stop(ctx))
+
+	round := trips.roundOf(b.relay.sql.ClaimBatch, b.relay.sql.Commit, ev.ID.String())
+	require.NotNil(t, round, "no round fanned the event out: %v", trips.all())
+	var ours []string
+	inserts := 0
+	for _, op := range round {
+		switch {
+		case strings.HasPrefix(op, "-- name: JobInsert"):
+			inserts++
+		case !strings.HasPrefix(op, "-- name: "): // River's queries are named so
+			ours = append(ours, op)
+		}
+	}
+	require.Equal(t, 1, inserts, "River's job inserts in the round: %q", round)
+	require.Len(t, ours, 2, "the library's round trips in the round: %q", ours)
+	require.Contains(t, ours[0], "begin read write")
+	require.Contains(t, ours[1], b.relay.sql.Stamp)
+}
+
+// roundTrips records, per connection, what each round trip sent: a query's
+// SQL, or a batch's, joined.
+type roundTrips struct {
+	mu     sync.Mutex
+	byConn map[*pgx.Conn][]string
+}
+
+func (r *roundTrips) add(c *pgx.Conn, what string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byConn == nil {
+		r.byConn = map[*pgx.Conn][]string{}
+	}
+	r.byConn[c] = append(r.byConn[c], what)
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.add(c, d.SQL+fmt.Sprint(d.Args))
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, c *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var parts []string
+	for _, q := range d.Batch.QueuedQueries {
+		parts = append(parts, q.SQL+fmt.Sprint(q.Arguments))
+	}
+	r.add(c, strings.Join(parts, " ; "))
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// roundOf returns the round trips of a round on one connection, from the
+// one that sent claim to the one that ended it (commit, or pgx's own
+// "commit"), if any of them names mark; nil if none does.
+func (r *roundTrips) roundOf(claim, commit, mark string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ops := range r.byConn {
+		from := -1
+		for i, op := range ops {
+			if strings.Contains(op, claim) {
+				from = i
+			}
+			ends := strings.Contains(op, commit+"[]") || op == "commit[]"
+			if from < 0 || !ends {
+				continue
+			}
+			if strings.Contains(strings.Join(ops[from:i+1], " "), mark) {
+				return ops[from : i+1]
+			}
+			from = -1
+		}
+	}
+	return nil
+}
+
+func (r *roundTrips) all() map[*pgx.Conn][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.byConn)
 }

@@ -42,10 +42,6 @@ func TestEveryStatementPreparesInTheSearchPathAndInANamedSchema(t *testing.T) {
 					case strings.Contains(v.Field(i).String(), "TEMPLATE"):
 						// Call-time DDL (watch triggers, CREATE SCHEMA): the
 						// watch and migrate tests run it.
-					case f.Name == "BeginRound":
-						// Two statements, which only the simple protocol
-						// sends (pgx does, for a BeginQuery): every round
-						// runs it.
 					default:
 						_, err := conn.Conn().Prepare(ctx, "layer_"+f.Name, v.Field(i).String())
 						require.NoError(t, err, "%s does not prepare in schema %q", f.Name, schema)

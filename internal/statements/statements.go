@@ -116,8 +116,10 @@ type Set struct {
 	MigrationApplied, RelationExists, SetChannel                       string
 
 	// SetLocal ($1 setting, $2 value) sets a setting for the rest of the
-	// transaction; BeginRound begins a relay round's own (session.sql).
-	SetLocal, BeginRound string
+	// transaction; RoundSettings and Commit open and end a relay round's own
+	// transaction, each queued with the round's other statements
+	// (session.sql).
+	SetLocal, RoundSettings, Commit string
 
 	// Webhook is package webhook's (webhook.sql).
 	Webhook Webhook

@@ -18,6 +18,7 @@ import (
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/listener"
 	"github.com/standmeet/events/internal/logging"
+	"github.com/standmeet/events/internal/notifylimit"
 	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/wake"
@@ -217,12 +218,25 @@ func (a *Awaiter) poll(ctx context.Context) error {
 	return nil
 }
 
+// kickAfter is how long a waiter waits for its events before it wakes the
+// relays itself: longer than a round woken by the events' own notification
+// takes (commit to fanned out is 1–2 ms at p50), so a kick costs the relays
+// a round only when that notification was throttled, dropped or missed.
+//
+// The kick comes at once when Record in this process refused a transaction
+// its notification in the last kickAtOnceWithin: the waiter's own may be
+// one.
+const (
+	kickAfter        = 3 * time.Millisecond
+	kickAtOnceWithin = 100 * time.Millisecond
+)
+
 // kicker wakes the relays on behalf of waiters whose events are not fanned
-// out yet. Record throttles its notification (one transaction per
-// NotifyInterval sends one), so a writer that waits for its receipt right
-// after committing would otherwise wait for a relay's next re-check. The
-// kick is a notification of its own, sent after the host's commit and
-// outside its transaction; kicks are coalesced, one in flight per awaiter.
+// out kickAfter after the wait began. Record throttles its notification (one
+// transaction per NotifyInterval sends one), and a relay that is not
+// re-checking would then find the event only at its next poll. The kick is a
+// notification of its own, sent after the host's commit and outside its
+// transaction; kicks are coalesced, one in flight per awaiter.
 func (a *Awaiter) kicker(ctx context.Context) {
 	for {
 		select {
@@ -324,7 +338,8 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 	pending := append([]uuid.UUID(nil), ids...)
 	grace := time.NewTimer(a.config.NotFoundGrace)
 	defer grace.Stop()
-	graceOver, kicked := false, false
+	graceOver := false
+	var kick <-chan time.Time // armed at the first look that misses
 	for {
 		// Registered first, then checked: a fan-out that lands in between
 		// is seen here or wakes us.
@@ -348,11 +363,18 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 			}
 			return out, nil
 		}
-		if !kicked {
-			kicked = true
-			a.kick.Send()
+		if kick == nil {
+			after := kickAfter
+			if notifylimit.For(a.config.Outbox.Schema).RefusedWithin(kickAtOnceWithin) {
+				after = 0 // a transaction of this process did not notify
+			}
+			t := time.NewTimer(after)
+			defer t.Stop()
+			kick = t.C
 		}
 		select {
+		case <-kick:
+			a.kick.Send()
 		case <-w.wake:
 		case <-stopping:
 			return nil, fmt.Errorf("%w: the awaiter stopped", ErrNotRunning)

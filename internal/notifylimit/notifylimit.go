@@ -15,7 +15,8 @@ import (
 // Limiter lets at most one caller per interval through. The zero value is
 // ready.
 type Limiter struct {
-	last atomic.Int64 // nanoseconds since epoch (monotonic) of the last pass
+	last    atomic.Int64 // nanoseconds since epoch (monotonic) of the last pass
+	refused atomic.Int64 // and of the last refusal
 }
 
 // epoch anchors the monotonic clock readings.
@@ -25,18 +26,23 @@ var epoch = time.Now()
 // always, otherwise when interval has passed since the last caller that was
 // allowed. Callers that lose a race for the same slot are refused.
 func (l *Limiter) Allow(interval time.Duration) bool {
-	switch {
-	case interval < 0:
-		return false
-	case interval == 0:
+	if interval == 0 {
 		return true
 	}
-	now := int64(time.Since(epoch))
+	now := max(int64(time.Since(epoch)), 1)
 	last := l.last.Load()
-	if last != 0 && now-last < int64(interval) {
-		return false
+	if interval > 0 && (last == 0 || now-last >= int64(interval)) && l.last.CompareAndSwap(last, now) {
+		return true
 	}
-	return l.last.CompareAndSwap(last, max(now, 1))
+	l.refused.Store(now)
+	return false
+}
+
+// RefusedWithin reports whether a caller was refused in the last d: some
+// transaction of this process may have committed without notifying.
+func (l *Limiter) RefusedWithin(d time.Duration) bool {
+	refused := l.refused.Load()
+	return refused != 0 && int64(time.Since(epoch))-refused < int64(d)
 }
 
 var limiters sync.Map // key (a schema) -> *Limiter

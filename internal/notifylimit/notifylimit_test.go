@@ -54,3 +54,27 @@ func TestOnePassPerInterval(t *testing.T) {
 		t.Fatal("one limiter per key")
 	}
 }
+
+func TestRefusedWithin(t *testing.T) {
+	var l Limiter
+	if l.RefusedWithin(time.Hour) {
+		t.Fatal("nobody was refused yet")
+	}
+	l.Allow(time.Hour)
+	if l.RefusedWithin(time.Hour) {
+		t.Fatal("the first caller passed")
+	}
+	l.Allow(time.Hour)
+	if !l.RefusedWithin(time.Hour) {
+		t.Fatal("the second caller was refused")
+	}
+	var never Limiter
+	never.Allow(-1)
+	if !never.RefusedWithin(time.Hour) {
+		t.Fatal("a negative interval refuses")
+	}
+	time.Sleep(2 * time.Millisecond)
+	if never.RefusedWithin(time.Millisecond) {
+		t.Fatal("the refusal is older than a millisecond")
+	}
+}

@@ -110,7 +110,8 @@ type Awaiter struct {
 	// is over: the awaiter may be started again without Stop.
 	svc startstop.Base
 
-	kick wake.Signal // to the kicker: wake the relays
+	kick      wake.Signal   // to the kicker: wake the relays
+	kickAfter time.Duration // see kickAfter (a constant but in tests)
 
 	mu      sync.Mutex
 	waiters map[uuid.UUID]map[*waiter]struct{}
@@ -141,7 +142,7 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: awaiter metrics: %w", err)
 	}
-	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, kick: wake.New(),
+	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, kick: wake.New(), kickAfter: kickAfter,
 		waiters: map[uuid.UUID]map[*waiter]struct{}{}}, nil
 }
 
@@ -364,7 +365,7 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 			return out, nil
 		}
 		if kick == nil {
-			after := kickAfter
+			after := a.kickAfter
 			if notifylimit.For(a.config.Outbox.Schema).RefusedWithin(kickAtOnceWithin) {
 				after = 0 // a transaction of this process did not notify
 			}

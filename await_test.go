@@ -13,6 +13,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/testdb"
+
 	"github.com/standmeet/events/internal/listener"
 )
 
@@ -314,4 +316,60 @@ func TestAwaiterKicksTheRelays(t *testing.T) {
 	require.Contains(t, receipts[0].Fanout, "audit")
 	t.Logf("receipt in %v", time.Since(start))
 	require.Less(t, time.Since(start), time.Second)
+}
+
+// The awaiter kicks the relays at once only when a transaction of this
+// process may have committed without notifying (Record's throttle refused
+// one lately); otherwise only once its events are late (kickAfter), so a
+// receipt whose own commit notified costs no second notification.
+func TestAwaiterKicksAtOnceOnlyAfterAThrottledNotification(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	// A schema of its own: the throttle's memory is per process and schema,
+	// and other tests record in the default one.
+	out := Outbox{Schema: "kick_timing"}
+	require.NoError(t, out.Migrate(ctx, pool))
+	var channel string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT channel FROM kick_timing.outbox_settings").Scan(&channel))
+	a := startAwaiter(t, &testBundle{pool: pool}, &AwaiterConfig{Outbox: out})
+	a.kickAfter = 300 * time.Millisecond
+	requireClosed(t, a.Ready(), "awaiter ready")
+
+	conn, err := pgx.Connect(ctx, pool.Config().ConnString())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	require.NoError(t, err)
+
+	// kickIn records with rec (no relay runs: the event stays pending),
+	// waits for its receipt and returns how long after the wait began the
+	// first notification that is not the commit's own came.
+	kickIn := func(rec Outbox) time.Duration {
+		var e Event
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			e, err = rec.Record(ctx, tx, Event{Type: "k"})
+			return err
+		}))
+		if rec.NotifyInterval == NotifyEveryTransaction {
+			_, err := conn.WaitForNotification(within(t, 5*time.Second)) // the commit's own
+			require.NoError(t, err)
+		}
+		waitCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		start := time.Now()
+		go func() { _, _ = a.AwaitFanout(waitCtx, e.ID) }()
+		_, err := conn.WaitForNotification(within(t, 5*time.Second))
+		require.NoError(t, err)
+		return time.Since(start)
+	}
+
+	notified := out
+	notified.NotifyInterval = NotifyEveryTransaction
+	require.GreaterOrEqual(t, kickIn(notified), 300*time.Millisecond, "kicked before the events were late")
+
+	quiet := out
+	quiet.NotifyInterval = NotifyNever // refused: the commit did not notify
+	require.Less(t, kickIn(quiet), 200*time.Millisecond, "did not kick at once after a refused notification")
 }

@@ -1037,7 +1037,7 @@ func TestMigrateAppliesAMissingVersionBelowTheHighest(t *testing.T) {
 	require.NoError(t, err)
 	for _, m := range status {
 		if m.Line == "events" && m.Version >= 7 {
-			require.Equal(t, m.Version == 8, m.Applied, "version %d", m.Version)
+			require.Equal(t, m.Version != 7, m.Applied, "version %d", m.Version)
 		}
 	}
 	require.NoError(t, outbox.Migrate(ctx, pool))

@@ -155,8 +155,15 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			continue
 		}
 		fmt.Fprintf(opts.Log, "== %s\n", s.name)
+		steal := startSteal()
 		if err := s.run(ctx, h, opts, rep); err != nil {
 			return rep, fmt.Errorf("%s: %w", s.name, err)
+		}
+		if pct, ok := steal.percent(); ok {
+			// Figures taken while the host takes the CPU away move by more
+			// than the ±15 % two shared cores explain.
+			rep.add(s.name, "host CPU steal during the section", pct, "%")
+			fmt.Fprintf(opts.Log, "host CPU steal during %s: %.1f %%\n", s.name, pct)
 		}
 	}
 	return rep, nil

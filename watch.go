@@ -10,9 +10,13 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/standmeet/events/internal/statements"
 )
@@ -103,8 +107,14 @@ type Beginner interface {
 // Table and column names are checked against the catalog and quoted as
 // identifiers; an error wrapping [ErrInvalidWatch] names what is wrong.
 //
-// The triggers call the library's function in o's schema (the
-// search_path's for the zero Outbox).
+// Each trigger calls a function of its own, which InstallWatch writes in o's
+// schema (the search_path's for the zero Outbox) with the watch's constants
+// and columns spelled out; it records what the library's generic
+// outbox_watch() records, faster. A role that may not create functions in
+// that schema gets triggers calling outbox_watch(). A watch whose spec is
+// installed on the generic function (by an earlier release) is moved to its
+// own functions only if the table's lock comes within 100 ms; otherwise it
+// is left as it is, and a later InstallWatch tries again.
 func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -137,31 +147,102 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 			return err
 		}
 		fingerprint := watchFingerprint(ddls)
+		var (
+			schema    string
+			canCreate bool
+		)
+		if err := tx.QueryRow(ctx, sql.WatchSchema, sql.WatchFunction+"()").Scan(&schema, &canCreate); err != nil {
+			return fmt.Errorf("events: install watch: the outbox's trigger function: %w (run Migrate first)", err)
+		}
+		triggers := map[string]watchTrigger{}
+		if canCreate {
+			if triggers, err = w.ownTriggers(sql, schema, table, subjectCol, ddls); err != nil {
+				return err
+			}
+		}
 		// Unchanged: touch nothing. Dropping a trigger takes an ACCESS
 		// EXCLUSIVE lock on the host's table, and every service start calls
 		// InstallWatch.
-		same, err := watchInstalled(ctx, tx, sql, table, w.Name, ddls, fingerprint)
-		if err != nil || same {
+		installed, err := watchTriggers(ctx, tx, sql, table, w.Name)
+		if err != nil || watchUpToDate(installed, ddls, triggers, fingerprint) {
 			return err
 		}
-		if err := dropWatch(ctx, tx, sql, table, w.Name); err != nil {
-			return err
+		if !watchSpecInstalled(installed, ddls, fingerprint) {
+			return replaceWatch(ctx, tx, sql, table, schema, ddls, triggers, installed, fingerprint)
 		}
-		for name, ddl := range ddls {
-			if _, err := tx.Exec(ctx, ddl); err != nil {
-				return fmt.Errorf("events: install watch on %s: %w", table, err)
-			}
-			comment, err := statements.Render(sql.CommentWatchTrigger, map[string]string{
-				"trigger": pgx.Identifier{name}.Sanitize(), "table": table, "comment": statements.Literal(fingerprint)})
-			if err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, comment); err != nil {
-				return fmt.Errorf("events: install watch on %s: %w", table, err)
-			}
-		}
-		return nil
+		return upgradeWatch(ctx, tx, sql, table, schema, ddls, triggers, installed, fingerprint)
 	})
+}
+
+// upgradeLockTimeout bounds how long InstallWatch waits for a table's lock
+// when the spec is installed already and only its trigger function changes
+// (the generic one to the watch's own, after an upgrade): a service starting
+// must not queue the table's writers behind a long transaction for that.
+const upgradeLockTimeout = 100 * time.Millisecond
+
+// upgradeWatch replaces an installed watch whose spec is current by the same
+// triggers calling functions of their own, in a savepoint, waiting at most
+// upgradeLockTimeout for the table: if it cannot have the lock, the watch
+// stays as it was (it records the same rows) and a later InstallWatch tries
+// again.
+func upgradeWatch(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, schema string, ddls map[string]string,
+	triggers map[string]watchTrigger, installed map[string]installedTrigger, fingerprint string,
+) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer sp.Rollback(ctx) // after Commit: nothing to roll back
+	var before string      // the caller's, put back after: a released savepoint keeps what it set
+	if err := sp.QueryRow(ctx, sql.Setting, "lock_timeout").Scan(&before); err != nil {
+		return err
+	}
+	if _, err := sp.Exec(ctx, sql.SetLocal, "lock_timeout", strconv.FormatInt(upgradeLockTimeout.Milliseconds(), 10)); err != nil {
+		return err
+	}
+	err = replaceWatch(ctx, sp, sql, table, schema, ddls, triggers, installed, fingerprint)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
+		return sp.Rollback(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := sp.Exec(ctx, sql.SetLocal, "lock_timeout", before); err != nil {
+		return err
+	}
+	return sp.Commit(ctx)
+}
+
+// replaceWatch drops the installed triggers of a watch and creates those of
+// ddls, each calling its own function of triggers where it has one, each
+// commented with fingerprint.
+func replaceWatch(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, schema string, ddls map[string]string,
+	triggers map[string]watchTrigger, installed map[string]installedTrigger, fingerprint string,
+) error {
+	if err := dropWatch(ctx, tx, sql, table, schema, installed); err != nil {
+		return err
+	}
+	for name, ddl := range ddls {
+		if t, ok := triggers[name]; ok {
+			if _, err := tx.Exec(ctx, t.create); err != nil {
+				return fmt.Errorf("events: install watch on %s: its trigger function: %w", table, err)
+			}
+			ddl = t.own
+		}
+		if _, err := tx.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("events: install watch on %s: %w", table, err)
+		}
+		comment, err := statements.Render(sql.CommentWatchTrigger, map[string]string{
+			"trigger": pgx.Identifier{name}.Sanitize(), "table": table, "comment": statements.Literal(fingerprint)})
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, comment); err != nil {
+			return fmt.Errorf("events: install watch on %s: %w", table, err)
+		}
+	}
+	return nil
 }
 
 // checkColumns checks that the columns w names are among table's cols, and
@@ -226,11 +307,38 @@ func (w *Watch) triggerDDL(sql *statements.Set, table, subjectCol string) (map[s
 		}
 		name := triggerName(w.Name, op)
 		ddl, err := statements.Render(sql.CreateWatchTrigger, map[string]string{"trigger": pgx.Identifier{name}.Sanitize(),
-			"event": event, "table": table, "when": when, "function_args": strings.Join(quoted, ", ")})
+			"event": event, "table": table, "when": when, "function": sql.WatchFunction, "function_args": strings.Join(quoted, ", ")})
 		if err != nil {
 			return nil, err
 		}
 		out[name] = ddl
+	}
+	return out, nil
+}
+
+// ownTriggers returns w's triggers on table (see watchfn.go), by trigger
+// name, from their generic definitions: each calls a function of its own in
+// schema, the outbox's.
+func (w *Watch) ownTriggers(sql *statements.Set, schema, table, subjectCol string, generic map[string]string) (map[string]watchTrigger, error) {
+	out := map[string]watchTrigger{}
+	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
+		name := triggerName(w.Name, op)
+		ddl, ok := generic[name]
+		if !ok {
+			continue
+		}
+		fn := watchFunctionName(ddl)
+		create, err := w.functionDDL(sql, schema, fn, op, subjectCol)
+		if err != nil {
+			return nil, err
+		}
+		call := "EXECUTE FUNCTION " + sql.WatchFunction + "("
+		at := strings.Index(ddl, call)
+		if at < 0 {
+			return nil, fmt.Errorf("events: install watch: %s does not call %s", name, sql.WatchFunction)
+		}
+		own := ddl[:at] + "EXECUTE FUNCTION " + pgx.Identifier{schema, fn}.Sanitize() + "(" + ddl[at+len(call):]
+		out[name] = watchTrigger{generic: ddl, own: own, function: fn, create: create}
 	}
 	return out, nil
 }
@@ -247,35 +355,69 @@ func watchFingerprint(ddls map[string]string) string {
 	return "standmeet/events watch " + hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// watchInstalled reports whether table has exactly the triggers of ddls among
-// the trigger names of the watch called name, each carrying fingerprint. It
-// reads the catalog only: no lock on table.
-func watchInstalled(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, name string, ddls map[string]string, fingerprint string) (bool, error) {
+// installedTrigger is a trigger of a watch as the catalog has it.
+type installedTrigger struct {
+	comment, function string
+	mayDrop           bool // this role may drop the function
+}
+
+// watchTriggers reads the triggers table has among the trigger names of the
+// watch called name. It reads the catalog only: no lock on table.
+func watchTriggers(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, name string) (map[string]installedTrigger, error) {
 	var names []string
 	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
 		names = append(names, triggerName(name, op))
 	}
 	rows, err := tx.Query(ctx, sql.WatchTriggers, table, names)
 	if err != nil {
-		return false, fmt.Errorf("events: watch: triggers of %s: %w", table, err)
+		return nil, fmt.Errorf("events: watch: triggers of %s: %w", table, err)
 	}
-	var trigger, comment string
-	installed := map[string]string{}
-	if _, err := pgx.ForEachRow(rows, []any{&trigger, &comment}, func() error {
-		installed[trigger] = comment
+	var (
+		trigger string
+		t       installedTrigger
+	)
+	installed := map[string]installedTrigger{}
+	if _, err := pgx.ForEachRow(rows, []any{&trigger, &t.comment, &t.function, &t.mayDrop}, func() error {
+		installed[trigger] = t
 		return nil
 	}); err != nil {
-		return false, fmt.Errorf("events: watch: triggers of %s: %w", table, err)
+		return nil, fmt.Errorf("events: watch: triggers of %s: %w", table, err)
 	}
+	return installed, nil
+}
+
+// watchUpToDate reports whether installed is exactly the triggers of ddls,
+// each carrying fingerprint and calling its own function of own (or, for a
+// trigger own has none for, the generic one).
+func watchUpToDate(installed map[string]installedTrigger, ddls map[string]string, own map[string]watchTrigger, fingerprint string) bool {
 	if len(installed) != len(ddls) {
-		return false, nil
+		return false
 	}
-	for trigger := range ddls {
-		if installed[trigger] != fingerprint {
-			return false, nil
+	for name := range ddls {
+		t, ok := installed[name]
+		want := "outbox_watch"
+		if o, has := own[name]; has {
+			want = o.function
+		}
+		if !ok || t.comment != fingerprint || t.function != want {
+			return false
 		}
 	}
-	return true, nil
+	return true
+}
+
+// watchSpecInstalled reports whether installed is exactly the triggers of
+// ddls, each carrying fingerprint, whatever function each calls.
+func watchSpecInstalled(installed map[string]installedTrigger, ddls map[string]string, fingerprint string) bool {
+	if len(installed) != len(ddls) {
+		return false
+	}
+	for name := range ddls {
+		if t, ok := installed[name]; !ok || t.comment != fingerprint {
+			return false
+		}
+	}
+	return true
 }
 
 // RemoveWatch removes the triggers of the watch named name (default
@@ -296,7 +438,15 @@ func (o Outbox) RemoveWatch(ctx context.Context, db Beginner, tableSchema, table
 		if err != nil {
 			return err
 		}
-		return dropWatch(ctx, tx, sql, qualified, name)
+		installed, err := watchTriggers(ctx, tx, sql, qualified, name)
+		if err != nil {
+			return err
+		}
+		var schema string
+		if err := tx.QueryRow(ctx, sql.WatchSchema, sql.WatchFunction+"()").Scan(&schema, new(bool)); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("events: remove watch: the outbox's trigger function: %w", err)
+		}
+		return dropWatch(ctx, tx, sql, qualified, schema, installed)
 	})
 }
 
@@ -380,14 +530,27 @@ func tableColumns(ctx context.Context, tx pgx.Tx, sql *statements.Set, table str
 	return cols, pk, rows.Err()
 }
 
-func dropWatch(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, name string) error {
-	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
-		drop, err := statements.Render(sql.DropWatchTrigger, map[string]string{"trigger": pgx.Identifier{triggerName(name, op)}.Sanitize(), "table": table})
+// dropWatch drops the installed triggers of a watch on table, and the
+// functions of their own in schema that this role may drop (another's are
+// left, unused).
+func dropWatch(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, schema string, installed map[string]installedTrigger) error {
+	for name, t := range installed {
+		drop, err := statements.Render(sql.DropWatchTrigger, map[string]string{"trigger": pgx.Identifier{name}.Sanitize(), "table": table})
 		if err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, drop); err != nil {
 			return fmt.Errorf("events: watch: dropping the triggers on %s: %w", table, err)
+		}
+		if !strings.HasPrefix(t.function, watchFunctionPrefix) || !t.mayDrop {
+			continue
+		}
+		dropFn, err := statements.Render(sql.DropWatchFunction, map[string]string{"function": pgx.Identifier{schema, t.function}.Sanitize()})
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, dropFn); err != nil {
+			return fmt.Errorf("events: watch: dropping the trigger function of %s: %w", name, err)
 		}
 	}
 	return nil

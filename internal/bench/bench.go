@@ -202,7 +202,13 @@ func newHarness(ctx context.Context, adminURL string) (*harness, error) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE bench_accounts (id int PRIMARY KEY, balance bigint NOT NULL);
 		INSERT INTO bench_accounts SELECT g, 0 FROM generate_series(1, 1000) g;
 		CREATE TABLE bench_watched (id int PRIMARY KEY, balance bigint NOT NULL);
-		INSERT INTO bench_watched SELECT g, 0 FROM generate_series(1, 1000) g`); err != nil {
+		INSERT INTO bench_watched SELECT g, 0 FROM generate_series(1, 1000) g;
+		CREATE TABLE bench_watched_generic (id int PRIMARY KEY, balance bigint NOT NULL);
+		INSERT INTO bench_watched_generic SELECT g, 0 FROM generate_series(1, 1000) g;
+		-- The same watch on the generic trigger function, as releases before
+		-- the watches' own functions installed it.
+		CREATE TRIGGER outbox_watch_events_update AFTER UPDATE ON bench_watched_generic FOR EACH ROW
+		  WHEN (OLD.* IS DISTINCT FROM NEW.*) EXECUTE FUNCTION outbox_watch('account.changed', 'account:', 'id', 'none', '', '')`); err != nil {
 		h.close()
 		return nil, err
 	}

@@ -78,6 +78,10 @@ func writeVariants() []writeVariant {
 			_, err := tx.Exec(ctx, "UPDATE bench_watched SET balance = balance + 1 WHERE id = $1", row)
 			return err
 		}},
+		{"(f0) UPDATE of a watched table, generic trigger function", func(ctx context.Context, tx pgx.Tx, _ *river.Client[pgx.Tx], row int) error {
+			_, err := tx.Exec(ctx, "UPDATE bench_watched_generic SET balance = balance + 1 WHERE id = $1", row)
+			return err
+		}},
 		{"(g) UPDATE + Record, notify in every tx", func(ctx context.Context, tx pgx.Tx, _ *river.Client[pgx.Tx], row int) error {
 			if err := update(ctx, tx, row); err != nil {
 				return err
@@ -155,8 +159,10 @@ func runWritePath(ctx context.Context, _ *harness, o Options, rep *Report) error
 		rep.add("writepath", "(d) RecordMany ÷ (b) plain INSERT"+at, med[3]/med[1], "×")
 		rep.add("writepath", "(e) outbox_record() ÷ (b) plain INSERT"+at, med[4]/med[1], "×")
 		rep.addTarget("writepath", "(f) trigger ÷ (b) plain INSERT"+at, med[5]/med[1], "×", "≥ 0.9", med[5]/med[1] >= 0.9)
-		rep.add("writepath", "(g) notify every tx ÷ (b) plain INSERT"+at, med[6]/med[1], "×")
-		rep.add("writepath", "(c) Record ÷ (h) River InsertManyTx"+at, med[2]/med[7], "×")
+		rep.add("writepath", "(f0) generic trigger function ÷ (b) plain INSERT"+at, med[6]/med[1], "×")
+		rep.add("writepath", "(f) trigger ÷ (f0) generic trigger function"+at, med[5]/med[6], "×")
+		rep.add("writepath", "(g) notify every tx ÷ (b) plain INSERT"+at, med[7]/med[1], "×")
+		rep.add("writepath", "(c) Record ÷ (h) River InsertManyTx"+at, med[2]/med[8], "×")
 	}
 
 	// Commit-to-fanned latency at 200/s on this server too.

@@ -45,7 +45,8 @@ var (
 	templateLeftRE = regexp.MustCompile(`/\*\s*TEMPLATE`)
 	markerRE       = regexp.MustCompile(`^-- name: ([A-Za-z][A-Za-z0-9]*)\s*$`)
 	buildTemplates = []string{"channel_events", "channel_fanned"}
-	callTemplates  = []string{"trigger", "table", "event", "when", "function_args", "comment", "schema_name"}
+	callTemplates  = []string{"trigger", "table", "event", "when", "function", "function_args", "comment", "schema_name",
+		"tag", "type", "subject", "payload", "scope"}
 )
 
 // query is one named query as its file holds it.

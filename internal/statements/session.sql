@@ -22,3 +22,7 @@ SELECT set_config('synchronous_commit', 'off', true), set_config('gin_pending_li
 -- Ends a relay round's own transaction, queued after its stamp: the stamp
 -- and the commit share one round trip.
 COMMIT;
+
+-- name: Setting
+-- $1 a setting: its current value.
+SELECT current_setting($1);

@@ -104,11 +104,13 @@ type Set struct {
 	List                                                map[string]string `sql:"-"`
 	ListPending, ListRetrying, ListPoisoned, ListRecent string
 
-	// Watches (watch.sql). CreateWatchTrigger, CommentWatchTrigger and
-	// DropWatchTrigger keep call-time templates for the identifiers they
+	// Watches (watch.sql). CreateWatchTrigger, CommentWatchTrigger,
+	// DropWatchTrigger, CreateWatchFunction and DropWatchFunction keep
+	// call-time templates for the identifiers they
 	// name: see [Render].
-	ResolveTable, TableColumns, WatchTriggers, ListWatches    string
-	CreateWatchTrigger, CommentWatchTrigger, DropWatchTrigger string
+	ResolveTable, TableColumns, WatchTriggers, WatchSchema, ListWatches string
+	CreateWatchTrigger, CommentWatchTrigger, DropWatchTrigger           string
+	CreateWatchFunction, DropWatchFunction                              string
 
 	// Migrate's bookkeeping (migrate.sql). CreateSchema keeps a call-time
 	// template: the schema's quoted name.
@@ -119,7 +121,7 @@ type Set struct {
 	// transaction; RoundSettings and Commit open and end a relay round's own
 	// transaction, each queued with the round's other statements
 	// (session.sql).
-	SetLocal, RoundSettings, Commit string
+	SetLocal, Setting, RoundSettings, Commit string
 
 	// Webhook is package webhook's (webhook.sql).
 	Webhook Webhook

@@ -117,10 +117,14 @@ func TestOnlyCallTimeTemplatesOutliveTheBuild(t *testing.T) {
 	s, err := For("s")
 	require.NoError(t, err)
 	callTime := map[string]map[string]string{
-		"CreateWatchTrigger":  {"trigger": `"t"`, "event": "INSERT", "table": `"x"`, "when": "", "function_args": "'a'"},
+		"CreateWatchTrigger": {"trigger": `"t"`, "event": "INSERT", "table": `"x"`, "when": "", "function": s.WatchFunction,
+			"function_args": "'a'"},
 		"CommentWatchTrigger": {"trigger": `"t"`, "table": `"x"`, "comment": "'c'"},
 		"DropWatchTrigger":    {"trigger": `"t"`, "table": `"x"`},
 		"CreateSchema":        {"schema_name": `"s"`},
+		"CreateWatchFunction": {"function": `"s"."outbox_watch_0123456789abcdef"`, "schema_name": `"s"`, "tag": "$t$",
+			"type": "'a'", "subject": "''", "payload": "'{}'::jsonb", "scope": "''"},
+		"DropWatchFunction": {"function": `"s"."outbox_watch_0123456789abcdef"`},
 	}
 	queries(t, s, func(name, sql string) {
 		values, ok := callTime[name]

@@ -67,9 +67,9 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, /* TEMPLATE: schema_name */
 AS /* TEMPLATE: tag */
 BEGIN
-    INSERT INTO outbox_events (id, type, subject, payload, scope)
-    VALUES (outbox_uuidv7(), /* TEMPLATE: type */, /* TEMPLATE: subject */, /* TEMPLATE: payload */, /* TEMPLATE: scope */);
-    PERFORM outbox_notify();
+    INSERT INTO /* TEMPLATE: schema */outbox_events (id, type, subject, payload, scope)
+    VALUES (/* TEMPLATE: schema */outbox_uuidv7(), /* TEMPLATE: type */, /* TEMPLATE: subject */, /* TEMPLATE: payload */, /* TEMPLATE: scope */);
+    PERFORM /* TEMPLATE: schema */outbox_notify();
     RETURN NULL;
 END
 /* TEMPLATE: tag */;

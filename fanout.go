@@ -211,7 +211,8 @@ type stamp struct {
 func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL string, args []any,
 	work func(tx pgx.Tx, batch []claimedRow) (*stamp, error),
 ) (err error) {
-	tx, batch, release, err := r.beginClaim(ctx, db, l, claimSQL, args)
+	own := db == Beginner(r.pool)
+	tx, batch, release, err := r.beginClaim(ctx, db, own, l, claimSQL, args)
 	if err != nil {
 		return err
 	}
@@ -230,7 +231,6 @@ func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL strin
 		committed = true
 		return tx.Commit(ctx)
 	}
-	own := db == Beginner(r.pool)
 	if own {
 		st.Queue(r.sql.Commit).Exec(func(tag pgconn.CommandTag) error {
 			if tag.String() == "ROLLBACK" {
@@ -249,13 +249,13 @@ func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL strin
 	return tx.Commit(ctx)
 }
 
-// beginClaim begins a round's transaction and claims its rows: on the pool,
-// the BEGIN, RoundSettings and the claim in one batch (one round trip);
-// inside the caller's transaction, a savepoint, then the claim. release
-// gives a pool connection back (one left inside a transaction is closed).
-func (r *Relay) beginClaim(ctx context.Context, db Beginner, l lane, claimSQL string, args []any) (pgx.Tx, []claimedRow, func(), error) {
-	collect := func(rows pgx.Rows) (batch []claimedRow, err error) { return collectClaimed(rows, l) }
-	if db != Beginner(r.pool) {
+// beginClaim begins a round's transaction and claims its rows: for a round
+// of its own (own: db is the relay's pool), the BEGIN, RoundSettings and the
+// claim in one batch (one round trip); inside the caller's transaction, a
+// savepoint, then the claim. release gives a pool connection back (one left
+// inside a transaction is closed).
+func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, claimSQL string, args []any) (pgx.Tx, []claimedRow, func(), error) {
+	if !own {
 		tx, err := db.Begin(ctx)
 		if err != nil {
 			return nil, nil, nil, err
@@ -263,7 +263,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, l lane, claimSQL st
 		rows, err := tx.Query(ctx, claimSQL, args...)
 		var batch []claimedRow
 		if err == nil {
-			batch, err = collect(rows)
+			batch, err = collectClaimed(rows, l)
 		}
 		if err != nil {
 			_ = tx.Rollback(ctx)
@@ -282,7 +282,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, l lane, claimSQL st
 	b.BeginTx(pgx.TxOptions{AccessMode: pgx.ReadWrite})
 	b.Queue(r.sql.RoundSettings)
 	b.Queue(claimSQL, args...).Query(func(rows pgx.Rows) (err error) {
-		batch, err = collect(rows)
+		batch, err = collectClaimed(rows, l)
 		return err
 	})
 	br := c.SendBatch(ctx, &b)

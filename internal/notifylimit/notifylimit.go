@@ -34,12 +34,21 @@ func (l *Limiter) Allow(interval time.Duration) bool {
 	if interval > 0 && (last == 0 || now-last >= int64(interval)) && l.last.CompareAndSwap(last, now) {
 		return true
 	}
-	l.refused.Store(now)
+	// Stored at most about once per refusalGrain: refusals are most calls
+	// under load, and a store per call would bounce the cache line every
+	// caller reads last from.
+	if now-l.refused.Load() >= int64(refusalGrain) {
+		l.refused.Store(now)
+	}
 	return false
 }
 
-// RefusedWithin reports whether a caller was refused in the last d: some
-// transaction of this process may have committed without notifying.
+// refusalGrain is how stale the time of the last refusal may be.
+const refusalGrain = time.Millisecond
+
+// RefusedWithin reports whether a caller was refused in the last d (to
+// within refusalGrain): some transaction of this process may have committed
+// without notifying.
 func (l *Limiter) RefusedWithin(d time.Duration) bool {
 	refused := l.refused.Load()
 	return refused != 0 && int64(time.Since(epoch))-refused < int64(d)

@@ -274,51 +274,55 @@ func (w *Watch) checkColumns(table string, cols, pk []string) (string, error) {
 
 // triggerDDL returns the CREATE TRIGGER statement of each trigger of w, by
 // trigger name, on table: sql's CreateWatchTrigger with w's identifiers and
-// arguments, quoted.
+// arguments, quoted, calling the generic outbox_watch().
 func (w *Watch) triggerDDL(sql *statements.Set, table, subjectCol string) (map[string]string, error) {
 	out := map[string]string{}
 	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
-		typ, ok := w.Types[op]
-		if !ok {
+		if _, ok := w.Types[op]; !ok {
 			continue
 		}
-		args := []string{typ, w.SubjectPrefix, subjectCol, string(w.Payload), w.ScopePrefix, w.ScopeColumn}
-		if w.Payload == PayloadColumns {
-			args = append(args, w.PayloadColumns...)
-		}
-		quoted := make([]string, len(args))
-		for i, a := range args {
-			quoted[i] = statements.Literal(a)
-		}
-		event, when := string(op), ""
-		if op == OpUpdate {
-			if len(w.Columns) > 0 {
-				var of, changed []string
-				for _, c := range w.Columns {
-					id := pgx.Identifier{c}.Sanitize()
-					of = append(of, id)
-					changed = append(changed, "OLD."+id+" IS DISTINCT FROM NEW."+id)
-				}
-				event += " OF " + strings.Join(of, ", ")
-				when = " WHEN (" + strings.Join(changed, " OR ") + ")"
-			} else {
-				when = " WHEN (OLD.* IS DISTINCT FROM NEW.*)"
-			}
-		}
-		name := triggerName(w.Name, op)
-		ddl, err := statements.Render(sql.CreateWatchTrigger, map[string]string{"trigger": pgx.Identifier{name}.Sanitize(),
-			"event": event, "table": table, "when": when, "function": sql.WatchFunction, "function_args": strings.Join(quoted, ", ")})
+		ddl, err := w.triggerSQL(sql, op, table, subjectCol, sql.WatchFunction)
 		if err != nil {
 			return nil, err
 		}
-		out[name] = ddl
+		out[triggerName(w.Name, op)] = ddl
 	}
 	return out, nil
 }
 
+// triggerSQL returns the CREATE TRIGGER statement of w's trigger for op on
+// table, calling function (qualified) with the spec as its arguments.
+func (w *Watch) triggerSQL(sql *statements.Set, op Op, table, subjectCol, function string) (string, error) {
+	args := []string{w.Types[op], w.SubjectPrefix, subjectCol, string(w.Payload), w.ScopePrefix, w.ScopeColumn}
+	if w.Payload == PayloadColumns {
+		args = append(args, w.PayloadColumns...)
+	}
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = statements.Literal(a)
+	}
+	event, when := string(op), ""
+	if op == OpUpdate {
+		if len(w.Columns) > 0 {
+			var of, changed []string
+			for _, c := range w.Columns {
+				id := pgx.Identifier{c}.Sanitize()
+				of = append(of, id)
+				changed = append(changed, "OLD."+id+" IS DISTINCT FROM NEW."+id)
+			}
+			event += " OF " + strings.Join(of, ", ")
+			when = " WHEN (" + strings.Join(changed, " OR ") + ")"
+		} else {
+			when = " WHEN (OLD.* IS DISTINCT FROM NEW.*)"
+		}
+	}
+	return statements.Render(sql.CreateWatchTrigger, map[string]string{"trigger": pgx.Identifier{triggerName(w.Name, op)}.Sanitize(),
+		"event": event, "table": table, "when": when, "function": function, "function_args": strings.Join(quoted, ", ")})
+}
+
 // ownTriggers returns w's triggers on table (see watchfn.go), by trigger
-// name, from their generic definitions: each calls a function of its own in
-// schema, the outbox's.
+// name, each calling a function of its own in schema, the outbox's, named
+// after its generic definition in generic.
 func (w *Watch) ownTriggers(sql *statements.Set, schema, table, subjectCol string, generic map[string]string) (map[string]watchTrigger, error) {
 	out := map[string]watchTrigger{}
 	for _, op := range []Op{OpInsert, OpUpdate, OpDelete} {
@@ -332,13 +336,11 @@ func (w *Watch) ownTriggers(sql *statements.Set, schema, table, subjectCol strin
 		if err != nil {
 			return nil, err
 		}
-		call := "EXECUTE FUNCTION " + sql.WatchFunction + "("
-		at := strings.Index(ddl, call)
-		if at < 0 {
-			return nil, fmt.Errorf("events: install watch: %s does not call %s", name, sql.WatchFunction)
+		own, err := w.triggerSQL(sql, op, table, subjectCol, pgx.Identifier{schema, fn}.Sanitize())
+		if err != nil {
+			return nil, err
 		}
-		own := ddl[:at] + "EXECUTE FUNCTION " + pgx.Identifier{schema, fn}.Sanitize() + "(" + ddl[at+len(call):]
-		out[name] = watchTrigger{generic: ddl, own: own, function: fn, create: create}
+		out[name] = watchTrigger{own: own, function: fn, create: create}
 	}
 	return out, nil
 }
@@ -386,20 +388,19 @@ func watchTriggers(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, n
 	return installed, nil
 }
 
-// watchUpToDate reports whether installed is exactly the triggers of ddls,
-// each carrying fingerprint and calling its own function of own (or, for a
-// trigger own has none for, the generic one).
+// watchUpToDate reports whether installed is the spec of ddls
+// (watchSpecInstalled) with each trigger calling its own function of own, or
+// the generic one where own has none.
 func watchUpToDate(installed map[string]installedTrigger, ddls map[string]string, own map[string]watchTrigger, fingerprint string) bool {
-	if len(installed) != len(ddls) {
+	if !watchSpecInstalled(installed, ddls, fingerprint) {
 		return false
 	}
 	for name := range ddls {
-		t, ok := installed[name]
 		want := "outbox_watch"
 		if o, has := own[name]; has {
 			want = o.function
 		}
-		if !ok || t.comment != fingerprint || t.function != want {
+		if installed[name].function != want {
 			return false
 		}
 	}

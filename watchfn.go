@@ -31,11 +31,10 @@ import (
 // watchFunctionPrefix starts the name of every watch's own trigger function.
 const watchFunctionPrefix = "outbox_watch_"
 
-// watchTrigger is one trigger of a watch: its generic definition (what the
-// fingerprint hashes) and the function it calls instead.
+// watchTrigger is one trigger of a watch calling its own function (the
+// fingerprint hashes the generic definition, calling outbox_watch).
 type watchTrigger struct {
-	generic  string // CREATE TRIGGER … EXECUTE FUNCTION outbox_watch(args)
-	own      string // the same, calling function
+	own      string // CREATE TRIGGER … EXECUTE FUNCTION function(args)
 	function string // the watch's own function's name, unqualified
 	create   string // CREATE OR REPLACE FUNCTION of it
 }

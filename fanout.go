@@ -378,7 +378,7 @@ func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, p *roundPlan, isolate
 	if len(params) == 0 {
 		return results, nil
 	}
-	inserted, err := r.client.InsertManyTx(ctx, tx, params)
+	inserted, err := r.insertMany(ctx, tx, params)
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
 	}
@@ -492,6 +492,21 @@ func (r *Relay) countFanOut(ctx context.Context, fanned int, jobs []plannedJob, 
 	}
 }
 
+// insertMany is River's InsertManyTx, with a panic turned into an error.
+// River calls host code there: the job args' own methods (Kind, InsertOpts,
+// MarshalJSON) and the client's insert hooks and middleware. A panic in it
+// must fail its job, not crash the host's process. The error is handled as
+// any refusal is: a batch is rolled back and retried job by job, and a job
+// inserted alone rolls back its savepoint and is charged to its pairs.
+func (r *Relay) insertMany(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (res []*rivertype.JobInsertResult, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			res, err = nil, fmt.Errorf("inserting the job: its args panicked in River: %v", p)
+		}
+	}()
+	return r.client.InsertManyTx(ctx, tx, params)
+}
+
 // insertIsolated inserts one job in a savepoint of tx. A refusal that is
 // the job's own fault comes back as a *roundError with rowFault set, and tx
 // is usable again.
@@ -500,7 +515,7 @@ func (r *Relay) insertIsolated(ctx context.Context, tx pgx.Tx, j plannedJob, tra
 	if err != nil {
 		return nil, err
 	}
-	res, err := r.client.InsertManyTx(ctx, sp, []river.InsertManyParams{{Args: j.args, InsertOpts: j.insertOpts(traceContext)}})
+	res, err := r.insertMany(ctx, sp, []river.InsertManyParams{{Args: j.args, InsertOpts: j.insertOpts(traceContext)}})
 	if err == nil && len(res) != 1 {
 		err = fmt.Errorf("inserting 1 job: River returned %d results", len(res))
 	}

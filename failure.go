@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 
@@ -37,6 +38,15 @@ func isRowFault(ctx context.Context, tx pgx.Tx, err error) bool {
 	}
 	_, probeErr := tx.Exec(ctx, "SELECT 1")
 	return probeErr == nil
+}
+
+// panicError is the error of a recovered panic p in host code: an error
+// value stays in the chain (isRowFault reads a PostgreSQL error's code).
+func panicError(what string, p any) error {
+	if err, ok := p.(error); ok {
+		return fmt.Errorf("%s panicked: %w", what, err)
+	}
+	return fmt.Errorf("%s panicked: %v", what, p)
 }
 
 // isConnError reports a failure to talk to the database at all: the network,

@@ -265,7 +265,7 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 		for n, i := range idx[:cut] {
 			pos++
 			cj := &chainJob{pos: pos, head: n == 0 && head == nil}
-			if n == 0 && head != nil && k.sub.Coalesce && tail != nil && tailKind != nil && *tailKind == p.jobs[i].args.Kind() {
+			if n == 0 && head != nil && k.sub.Coalesce && tail != nil && tailKind != nil && *tailKind == p.jobs[i].kind {
 				cj.replaces = *tail
 			}
 			p.jobs[i].chain = cj
@@ -310,7 +310,7 @@ func (cp *chainPlan) replaced(jobs []plannedJob) []*rivertype.JobInsertResult {
 	}
 	for i, j := range jobs {
 		if j.chain.replacing() {
-			results[i] = &rivertype.JobInsertResult{Job: &rivertype.JobRow{ID: j.chain.replaces, Kind: j.args.Kind()}}
+			results[i] = &rivertype.JobInsertResult{Job: &rivertype.JobRow{ID: j.chain.replaces, Kind: j.kind}}
 		}
 	}
 	return results
@@ -347,7 +347,7 @@ func (cp *chainPlan) queue(b *pgx.Batch, batch []claimedRow, jobs []plannedJob, 
 			cSubs, cSubjects, cFirst, cLast = append(cSubs, j.sub.Name), append(cSubjects, e.Subject), append(cFirst, id), append(cLast, id)
 		}
 		if j.chain.replacing() {
-			args, err := json.Marshal(j.args)
+			args, err := marshalArgs(j.args)
 			if err != nil {
 				return fmt.Errorf("encoding the args that replace job %d: %w", id, err)
 			}
@@ -790,4 +790,15 @@ func (o Outbox) chainAction(ctx context.Context, db DB, subscriber, subject stri
 		return fmt.Errorf("events: resume chain %q of %q: River no longer has its head's job; skip it instead", subject, subscriber)
 	}
 	return fmt.Errorf("events: %s chain %q of %q: unexpected outcome %q", verb, subject, subscriber, outcome)
+}
+
+// marshalArgs is json.Marshal of a job's args, whose MarshalJSON is host
+// code: a panic in it is an error.
+func marshalArgs(args river.JobArgs) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			b, err = nil, panicError("the job args' MarshalJSON", p)
+		}
+	}()
+	return json.Marshal(args)
 }

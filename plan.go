@@ -14,6 +14,8 @@ type plannedJob struct {
 	event int // index in the batch of the event the job carries
 	args  river.JobArgs
 	opts  *river.InsertOpts
+	kind  string   // args.Kind()
+	tags  []string // the args' own InsertOpts' tags
 	// covers lists the batch indexes of the events whose fanout names this
 	// job: the event itself, plus, for a coalescing subscriber, the earlier
 	// events of the same subject.
@@ -28,6 +30,8 @@ type mapped struct {
 	sub  *subscription
 	args river.JobArgs
 	opts *river.InsertOpts
+	kind string   // args.Kind()
+	tags []string // the args' own InsertOpts' tags
 }
 
 // pairFailure is an (event, subscriber) pair whose attempt failed: the
@@ -70,11 +74,16 @@ func (r *Relay) plan(ctx context.Context, l lane, batch []claimedRow) (roundPlan
 		}
 		try := func(sub *subscription, attempts int) {
 			args, opts, err := sub.jobFor(ctx, c.Event)
+			var kind string
+			var tags []string
+			if err == nil && args != nil {
+				kind, tags, err = sub.vet(args)
+			}
 			switch {
 			case err != nil:
 				p.failed = append(p.failed, pairFailure{row: c, sub: sub, attempts: attempts, err: err})
 			case args != nil:
-				perEvent[i] = append(perEvent[i], mapped{sub, args, opts})
+				perEvent[i] = append(perEvent[i], mapped{sub, args, opts, kind, tags})
 			}
 		}
 		if l == laneOwed {
@@ -137,9 +146,7 @@ func (j *plannedJob) insertOpts(traceContext []byte) *river.InsertOpts {
 	own := opts.Tags
 	if own == nil {
 		// River would take the args' own tags when opts has none: keep them.
-		if a, ok := j.args.(river.JobArgsWithInsertOpts); ok {
-			own = a.InsertOpts().Tags
-		}
+		own = j.tags
 	}
 	if len(own) == 0 {
 		opts.Tags = j.sub.tags

@@ -228,7 +228,7 @@ func TestJobArgsPanickingInRiverAreChargedToTheirPair(t *testing.T) {
 		require.Contains(t, rows[e.ID].Fanout, "audit", "event %d", i)
 		if i == 4 {
 			require.True(t, pairs[e.ID]["marshals"].Poisoned)
-			require.Contains(t, pairs[e.ID]["marshals"].LastError, "panicked in River: cannot marshal")
+			require.Contains(t, pairs[e.ID]["marshals"].LastError, "insert hooks panicked: cannot marshal")
 			continue
 		}
 		require.Contains(t, rows[e.ID].Fanout, "marshals", "event %d", i)

@@ -198,6 +198,23 @@ func (s *subscription) matches(eventType string) bool {
 	return false
 }
 
+// vet calls the methods of a job's args that the relay itself needs: Kind,
+// and InsertOpts for the args' own tags. They are host code: a panic fails
+// the pair, as one in Map does. (River calls them again in its insert, where
+// insertMany recovers.)
+func (s *subscription) vet(args river.JobArgs) (kind string, tags []string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			kind, tags, err = "", nil, panicError(fmt.Sprintf("subscriber %q: the job args' Kind or InsertOpts", s.Name), p)
+		}
+	}()
+	kind = args.Kind()
+	if a, ok := args.(river.JobArgsWithInsertOpts); ok {
+		tags = a.InsertOpts().Tags
+	}
+	return kind, tags, nil
+}
+
 // jobFor maps e to the subscriber's job, turning a panic into an error.
 func (s *subscription) jobFor(ctx context.Context, e Event) (args river.JobArgs, opts *river.InsertOpts, err error) {
 	if s.Handle != nil || s.HandleTx != nil {

@@ -21,19 +21,19 @@ func coalesce(batch []claimedRow, perEvent [][]mapped) []plannedJob {
 	for i, ms := range perEvent {
 		for _, m := range ms {
 			if !m.sub.Coalesce || batch[i].Subject == "" {
-				jobs = append(jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, kind: m.kind, tags: m.tags, covers: []int{i}})
+				jobs = append(jobs, plannedJob{mapped: m, event: i, covers: []int{i}})
 				continue
 			}
 			k := key{m.sub, batch[i].Subject}
 			if j, ok := latest[k]; ok {
 				// Batches are in seq order: this event is the later one.
 				job := &jobs[j]
-				job.event, job.args, job.opts, job.kind, job.tags = i, m.args, m.opts, m.kind, m.tags
+				job.mapped, job.event = m, i
 				job.covers = append(job.covers, i)
 				continue
 			}
 			latest[k] = len(jobs)
-			jobs = append(jobs, plannedJob{sub: m.sub, event: i, args: m.args, opts: m.opts, kind: m.kind, tags: m.tags, covers: []int{i}})
+			jobs = append(jobs, plannedJob{mapped: m, event: i, covers: []int{i}})
 		}
 	}
 	return jobs

@@ -10,12 +10,8 @@ import (
 
 // plannedJob is one River job a round will insert.
 type plannedJob struct {
-	sub   *subscription
-	event int // index in the batch of the event the job carries
-	args  river.JobArgs
-	opts  *river.InsertOpts
-	kind  string   // args.Kind()
-	tags  []string // the args' own InsertOpts' tags
+	mapped     // the subscriber's job for the event it carries
+	event  int // index in the batch of that event
 	// covers lists the batch indexes of the events whose fanout names this
 	// job: the event itself, plus, for a coalescing subscriber, the earlier
 	// events of the same subject.
@@ -73,17 +69,12 @@ func (r *Relay) plan(ctx context.Context, l lane, batch []claimedRow) (roundPlan
 			return roundPlan{}, errStopping
 		}
 		try := func(sub *subscription, attempts int) {
-			args, opts, err := sub.jobFor(ctx, c.Event)
-			var kind string
-			var tags []string
-			if err == nil && args != nil {
-				kind, tags, err = sub.vet(args)
-			}
+			m, err := sub.jobFor(ctx, c.Event)
 			switch {
 			case err != nil:
 				p.failed = append(p.failed, pairFailure{row: c, sub: sub, attempts: attempts, err: err})
-			case args != nil:
-				perEvent[i] = append(perEvent[i], mapped{sub, args, opts, kind, tags})
+			case m.args != nil:
+				perEvent[i] = append(perEvent[i], m)
 			}
 		}
 		if l == laneOwed {

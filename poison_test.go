@@ -2,7 +2,6 @@ package events
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -200,56 +199,6 @@ func TestPanickingMapIsChargedToItsEvent(t *testing.T) {
 	require.False(t, rows[es[0].ID].Poisoned)
 	require.True(t, rows[es[1].ID].FannedOut)
 	require.Contains(t, rows[es[1].ID].Fanout, "panicky")
-}
-
-// Job args whose own methods panic inside River's insert (here MarshalJSON)
-// fail their pair, not the relay: the batch is retried job by job, the pair
-// is poisoned, and every other job is inserted.
-func TestJobArgsPanickingInRiverAreChargedToTheirPair(t *testing.T) {
-	t.Parallel()
-	sub := Subscriber{Name: "marshals", Types: []string{"**"},
-		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
-			return panickyArgs{EventID: e.ID, Panic: e.Subject == "boom"}, nil, nil
-		}}
-	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}},
-		sub, mapSub("audit", false, "**"))
-	es := make([]Event, 10)
-	for i := range es {
-		es[i] = Event{Type: "a", Subject: fmt.Sprintf("ok-%d", i)}
-	}
-	es[4].Subject = "boom"
-	es = b.record(t, es...)
-	b.start(t)
-	waitDelivered(t, b.pool, 20*time.Second)
-	rows := loadRows(t, b.pool)
-	pairs := loadPairs(t, b.pool)
-	for i, e := range es {
-		require.True(t, rows[e.ID].FannedOut, "event %d", i)
-		require.Contains(t, rows[e.ID].Fanout, "audit", "event %d", i)
-		if i == 4 {
-			require.True(t, pairs[e.ID]["marshals"].Poisoned)
-			require.Contains(t, pairs[e.ID]["marshals"].LastError, "insert hooks panicked: cannot marshal")
-			continue
-		}
-		require.Contains(t, rows[e.ID].Fanout, "marshals", "event %d", i)
-		require.Empty(t, pairs[e.ID], "event %d was charged for another's failure", i)
-	}
-	require.Len(t, loadJobs(t, b.pool), 19)
-}
-
-// panickyArgs panics when River marshals it, if Panic is set.
-type panickyArgs struct {
-	EventID uuid.UUID `json:"event_id"`
-	Panic   bool      `json:"-"`
-}
-
-func (panickyArgs) Kind() string { return "test.panicky" }
-
-func (a panickyArgs) MarshalJSON() ([]byte, error) {
-	if a.Panic {
-		panic("cannot marshal")
-	}
-	return json.Marshal(map[string]uuid.UUID{"event_id": a.EventID})
 }
 
 // Failures River or PostgreSQL report for a whole batch cannot be pinned on a

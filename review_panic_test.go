@@ -77,31 +77,43 @@ func fanOutTxOnce(t *testing.T, b *testBundle) (n int, err error) {
 	return n, err
 }
 
-// 1. Kind() panicking in River's insert (not ordered): recovered by
-// insertMany, charged to its pair; the other subscriber and events go on.
-func TestReviewPanicKindIsChargedToItsPair(t *testing.T) {
+// Job args whose own methods panic fail their pair, not the relay: the relay
+// reads Kind and InsertOpts at plan time, River marshals inside its insert
+// (insertMany recovers, and the batch is retried job by job). The pair is
+// poisoned, the other subscriber and the other events go on.
+func TestJobArgsPanickingAreChargedToTheirPair(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}},
-		reviewSub("kinds", false, false), mapSub("audit", false, "**"))
-	es := make([]Event, 10)
-	for i := range es {
-		es[i] = reviewEvent(fmt.Sprintf("ok-%d", i), "")
-	}
-	es[4] = reviewEvent("boom", "kind")
-	es = b.record(t, es...)
-	b.start(t)
-	waitDelivered(t, b.pool, 20*time.Second)
-	rows, pairs := loadRows(t, b.pool), loadPairs(t, b.pool)
-	for i, e := range es {
-		require.True(t, rows[e.ID].FannedOut, "event %d", i)
-		require.Contains(t, rows[e.ID].Fanout, "audit", "event %d", i)
-		if i == 4 {
-			require.True(t, pairs[e.ID]["kinds"].Poisoned)
-			require.Contains(t, pairs[e.ID]["kinds"].LastError, "Kind panicked")
-			continue
-		}
-		require.Contains(t, rows[e.ID].Fanout, "kinds", "event %d", i)
-		require.Empty(t, pairs[e.ID], "event %d", i)
+	for method, want := range map[string]string{
+		"kind":    `"panics": the job args' Kind or InsertOpts panicked: review: Kind panicked`,
+		"opts":    `"panics": the job args' Kind or InsertOpts panicked: review: InsertOpts panicked`,
+		"marshal": "insert hooks panicked: review: MarshalJSON panicked",
+	} {
+		t.Run(method, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}},
+				reviewSub("panics", false, false), mapSub("audit", false, "**"))
+			es := make([]Event, 10)
+			for i := range es {
+				es[i] = reviewEvent(fmt.Sprintf("ok-%d", i), "")
+			}
+			es[4] = reviewEvent("boom", method)
+			es = b.record(t, es...)
+			b.start(t)
+			waitDelivered(t, b.pool, 20*time.Second)
+			rows, pairs := loadRows(t, b.pool), loadPairs(t, b.pool)
+			for i, e := range es {
+				require.True(t, rows[e.ID].FannedOut, "event %d", i)
+				require.Contains(t, rows[e.ID].Fanout, "audit", "event %d", i)
+				if i == 4 {
+					require.True(t, pairs[e.ID]["panics"].Poisoned)
+					require.Contains(t, pairs[e.ID]["panics"].LastError, want)
+					continue
+				}
+				require.Contains(t, rows[e.ID].Fanout, "panics", "event %d", i)
+				require.Empty(t, pairs[e.ID], "event %d was charged for another's failure", i)
+			}
+			require.Len(t, loadJobs(t, b.pool), 19)
+		})
 	}
 }
 
@@ -116,22 +128,6 @@ func TestReviewPanicInsertOptsInFanOutTx(t *testing.T) {
 	rows, pairs := loadRows(t, b.pool), loadPairs(t, b.pool)
 	require.Contains(t, rows[es[0].ID].Fanout, "opts")
 	require.Contains(t, rows[es[1].ID].Fanout, "audit")
-	require.Contains(t, pairs[es[1].ID]["opts"].LastError, "InsertOpts panicked")
-}
-
-// 2b. The same in a started relay: the panic is on the relay's goroutine
-// and crashes the process. Opt-in (REVIEW_CRASH=1): it kills the binary.
-func TestReviewPanicInsertOptsCrashesStartedRelay(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}},
-		reviewSub("opts", false, false), mapSub("audit", false, "**"))
-	es := b.record(t, reviewEvent("ok", ""), reviewEvent("boom", "opts"))
-	b.start(t)
-	waitDelivered(t, b.pool, 10*time.Second)
-	rows, pairs := loadRows(t, b.pool), loadPairs(t, b.pool)
-	require.Contains(t, rows[es[0].ID].Fanout, "opts")
-	require.Contains(t, rows[es[1].ID].Fanout, "audit")
-	require.True(t, pairs[es[1].ID]["opts"].Poisoned)
 	require.Contains(t, pairs[es[1].ID]["opts"].LastError, "InsertOpts panicked")
 }
 

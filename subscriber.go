@@ -198,36 +198,30 @@ func (s *subscription) matches(eventType string) bool {
 	return false
 }
 
-// vet calls the methods of a job's args that the relay itself needs: Kind,
-// and InsertOpts for the args' own tags. They are host code: a panic fails
-// the pair, as one in Map does. (River calls them again in its insert, where
-// insertMany recovers.)
-func (s *subscription) vet(args river.JobArgs) (kind string, tags []string, err error) {
+// jobFor maps e to the subscriber's job. It also reads what the relay
+// needs of the job's args itself, Kind and the args' own tags (InsertOpts):
+// host code, like Map, so a panic in any of them is an error of the pair.
+// (River calls them again in its insert, where insertMany recovers.)
+func (s *subscription) jobFor(ctx context.Context, e Event) (m mapped, err error) {
+	what := "Map"
 	defer func() {
 		if p := recover(); p != nil {
-			kind, tags, err = "", nil, panicError(fmt.Sprintf("subscriber %q: the job args' Kind or InsertOpts", s.Name), p)
+			m, err = mapped{}, panicError(fmt.Sprintf("subscriber %q: %s", s.Name, what), p)
 		}
 	}()
-	kind = args.Kind()
-	if a, ok := args.(river.JobArgsWithInsertOpts); ok {
-		tags = a.InsertOpts().Tags
-	}
-	return kind, tags, nil
-}
-
-// jobFor maps e to the subscriber's job, turning a panic into an error.
-func (s *subscription) jobFor(ctx context.Context, e Event) (args river.JobArgs, opts *river.InsertOpts, err error) {
+	m.sub = s
 	if s.Handle != nil || s.HandleTx != nil {
-		return HandleArgs{Subscriber: s.Name, Event: e}, s.InsertOpts, nil
+		m.args, m.opts = HandleArgs{Subscriber: s.Name, Event: e}, s.InsertOpts
+	} else if m.args, m.opts, err = s.Map(ctx, e); err != nil {
+		return mapped{}, fmt.Errorf("subscriber %q: Map: %w", s.Name, err)
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			args, opts, err = nil, nil, fmt.Errorf("subscriber %q: Map panicked: %v", s.Name, p)
-		}
-	}()
-	args, opts, err = s.Map(ctx, e)
-	if err != nil {
-		return nil, nil, fmt.Errorf("subscriber %q: Map: %w", s.Name, err)
+	if m.args == nil {
+		return mapped{}, nil
 	}
-	return args, opts, nil
+	what = "the job args' Kind or InsertOpts"
+	m.kind = m.args.Kind()
+	if a, ok := m.args.(river.JobArgsWithInsertOpts); ok {
+		m.tags = a.InsertOpts().Tags
+	}
+	return m, nil
 }

@@ -501,7 +501,7 @@ func (r *Relay) countFanOut(ctx context.Context, fanned int, jobs []plannedJob, 
 func (r *Relay) insertMany(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (res []*rivertype.JobInsertResult, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			res, err = nil, panicError("inserting the job: its args or River's insert hooks", p)
+			res, err = nil, panicError("River's insert (the job args' methods, insert hooks or middleware)", p)
 		}
 	}()
 	return r.client.InsertManyTx(ctx, tx, params)

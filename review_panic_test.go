@@ -86,7 +86,7 @@ func TestJobArgsPanickingAreChargedToTheirPair(t *testing.T) {
 	for method, want := range map[string]string{
 		"kind":    `"panics": the job args' Kind or InsertOpts panicked: review: Kind panicked`,
 		"opts":    `"panics": the job args' Kind or InsertOpts panicked: review: InsertOpts panicked`,
-		"marshal": "insert hooks panicked: review: MarshalJSON panicked",
+		"marshal": "River's insert (the job args' methods, insert hooks or middleware) panicked: review: MarshalJSON panicked",
 	} {
 		t.Run(method, func(t *testing.T) {
 			t.Parallel()

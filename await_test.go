@@ -293,14 +293,14 @@ func TestAwaiterKicksTheRelays(t *testing.T) {
 	b.start(t)
 	requireClosed(t, b.relay.Ready(), "relay ready")
 	requireClosed(t, a.Ready(), "awaiter ready")
-	// Past the relay's trailing re-checks (each of which reports idle every
-	// 2 ms): once no re-check comes for 100 ms it waits for a notification.
-	// (Not settle: with hourly polls the relay may be idle already and
-	// signal it never again.)
+	// Past the relay's re-checks after its first round (2 ms, 4 ms, …
+	// 512 ms, each reporting idle): once none comes for longer, it waits for
+	// a notification. (Not settle: with hourly polls the relay may be idle
+	// already and signal it never again.)
 	for quiet := false; !quiet; {
 		select {
 		case <-b.idle:
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(lastRecheck + 200*time.Millisecond):
 			quiet = true
 		}
 	}

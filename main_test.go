@@ -132,8 +132,9 @@ func (b *testBundle) waitIdle(t *testing.T) {
 }
 
 // settle waits until the relay is ready (it listens, and a round begun
-// after that has finished), and then idle: from then on only a notification
-// (or a retry timer) makes it claim rows.
+// after that has finished), and then idle: from then on it claims rows on a
+// notification, a retry timer, or a look for rows (after activity it looks
+// again for about a second; see quiesce).
 func (b *testBundle) settle(t *testing.T) {
 	t.Helper()
 	select {
@@ -146,6 +147,24 @@ func (b *testBundle) settle(t *testing.T) {
 	default:
 	}
 	b.waitIdle(t)
+}
+
+// quiesce settles the relay and waits out its re-checks after activity
+// (about a second, see firstRecheck): from then on only a notification, a
+// retry timer or the next poll makes it look.
+func (b *testBundle) quiesce(t *testing.T) {
+	t.Helper()
+	b.settle(t)
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case <-b.idle:
+		case <-time.After(lastRecheck + 200*time.Millisecond):
+			return
+		case <-deadline:
+			t.Fatal("the relay never stopped re-checking")
+		}
+	}
 }
 
 // record records es in one committed transaction.

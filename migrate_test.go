@@ -4,7 +4,9 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/testdb"
@@ -67,4 +69,64 @@ func TestMigrateRefusesABadSchema(t *testing.T) {
 	err := Outbox{Schema: "bad-name"}.Migrate(context.Background(), testdb.New(t))
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.Contains(t, err.Error(), "Schema")
+}
+
+// Version 10 takes the notification out of the watch functions installed
+// before it (each watch's own, and the generic one) and its down puts it
+// back; both ways the triggers record the same rows.
+func TestMigration10QuietsInstalledWatchFunctions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	files, err := loadMigrations()
+	require.NoError(t, err)
+	var v10 migrationFile
+	for _, f := range files {
+		if f.version == 10 {
+			v10 = f
+		}
+	}
+	require.Equal(t, 10, v10.version)
+	createNotes(t, pool, 1)
+	require.NoError(t, Outbox{}.InstallWatch(ctx, pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
+	exec(t, pool, "UPDATE outbox_settings SET notify_interval = '0'")
+	notifying := func() (own, generic bool) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT
+			bool_or(prosrc ~ 'outbox_notify\(\)') FILTER (WHERE proname ~ '^outbox_watch_[0-9a-f]{16}$'),
+			bool_or(prosrc ~ 'outbox_notify\(\)') FILTER (WHERE proname = 'outbox_watch')
+			FROM pg_proc WHERE proname LIKE 'outbox_watch%'`).Scan(&own, &generic))
+		return own, generic
+	}
+	conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "LISTEN "+ChannelEvents)
+	require.NoError(t, err)
+	// write updates the watched row and reports whether a notification came.
+	write := func() bool {
+		t.Helper()
+		exec(t, pool, "UPDATE corpus_notes SET title = title || '!' WHERE id = 1")
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		_, err := conn.WaitForNotification(wctx)
+		return err == nil
+	}
+
+	own, generic := notifying()
+	require.False(t, own || generic, "version 10's functions notify")
+	require.False(t, write())
+
+	_, err = pool.Exec(ctx, v10.down)
+	require.NoError(t, err)
+	own, generic = notifying()
+	require.True(t, own && generic, "the down migration does not put the notification back")
+	require.True(t, write(), "the watch function of version 9 notifies")
+
+	_, err = pool.Exec(ctx, v10.up)
+	require.NoError(t, err)
+	own, generic = notifying()
+	require.False(t, own || generic, "the up migration leaves a notification in")
+	require.False(t, write())
+	require.Len(t, eventsOfType(t, pool, "note.changed"), 3)
 }

@@ -222,17 +222,18 @@ type Relay struct {
 // on a small index each when there is nothing to do.
 const busyTurnInterval = 250 * time.Millisecond
 
-// After draining what a wake-up announced, a relay keeps looking for a short
-// while: notifications are throttled (one transaction per
-// Outbox.NotifyInterval, 2 ms by default, sends one), so transactions that
-// commit just after the one that notified send none. For trailingWindow after
-// each wake-up (or each look that found rows) the idle relay polls every
-// trailingRecheck (one query on a small partial index), so those are found
-// within milliseconds, not at the next PollInterval. It costs about one small
-// query per trailingRecheck while writes flow, nothing when they stop.
+// The relays' adaptive poll. Watch triggers send no notification (a check
+// per row inside the host's transaction cost a tenth of a watched table's
+// write throughput), and a throttled notification leaves the transactions
+// that commit just after it quiet; so after each wake-up, and each round that
+// found rows, the idle relay looks again after firstRecheck, then after twice
+// as long with every look that finds nothing, up to lastRecheck: about a
+// second in all (or less, when PollInterval is shorter), then every
+// PollInterval. Each look is one query on a small partial index; while writes
+// flow, rows are found within about as long as the lull before them.
 const (
-	trailingRecheck = 2 * time.Millisecond
-	trailingWindow  = 15 * time.Millisecond
+	firstRecheck = 2 * time.Millisecond
+	lastRecheck  = 512 * time.Millisecond
 )
 
 // callbackQueue is how many OnPoison calls may wait in line.
@@ -259,6 +260,8 @@ type testHooks struct {
 	pruning func(size int)
 	// prunePass runs at the start of every retention pass.
 	prunePass func()
+	// polled runs each time the main loop's poll queries.
+	polled func()
 }
 
 // NewRelay returns a relay that reads events through pool. Register
@@ -522,9 +525,10 @@ func (r *Relay) stopping() bool { return r.run.IsStopping() }
 // loop is the relay's main loop. It runs rounds until stopped: straight on
 // after a full batch (and wakes a helper loop to claim alongside), otherwise
 // it serves the deliveries lane and then waits — for a notification, for the
-// trailing re-check after one, or for the next poll, which reads in one
-// query whether pending rows wait (a notification may have been throttled or
-// lost) and when the next failed event is due.
+// next re-check after activity (see firstRecheck), or for the next poll,
+// which reads in one query whether pending rows wait (watch triggers send no
+// notification, and one may have been throttled or lost) and when the next
+// failed event is due.
 func (r *Relay) loop(ctx context.Context) {
 	l := &mainLoop{r: r, claim: true}
 	for !r.stopping() && ctx.Err() == nil {
@@ -545,13 +549,13 @@ func (r *Relay) loop(ctx context.Context) {
 
 // mainLoop is what the main loop carries from one pass to the next.
 type mainLoop struct {
-	r          *Relay
-	failures   int       // rounds and polls failed in a row
-	pollAt     time.Time // when an idle relay polls next
-	turnsAt    time.Time // when a busy relay gives the other duties their turn next
-	trailUntil time.Time // until when the idle relay keeps re-checking
-	claim      bool      // whether the next pass starts with a batch round
-	recheck    bool      // the next pass is a trailing re-check: poll only
+	r        *Relay
+	failures int           // rounds and polls failed in a row
+	pollAt   time.Time     // when an idle relay polls next
+	turnsAt  time.Time     // when a busy relay gives the other duties their turn next
+	lull     time.Duration // how long the idle relay waits before its next re-check (0: no re-checks)
+	claim    bool          // whether the next pass starts with a batch round
+	recheck  bool          // the next pass is a re-check (see firstRecheck): poll only
 }
 
 // claimPass runs a batch round of the pending lane. It reports whether to
@@ -579,7 +583,7 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		r.run.MarkReady()
 	}
 	if len(claimed) > 0 {
-		l.trailUntil = time.Now().Add(trailingWindow) // writes flow
+		l.lull = firstRecheck // writes flow
 	}
 	full := len(claimed) == r.config.BatchSize
 	r.busy.Store(full)
@@ -606,8 +610,8 @@ func (l *mainLoop) otherTurns(ctx context.Context) bool {
 }
 
 // idlePass follows a batch that was not full: it serves the deliveries lane
-// (unless this pass is a trailing re-check), polls, and waits — for a
-// notification, the trailing re-check, or the next poll. It sets what the
+// (unless this pass is a re-check), polls, and waits — for a notification,
+// the next re-check, or the next poll. It sets what the
 // next pass does and reports whether to go on.
 func (l *mainLoop) idlePass(ctx context.Context) bool {
 	r := l.r
@@ -627,15 +631,20 @@ func (l *mainLoop) idlePass(ctx context.Context) bool {
 		l.claim, l.recheck = true, false // rows wait, or retries ran
 		return true
 	}
-	trailing := time.Until(l.trailUntil) > 0
-	if trailing {
-		next = min(next, trailingRecheck)
+	if l.recheck {
+		l.lull *= 2 // nothing there: look again later
+	}
+	rechecking := l.lull > 0 && l.lull <= min(lastRecheck, r.config.Listener.PollInterval)
+	if rechecking {
+		next = min(next, l.lull)
+	} else {
+		l.lull = 0
 	}
 	switch {
 	case r.wait(ctx, next):
 		l.claim, l.recheck = true, false
-		l.trailUntil = time.Now().Add(trailingWindow)
-	case trailing && time.Until(l.pollAt) > 0:
+		l.lull = firstRecheck
+	case rechecking && time.Until(l.pollAt) > 0:
 		l.claim, l.recheck = false, true
 	default:
 		l.claim, l.recheck = false, false // time to poll
@@ -719,6 +728,9 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 		waiting bool
 		secs    *float64
 	)
+	if r.hooks.polled != nil {
+		r.hooks.polled()
+	}
 	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known).Scan(&waiting, &secs); err != nil {
 		return 0, err
 	}

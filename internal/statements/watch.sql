@@ -69,7 +69,6 @@ AS /* TEMPLATE: tag */
 BEGIN
     INSERT INTO /* TEMPLATE: schema */outbox_events (id, type, subject, payload, scope)
     VALUES (/* TEMPLATE: schema */outbox_uuidv7(), /* TEMPLATE: type */, /* TEMPLATE: subject */, /* TEMPLATE: payload */, /* TEMPLATE: scope */);
-    PERFORM /* TEMPLATE: schema */outbox_notify();
     RETURN NULL;
 END
 /* TEMPLATE: tag */;

@@ -34,11 +34,14 @@ const (
 // a dedicated listening connection each, and polling. The zero value works.
 type ListenerConfig struct {
 	// PollInterval is how often an idle relay looks for pending events
-	// without a notification (notifications are throttled, and lost while a
-	// listener reconnects; one query answers both this and the retry
-	// schedule), and how often a PollOnly awaiter re-reads the events it
-	// waits for (one query for all waiters). It bounds how long an event can
-	// wait when no notification comes. Defaults to PollIntervalDefault (1 s).
+	// without a notification (watch triggers send none, notifications are
+	// throttled, and lost while a listener reconnects; after activity a
+	// relay looks sooner, for about a second; one query answers both this
+	// and the retry schedule), and how often a PollOnly awaiter re-reads the
+	// events it waits for (one query for all waiters). It bounds how long an
+	// event can wait when no notification comes: a lone watched-table write
+	// on an idle system waits up to this long. Defaults to
+	// PollIntervalDefault (1 s).
 	PollInterval time.Duration
 
 	// PollOnly opens no listening connection: the relay and the awaiter

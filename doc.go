@@ -50,8 +50,12 @@
 //
 // Relays wake on the notification [Record] sends, which is throttled (see
 // [Outbox.NotifyInterval]: a notifying commit takes a cluster-wide lock), and
-// never depend on it: after each wake-up a relay keeps re-checking for a few
-// milliseconds, and an idle relay polls every [ListenerConfig.PollInterval].
+// never depend on it: after each wake-up, and each round that found rows, a
+// relay re-checks within milliseconds and then less and less often, for
+// about a second, and an idle relay polls every [ListenerConfig.PollInterval].
+// Watch triggers send no notification (a check per written row cost a tenth
+// of a watched table's write throughput): the re-checks and polls find their
+// rows.
 // [ListenerConfig.PollOnly] and [ListenerConfig.Connect] serve pools behind a
 // transaction-pooling proxy such as PgBouncer.
 //

@@ -59,8 +59,9 @@ const (
 	MaxPayloadBytes  = 1 << 20 // 1 MiB
 )
 
-// Notification channels. Record and table triggers notify ChannelEvents in
-// the writing transaction, so relays wake when it commits; relays notify
+// Notification channels. Record and outbox_record() notify ChannelEvents in
+// the writing transaction (throttled), so relays wake when it commits (watch
+// triggers do not notify: relays find their rows by polling); relays notify
 // ChannelFanned with the IDs of the events they fanned out. These are the
 // channels of the default schema; in a schema of its own ([Outbox.Schema])
 // each is qualified as "<schema>.<channel>" (River does the same), so relays

@@ -226,14 +226,17 @@ const busyTurnInterval = 250 * time.Millisecond
 // per row inside the host's transaction cost a tenth of a watched table's
 // write throughput), and a throttled notification leaves the transactions
 // that commit just after it quiet; so after each wake-up, and each round that
-// found rows, the idle relay looks again after firstRecheck, then after twice
-// as long with every look that finds nothing, up to lastRecheck: about a
-// second in all (or less, when PollInterval is shorter), then every
-// PollInterval. Each look is one query on a small partial index; while writes
-// flow, rows are found within about as long as the lull before them.
+// found rows, the idle relay looks again every firstRecheck for
+// steadyRecheck, then after twice as long with every look that finds
+// nothing, up to lastRecheck: about a second in all (or less, when
+// PollInterval is shorter), then every PollInterval. Each look is one query
+// on a small partial index. While writes flow (one every 16 ms or more
+// often) they are found within milliseconds; after a longer lull, within
+// about as long again as the lull.
 const (
-	firstRecheck = 2 * time.Millisecond
-	lastRecheck  = 512 * time.Millisecond
+	firstRecheck  = 2 * time.Millisecond
+	steadyRecheck = 16 * time.Millisecond
+	lastRecheck   = 512 * time.Millisecond
 )
 
 // callbackQueue is how many OnPoison calls may wait in line.
@@ -554,6 +557,7 @@ type mainLoop struct {
 	pollAt   time.Time     // when an idle relay polls next
 	turnsAt  time.Time     // when a busy relay gives the other duties their turn next
 	lull     time.Duration // how long the idle relay waits before its next re-check (0: no re-checks)
+	activeAt time.Time     // the last wake-up, or round that found rows
 	claim    bool          // whether the next pass starts with a batch round
 	recheck  bool          // the next pass is a re-check (see firstRecheck): poll only
 }
@@ -583,7 +587,7 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		r.run.MarkReady()
 	}
 	if len(claimed) > 0 {
-		l.lull = firstRecheck // writes flow
+		l.active() // writes flow
 	}
 	full := len(claimed) == r.config.BatchSize
 	r.busy.Store(full)
@@ -631,8 +635,8 @@ func (l *mainLoop) idlePass(ctx context.Context) bool {
 		l.claim, l.recheck = true, false // rows wait, or retries ran
 		return true
 	}
-	if l.recheck {
-		l.lull *= 2 // nothing there: look again later
+	if l.recheck && time.Since(l.activeAt) >= steadyRecheck {
+		l.lull *= 2 // nothing there for a while: look again later
 	}
 	rechecking := l.lull > 0 && l.lull <= min(lastRecheck, r.config.Listener.PollInterval)
 	if rechecking {
@@ -643,13 +647,18 @@ func (l *mainLoop) idlePass(ctx context.Context) bool {
 	switch {
 	case r.wait(ctx, next):
 		l.claim, l.recheck = true, false
-		l.lull = firstRecheck
+		l.active()
 	case rechecking && time.Until(l.pollAt) > 0:
 		l.claim, l.recheck = false, true
 	default:
 		l.claim, l.recheck = false, false // time to poll
 	}
 	return true
+}
+
+// active starts the re-checks over: a wake-up came, or a round found rows.
+func (l *mainLoop) active() {
+	l.lull, l.activeAt = firstRecheck, time.Now()
 }
 
 // failed counts a failed round or poll and backs off, longer with every

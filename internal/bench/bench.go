@@ -80,7 +80,7 @@ func (o *Options) defaults() {
 		o.LatencyFor = 5 * time.Second
 	}
 	if o.WriteFor == 0 {
-		o.WriteFor = 5 * time.Second
+		o.WriteFor = 4 * time.Second
 	}
 	if len(o.Rates) == 0 {
 		o.Rates = []int{200, 2000}
@@ -288,5 +288,5 @@ func (o Options) writeRounds() int {
 	if o.WriteFor < time.Second {
 		return 1
 	}
-	return 3
+	return 5
 }

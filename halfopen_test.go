@@ -159,6 +159,17 @@ func TestHalfOpenListeningConnectionsAreNoticed(t *testing.T) {
 	require.Eventually(t, func() bool { return proxy.accepted.Load() >= 4 && b.relay.Health().Listening }, bound, time.Millisecond,
 		"the relay and the awaiter dial again")
 	t.Logf("both reconnected %v after the connections went silent", time.Since(silencedAt))
+	// Past the relay's re-checks after its reconnect (about a second): the
+	// relay polls hourly, so from then on only a notification on its new
+	// listening connection (the commit's, or the awaiter's kick) makes it
+	// look. (Not settle: the re-checks may be over already.)
+	for quiet := false; !quiet; {
+		select {
+		case <-b.idle:
+		case <-time.After(lastRecheck + 200*time.Millisecond):
+			quiet = true
+		}
+	}
 
 	// A receipt asked for now comes through the new connections.
 	e := b.record(t, Event{Type: "after.silence"})[0]

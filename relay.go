@@ -552,14 +552,15 @@ func (r *Relay) loop(ctx context.Context) {
 
 // mainLoop is what the main loop carries from one pass to the next.
 type mainLoop struct {
-	r        *Relay
-	failures int           // rounds and polls failed in a row
-	pollAt   time.Time     // when an idle relay polls next
-	turnsAt  time.Time     // when a busy relay gives the other duties their turn next
-	lull     time.Duration // how long the idle relay waits before its next re-check (0: no re-checks)
-	activeAt time.Time     // the last wake-up, or round that found rows
-	claim    bool          // whether the next pass starts with a batch round
-	recheck  bool          // the next pass is a re-check (see firstRecheck): poll only
+	r         *Relay
+	failures  int           // rounds and polls failed in a row
+	pollAt    time.Time     // when an idle relay polls next
+	turnsAt   time.Time     // when a busy relay gives the other duties their turn next
+	lull      time.Duration // how long the idle relay waits before its next re-check (0: no re-checks)
+	activeAt  time.Time     // the last wake-up, or round that found rows
+	foundNone bool          // the last claim found nothing (the rows the poll saw are locked, or taken)
+	claim     bool          // whether the next pass starts with a batch round
+	recheck   bool          // the next pass is a re-check (see firstRecheck): poll only
 }
 
 // claimPass runs a batch round of the pending lane. It reports whether to
@@ -586,7 +587,8 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		// before.
 		r.run.MarkReady()
 	}
-	if len(claimed) > 0 {
+	l.foundNone = len(claimed) == 0
+	if !l.foundNone {
 		l.active() // writes flow
 	}
 	full := len(claimed) == r.config.BatchSize
@@ -635,7 +637,10 @@ func (l *mainLoop) idlePass(ctx context.Context) bool {
 		l.claim, l.recheck = true, false // rows wait, or retries ran
 		return true
 	}
-	if l.recheck && time.Since(l.activeAt) >= steadyRecheck {
+	// A look that found nothing counts as empty, and so does one whose claim
+	// found nothing: rows that another session holds locked (a stuck round,
+	// a long FanOutTx) must not keep this relay re-checking every 2 ms.
+	if (l.recheck || l.foundNone) && time.Since(l.activeAt) >= steadyRecheck {
 		l.lull *= 2 // nothing there for a while: look again later
 	}
 	rechecking := l.lull > 0 && l.lull <= min(lastRecheck, r.config.Listener.PollInterval)

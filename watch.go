@@ -164,14 +164,35 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		// EXCLUSIVE lock on the host's table, and every service start calls
 		// InstallWatch.
 		installed, err := watchTriggers(ctx, tx, sql, table, w.Name)
-		if err != nil || watchUpToDate(installed, ddls, triggers, fingerprint) {
+		if err != nil {
 			return err
+		}
+		if watchUpToDate(installed, ddls, triggers, fingerprint) {
+			return quietWatch(ctx, tx, table, installed, triggers)
 		}
 		if !watchSpecInstalled(installed, ddls, fingerprint) {
 			return replaceWatch(ctx, tx, sql, table, schema, ddls, triggers, installed, fingerprint)
 		}
 		return upgradeWatch(ctx, tx, sql, table, schema, ddls, triggers, installed, fingerprint)
 	})
+}
+
+// quietWatch rewrites the own functions of an installed, current watch that
+// still notify: the previous release's InstallWatch, run during a rolling
+// deploy after migration 010 took the call out, writes them so, and with
+// the same name and fingerprint nothing else would ever replace them.
+// CREATE OR REPLACE FUNCTION takes no lock on the table.
+func quietWatch(ctx context.Context, tx pgx.Tx, table string, installed map[string]installedTrigger, own map[string]watchTrigger) error {
+	for name, t := range installed {
+		o, has := own[name]
+		if !has || !t.notifies || !t.mayDrop {
+			continue
+		}
+		if _, err := tx.Exec(ctx, o.create); err != nil {
+			return fmt.Errorf("events: install watch on %s: its trigger function: %w", table, err)
+		}
+	}
+	return nil
 }
 
 // upgradeLockTimeout bounds how long InstallWatch waits for a table's lock
@@ -361,6 +382,7 @@ func watchFingerprint(ddls map[string]string) string {
 type installedTrigger struct {
 	comment, function string
 	mayDrop           bool // this role may drop the function
+	notifies          bool // the function calls outbox_notify()
 }
 
 // watchTriggers reads the triggers table has among the trigger names of the
@@ -379,7 +401,7 @@ func watchTriggers(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, n
 		t       installedTrigger
 	)
 	installed := map[string]installedTrigger{}
-	if _, err := pgx.ForEachRow(rows, []any{&trigger, &t.comment, &t.function, &t.mayDrop}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&trigger, &t.comment, &t.function, &t.mayDrop, &t.notifies}, func() error {
 		installed[trigger] = t
 		return nil
 	}); err != nil {

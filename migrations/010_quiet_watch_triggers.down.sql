@@ -43,20 +43,28 @@ BEGIN
 END
 $$;
 
+-- Each watch's own trigger function this role may replace, the same way
+-- (see the up migration; E'' strings, too, read the same whatever
+-- standard_conforming_strings says).
 DO $do$
 DECLARE
-    f oid;
-    s text;
+    f   oid;
+    s   text;
+    def text;
 BEGIN
     FOR f, s IN
         SELECT p.oid, n.nspname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE p.proname ~ '^outbox_watch_[0-9a-f]{16}$'
            AND p.pronamespace = (SELECT pronamespace FROM pg_proc WHERE oid = 'outbox_watch()'::regprocedure)
            AND pg_has_role(p.proowner, 'USAGE')
-           AND p.prosrc !~ 'outbox_notify\(\)'
+           AND strpos(p.prosrc, 'outbox_notify()') = 0
     LOOP
-        EXECUTE regexp_replace(pg_get_functiondef(f), '\n([ \t]*)RETURN NULL;',
-            E'\n\\1PERFORM ' || replace(quote_ident(s), '\', '\\') || E'.outbox_notify();\n\\1RETURN NULL;');
+        def := pg_get_functiondef(f);
+        IF def IS NOT NULL THEN
+            EXECUTE regexp_replace(def, $re$\n([ \t]*)RETURN NULL;$re$,
+                E'\n\\1PERFORM ' || replace(quote_ident(s), E'\\', E'\\\\')
+                    || E'.outbox_notify();\n\\1RETURN NULL;');
+        END IF;
     END LOOP;
 END
 $do$;

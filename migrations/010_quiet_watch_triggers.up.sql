@@ -63,19 +63,25 @@ $$;
 
 -- Each watch's own trigger function (watchfn.go), the same way. A function
 -- this role may not replace (another role's) keeps notifying: it records the
--- same rows.
+-- same rows. (The regular expressions are dollar-quoted: they read the same
+-- whatever standard_conforming_strings says. A function dropped meanwhile
+-- has no definition left, and is skipped.)
 DO $do$
 DECLARE
-    f oid;
+    f   oid;
+    def text;
 BEGIN
     FOR f IN
         SELECT p.oid FROM pg_proc p
          WHERE p.proname ~ '^outbox_watch_[0-9a-f]{16}$'
            AND p.pronamespace = (SELECT pronamespace FROM pg_proc WHERE oid = 'outbox_watch()'::regprocedure)
            AND pg_has_role(p.proowner, 'USAGE')
-           AND p.prosrc ~ 'PERFORM [^;]*outbox_notify\(\);'
+           AND strpos(p.prosrc, 'outbox_notify()') > 0
     LOOP
-        EXECUTE regexp_replace(pg_get_functiondef(f), '\n[ \t]*PERFORM [^;\n]*outbox_notify\(\);', '');
+        def := pg_get_functiondef(f);
+        IF def IS NOT NULL THEN
+            EXECUTE regexp_replace(def, $re$\n[ \t]*PERFORM [^;\n]*outbox_notify\(\);$re$, '');
+        END IF;
     END LOOP;
 END
 $do$;

@@ -19,9 +19,11 @@ SELECT a.attname, coalesce(a.attnum = ANY(i.indkey), false)
 
 -- name: WatchTriggers
 -- $1 the table, $2 trigger names: those it has, with their comments, the
--- functions they call, and whether this role may drop that function.
+-- functions they call, whether this role may drop (or replace) that
+-- function, and whether it notifies (as the watches' own functions did
+-- before version 10).
 SELECT t.tgname::text, coalesce(obj_description(t.oid, 'pg_trigger'), ''), p.proname::text,
-       pg_has_role(p.proowner, 'USAGE')
+       pg_has_role(p.proowner, 'USAGE'), strpos(p.prosrc, 'outbox_notify()') > 0
   FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
  WHERE t.tgrelid = $1::regclass AND t.tgname = ANY($2::text[]);
 

@@ -293,17 +293,10 @@ func TestAwaiterKicksTheRelays(t *testing.T) {
 	b.start(t)
 	requireClosed(t, b.relay.Ready(), "relay ready")
 	requireClosed(t, a.Ready(), "awaiter ready")
-	// Past the relay's re-checks after its first round (2 ms, 4 ms, …
-	// 512 ms, each reporting idle): once none comes for longer, it waits for
-	// a notification. (Not settle: with hourly polls the relay may be idle
-	// already and signal it never again.)
-	for quiet := false; !quiet; {
-		select {
-		case <-b.idle:
-		case <-time.After(lastRecheck + 200*time.Millisecond):
-			quiet = true
-		}
-	}
+	// Past the relay's re-checks after its first round: from then on it
+	// waits for a notification. (Not settle: with hourly polls the relay may
+	// be idle already and signal it never again.)
+	b.rechecksOver(t)
 	var e Event
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var err error

@@ -163,13 +163,7 @@ func TestHalfOpenListeningConnectionsAreNoticed(t *testing.T) {
 	// relay polls hourly, so from then on only a notification on its new
 	// listening connection (the commit's, or the awaiter's kick) makes it
 	// look. (Not settle: the re-checks may be over already.)
-	for quiet := false; !quiet; {
-		select {
-		case <-b.idle:
-		case <-time.After(lastRecheck + 200*time.Millisecond):
-			quiet = true
-		}
-	}
+	b.rechecksOver(t)
 
 	// A receipt asked for now comes through the new connections.
 	e := b.record(t, Event{Type: "after.silence"})[0]

@@ -149,12 +149,21 @@ func (b *testBundle) settle(t *testing.T) {
 	b.waitIdle(t)
 }
 
-// quiesce settles the relay and waits out its re-checks after activity
-// (about a second, see firstRecheck): from then on only a notification, a
-// retry timer or the next poll makes it look.
+// quiesce settles the relay and waits out its re-checks after activity:
+// from then on only a notification, a retry timer or the next poll makes it
+// look.
 func (b *testBundle) quiesce(t *testing.T) {
 	t.Helper()
 	b.settle(t)
+	b.rechecksOver(t)
+}
+
+// rechecksOver waits until the relay has gone lastRecheck and more without
+// going idle: its re-checks after activity (about a second, see
+// firstRecheck) are over. Unlike waitIdle it returns at once (after that
+// wait) when the relay is idle already.
+func (b *testBundle) rechecksOver(t *testing.T) {
+	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
 		select {

@@ -78,15 +78,7 @@ func TestMigration10QuietsInstalledWatchFunctions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.New(t)
-	files, err := loadMigrations()
-	require.NoError(t, err)
-	var v10 migrationFile
-	for _, f := range files {
-		if f.version == 10 {
-			v10 = f
-		}
-	}
-	require.Equal(t, 10, v10.version)
+	v10 := migration10(t)
 	createNotes(t, pool, 1)
 	require.NoError(t, Outbox{}.InstallWatch(ctx, pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
 	exec(t, pool, "UPDATE outbox_settings SET notify_interval = '0'")
@@ -129,4 +121,18 @@ func TestMigration10QuietsInstalledWatchFunctions(t *testing.T) {
 	require.False(t, own || generic, "the up migration leaves a notification in")
 	require.False(t, write())
 	require.Len(t, eventsOfType(t, pool, "note.changed"), 3)
+}
+
+// migration10 returns migration 010's files.
+func migration10(t *testing.T) migrationFile {
+	t.Helper()
+	files, err := loadMigrations()
+	require.NoError(t, err)
+	for _, f := range files {
+		if f.version == 10 {
+			return f
+		}
+	}
+	t.Fatal("no migration 10")
+	return migrationFile{}
 }

@@ -17,20 +17,6 @@ import (
 // Review of the quiet watch triggers (migration 010) and the doubling
 // re-check schedule.
 
-// migration10 returns migration 010's files.
-func migration10(t *testing.T) migrationFile {
-	t.Helper()
-	files, err := loadMigrations()
-	require.NoError(t, err)
-	for _, f := range files {
-		if f.version == 10 {
-			return f
-		}
-	}
-	t.Fatal("no migration 10")
-	return migrationFile{}
-}
-
 // ownWatchFunctionsNotify reports whether any watch's own trigger function
 // (outbox_watch_<16 hex>) in schema still calls outbox_notify().
 func ownWatchFunctionsNotify(t *testing.T, pool *pgxpool.Pool, schema string) (notifying bool, functions int) {

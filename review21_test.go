@@ -76,51 +76,6 @@ func TestReview21ALockedPendingRowDoesNotMakeTheRelaySpin(t *testing.T) {
 		"a locked pending row keeps the relay re-checking at its first lull forever: the schedule must thin out when the claims find nothing")
 }
 
-// Rolling deploy: "migrate first, then roll out", so processes of the
-// previous release run on the migrated schema. One of them whose
-// InstallWatch runs after migration 010 (a pod restarting, or its
-// InstallWatch transaction committing after 010's DO block read pg_proc)
-// writes the watch's own function with the previous template, which calls
-// outbox_notify(). The function's name and the triggers' fingerprint are
-// those of the current release, so the current release's InstallWatch
-// finds the watch "up to date" and never rewrites the body: that watch
-// notifies on every row forever (the throughput cost 010 was written to
-// remove), and no later Migrate touches it (010 has run). Replacing a
-// function's body takes no lock on the table, so InstallWatch can afford to
-// compare it.
-func TestReview21InstallWatchQuietsAWatchFunctionThePreviousReleaseWroteAfterMigration10(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.New(t)
-	createNotes(t, pool, 1)
-	w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}
-	require.NoError(t, outbox.InstallWatch(ctx, pool, w))
-	notifying, n := ownWatchFunctionsNotify(t, pool, "public")
-	require.Equal(t, 1, n, "the watch has a function of its own")
-	require.False(t, notifying)
-
-	// The previous release's InstallWatch: the same function, with the
-	// template's "PERFORM outbox_notify();" before RETURN NULL.
-	exec(t, pool, `DO $do$
-		DECLARE f oid;
-		BEGIN
-			FOR f IN SELECT oid FROM pg_proc WHERE proname ~ '^outbox_watch_[0-9a-f]{16}$' LOOP
-				EXECUTE regexp_replace(pg_get_functiondef(f), E'\\n([ \\t]*)RETURN NULL;',
-					E'\n\\1PERFORM outbox_notify();\n\\1RETURN NULL;');
-			END LOOP;
-		END
-		$do$`)
-	notifying, _ = ownWatchFunctionsNotify(t, pool, "public")
-	require.True(t, notifying, "precondition: the previous release's function notifies")
-
-	// The current release starts and installs its watches, as the README
-	// says to at every start.
-	require.NoError(t, outbox.InstallWatch(ctx, pool, w))
-	notifying, _ = ownWatchFunctionsNotify(t, pool, "public")
-	require.False(t, notifying,
-		"InstallWatch left the previous release's notifying body in place: the watch's fingerprint matches, so it is never rewritten, and migration 010 will not run again")
-}
-
 // Migration 010's DO block writes its regular expressions as ordinary
 // string literals with backslashes ('…outbox_notify\(\);'). A session with
 // standard_conforming_strings off (a legacy database or role setting, or a

@@ -120,8 +120,11 @@ type Beginner interface {
 // host's transaction cost a tenth of a watched table's write throughput):
 // relays find their rows by re-checking after activity and by polling, so a
 // lone write on an idle system is fanned out within
-// [ListenerConfig.PollInterval]. An own function that still notifies, as the
-// previous release writes them, is rewritten (no lock on the table).
+// [ListenerConfig.PollInterval].
+//
+// Processes that install the same watch at once (a deploy starting its pods
+// together) take turns: each InstallWatch holds a transaction-level advisory
+// lock on the table and watch name while it reads and writes them.
 func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
@@ -139,6 +142,9 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		table, err := resolveTable(ctx, tx, sql, w.TableSchema, w.Table)
 		if err != nil {
+			return err
+		}
+		if err := lockWatch(ctx, tx, sql, table, w.Name); err != nil {
 			return err
 		}
 		cols, pk, err := tableColumns(ctx, tx, sql, table)
@@ -175,7 +181,7 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 			return err
 		}
 		if watchUpToDate(installed, ddls, triggers, fingerprint) {
-			return quietWatch(ctx, tx, table, installed, triggers)
+			return nil
 		}
 		if !watchSpecInstalled(installed, ddls, fingerprint) {
 			return replaceWatch(ctx, tx, sql, table, schema, ddls, triggers, installed, fingerprint)
@@ -184,20 +190,14 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 	})
 }
 
-// quietWatch rewrites the own functions of an installed, current watch that
-// still notify: the previous release's InstallWatch, run during a rolling
-// deploy after migration 010 took the call out, writes them so, and with
-// the same name and fingerprint nothing else would ever replace them.
-// CREATE OR REPLACE FUNCTION takes no lock on the table.
-func quietWatch(ctx context.Context, tx pgx.Tx, table string, installed map[string]installedTrigger, own map[string]watchTrigger) error {
-	for name, t := range installed {
-		o, has := own[name]
-		if !has || !t.notifies || !t.mayDrop {
-			continue
-		}
-		if _, err := tx.Exec(ctx, o.create); err != nil {
-			return fmt.Errorf("events: install watch on %s: its trigger function: %w", table, err)
-		}
+// lockWatch makes InstallWatch and RemoveWatch calls for the watch called
+// name on table (qualified) take turns until tx ends. Without it, calls at
+// once (pods starting together) each found no function and created it, and
+// all but one failed on pg_proc's unique index. The lock is an advisory one:
+// nothing else waits on it, and the table is not locked.
+func lockWatch(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, name string) error {
+	if _, err := tx.Exec(ctx, sql.LockWatch, table+" "+name); err != nil {
+		return fmt.Errorf("events: watch %s on %s: %w", name, table, err)
 	}
 	return nil
 }
@@ -389,7 +389,6 @@ func watchFingerprint(ddls map[string]string) string {
 type installedTrigger struct {
 	comment, function string
 	mayDrop           bool // this role may drop the function
-	notifies          bool // the function calls outbox_notify()
 }
 
 // watchTriggers reads the triggers table has among the trigger names of the
@@ -408,7 +407,7 @@ func watchTriggers(ctx context.Context, tx pgx.Tx, sql *statements.Set, table, n
 		t       installedTrigger
 	)
 	installed := map[string]installedTrigger{}
-	if _, err := pgx.ForEachRow(rows, []any{&trigger, &t.comment, &t.function, &t.mayDrop, &t.notifies}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&trigger, &t.comment, &t.function, &t.mayDrop}, func() error {
 		installed[trigger] = t
 		return nil
 	}); err != nil {
@@ -466,6 +465,9 @@ func (o Outbox) RemoveWatch(ctx context.Context, db Beginner, tableSchema, table
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		qualified, err := resolveTable(ctx, tx, sql, tableSchema, table)
 		if err != nil {
+			return err
+		}
+		if err := lockWatch(ctx, tx, sql, qualified, name); err != nil {
 			return err
 		}
 		installed, err := watchTriggers(ctx, tx, sql, qualified, name)

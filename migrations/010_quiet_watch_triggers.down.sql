@@ -57,7 +57,7 @@ BEGIN
          WHERE p.proname ~ '^outbox_watch_[0-9a-f]{16}$'
            AND p.pronamespace = (SELECT pronamespace FROM pg_proc WHERE oid = 'outbox_watch()'::regprocedure)
            AND pg_has_role(p.proowner, 'USAGE')
-           AND strpos(p.prosrc, 'outbox_notify()') = 0
+           AND p.prosrc !~ $re$\n[ \t]*PERFORM [^;\n]*outbox_notify\(\);$re$
     LOOP
         def := pg_get_functiondef(f);
         IF def IS NOT NULL THEN

@@ -109,6 +109,7 @@ type Set struct {
 	// call-time templates for the identifiers they
 	// name: see [Render].
 	ResolveTable, TableColumns, WatchTriggers, WatchSchema, ListWatches string
+	LockWatch                                                           string
 	CreateWatchTrigger, CommentWatchTrigger, DropWatchTrigger           string
 	CreateWatchFunction, DropWatchFunction                              string
 

@@ -19,13 +19,16 @@ SELECT a.attname, coalesce(a.attnum = ANY(i.indkey), false)
 
 -- name: WatchTriggers
 -- $1 the table, $2 trigger names: those it has, with their comments, the
--- functions they call, whether this role may drop (or replace) that
--- function, and whether it notifies (as the watches' own functions did
--- before version 10).
+-- functions they call, and whether this role may drop that function.
 SELECT t.tgname::text, coalesce(obj_description(t.oid, 'pg_trigger'), ''), p.proname::text,
-       pg_has_role(p.proowner, 'USAGE'), strpos(p.prosrc, 'outbox_notify()') > 0
+       pg_has_role(p.proowner, 'USAGE')
   FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
  WHERE t.tgrelid = $1::regclass AND t.tgname = ANY($2::text[]);
+
+-- name: LockWatch
+-- $1 the qualified table and the watch's name: a transaction-level advisory
+-- lock, so that InstallWatch and RemoveWatch calls for one watch take turns.
+SELECT pg_advisory_xact_lock(hashtextextended('standmeet_events.watch ' || $1::text, 0));
 
 -- name: WatchSchema
 -- $1 the generic trigger function's signature: the schema that holds it

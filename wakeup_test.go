@@ -9,7 +9,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/testdb"
 )
 
 // fannedWithin waits until e is fanned out, failing after d.
@@ -287,4 +291,46 @@ func TestListenerConnectFunc(t *testing.T) {
 		return err
 	}))
 	fannedWithin(t, b, e.ID, 5*time.Second, "the connection Connect made did not carry the notification")
+}
+
+// A relay of a schema of its own (one whose name needs quoting) listens on
+// that schema's channel: with polls an hour apart and its re-checks over,
+// the notification Record sends in that schema is what wakes it.
+func TestARelayOfASchemaIsWokenOnItsChannel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.EmptyURL(t))
+	o := Outbox{Schema: "Billing_EU"}
+	require.NoError(t, o.Migrate(ctx, pool))
+	relay, err := NewRelay(pool, &RelayConfig{Outbox: o, Logger: quietLogger(), Listener: ListenerConfig{PollInterval: time.Hour}})
+	require.NoError(t, err)
+	b := &testBundle{relay: relay, pool: pool, idle: make(chan struct{}, 1)}
+	relay.hooks.idle = func() {
+		select {
+		case b.idle <- struct{}{}:
+		default:
+		}
+	}
+	require.NoError(t, relay.Subscribe(mapSub("audit", false, "**")))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: o.Schema, Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, relay.Start(ctx, client))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, relay.Stop(sctx))
+	})
+	b.quiesce(t)
+
+	var e Event
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		e, err = Outbox{Schema: o.Schema, NotifyInterval: NotifyEveryTransaction}.Record(ctx, tx, Event{Type: "a"})
+		return err
+	}))
+	require.Eventually(t, func() bool {
+		info, err := o.Inspect(ctx, pool, e.ID)
+		require.NoError(t, err)
+		return !info.FannedOutAt.IsZero()
+	}, 5*time.Second, 2*time.Millisecond, "the schema's notification did not wake its relay")
 }

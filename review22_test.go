@@ -141,5 +141,9 @@ func TestReview22ALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testin
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT extract(epoch FROM max(fanned_out_at - created_at)) * 1000
 		FROM outbox_events WHERE type = 'quiet'`).Scan(&worst))
 	t.Logf("slowest quiet row: %.1f ms", worst)
-	require.Less(t, worst, 100.0, "rows arriving every 10 ms waited for the poll: the re-checks stopped")
+	// Rows 10 ms apart keep the lull at tens of milliseconds (109 ms was
+	// seen once under the race detector and a full parallel suite); a
+	// schedule that stopped would leave them to the hourly poll (the
+	// Eventually above), one that kept doubling to 512 ms and more.
+	require.Less(t, worst, 500.0, "rows arriving every 10 ms waited for the poll: the re-checks stopped")
 }

@@ -177,11 +177,8 @@ func (o Outbox) InstallWatch(ctx context.Context, db Beginner, w Watch) error {
 		// EXCLUSIVE lock on the host's table, and every service start calls
 		// InstallWatch.
 		installed, err := watchTriggers(ctx, tx, sql, table, w.Name)
-		if err != nil {
+		if err != nil || watchUpToDate(installed, ddls, triggers, fingerprint) {
 			return err
-		}
-		if watchUpToDate(installed, ddls, triggers, fingerprint) {
-			return nil
 		}
 		if !watchSpecInstalled(installed, ddls, fingerprint) {
 			return replaceWatch(ctx, tx, sql, table, schema, ddls, triggers, installed, fingerprint)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/testdb"
@@ -82,14 +83,6 @@ func TestMigration10QuietsInstalledWatchFunctions(t *testing.T) {
 	createNotes(t, pool, 1)
 	require.NoError(t, Outbox{}.InstallWatch(ctx, pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
 	exec(t, pool, "UPDATE outbox_settings SET notify_interval = '0'")
-	notifying := func() (own, generic bool) {
-		t.Helper()
-		require.NoError(t, pool.QueryRow(ctx, `SELECT
-			bool_or(prosrc ~ 'outbox_notify\(\)') FILTER (WHERE proname ~ '^outbox_watch_[0-9a-f]{16}$'),
-			bool_or(prosrc ~ 'outbox_notify\(\)') FILTER (WHERE proname = 'outbox_watch')
-			FROM pg_proc WHERE proname LIKE 'outbox_watch%'`).Scan(&own, &generic))
-		return own, generic
-	}
 	conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
 	require.NoError(t, err)
 	defer conn.Close(ctx)
@@ -105,19 +98,19 @@ func TestMigration10QuietsInstalledWatchFunctions(t *testing.T) {
 		return err == nil
 	}
 
-	own, generic := notifying()
+	own, generic, _ := watchFunctionsNotify(t, pool, "public")
 	require.False(t, own || generic, "version 10's functions notify")
 	require.False(t, write())
 
 	_, err = pool.Exec(ctx, v10.down)
 	require.NoError(t, err)
-	own, generic = notifying()
+	own, generic, _ = watchFunctionsNotify(t, pool, "public")
 	require.True(t, own && generic, "the down migration does not put the notification back")
 	require.True(t, write(), "the watch function of version 9 notifies")
 
 	_, err = pool.Exec(ctx, v10.up)
 	require.NoError(t, err)
-	own, generic = notifying()
+	own, generic, _ = watchFunctionsNotify(t, pool, "public")
 	require.False(t, own || generic, "the up migration leaves a notification in")
 	require.False(t, write())
 	require.Len(t, eventsOfType(t, pool, "note.changed"), 3)
@@ -135,4 +128,18 @@ func migration10(t *testing.T) migrationFile {
 	}
 	t.Fatal("no migration 10")
 	return migrationFile{}
+}
+
+// watchFunctionsNotify reports whether any watch's own trigger function
+// (outbox_watch_<16 hex>) in schema calls outbox_notify(), whether the
+// generic outbox_watch() there does, and how many own functions there are.
+func watchFunctionsNotify(t *testing.T, pool *pgxpool.Pool, schema string) (own, generic bool, ownFunctions int) {
+	t.Helper()
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT
+		coalesce(bool_or(p.prosrc ~ 'outbox_notify\(\)') FILTER (WHERE p.proname ~ '^outbox_watch_[0-9a-f]{16}$'), false),
+		coalesce(bool_or(p.prosrc ~ 'outbox_notify\(\)') FILTER (WHERE p.proname = 'outbox_watch'), false),
+		count(*) FILTER (WHERE p.proname ~ '^outbox_watch_[0-9a-f]{16}$')
+		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE p.proname LIKE 'outbox_watch%' AND n.nspname = $1`, schema).Scan(&own, &generic, &ownFunctions))
+	return own, generic, ownFunctions
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/testdb"
@@ -16,16 +15,6 @@ import (
 
 // Review of the quiet watch triggers (migration 010) and the doubling
 // re-check schedule.
-
-// ownWatchFunctionsNotify reports whether any watch's own trigger function
-// (outbox_watch_<16 hex>) in schema still calls outbox_notify().
-func ownWatchFunctionsNotify(t *testing.T, pool *pgxpool.Pool, schema string) (notifying bool, functions int) {
-	t.Helper()
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT coalesce(bool_or(p.prosrc ~ 'outbox_notify'), false), count(*)
-		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-		WHERE p.proname ~ '^outbox_watch_[0-9a-f]{16}$' AND n.nspname = $1`, schema).Scan(&notifying, &functions))
-	return notifying, functions
-}
 
 // A pending row that another session holds locked (a relay of another
 // process whose round is stuck mid-transaction — its host paused, or its
@@ -40,31 +29,13 @@ func ownWatchFunctionsNotify(t *testing.T, pool *pgxpool.Pool, schema string) (n
 // the trailing window ended 15 ms after the wake-up.)
 func TestReview21ALockedPendingRowDoesNotMakeTheRelaySpin(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
 	var polls atomic.Int64
 	b.relay.hooks.polled = func() { polls.Add(1) }
 	b.start(t)
 	b.quiesce(t)
 
-	// A pending row, written without a notification, and locked by another
-	// session as a round in flight would hold it.
-	held := uuid.Must(uuid.NewV7())
-	exec(t, b.pool, "INSERT INTO outbox_events (id, type) VALUES ($1, 'held')", held)
-	locker, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = locker.Rollback(ctx) }()
-	_, err = locker.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", held)
-	require.NoError(t, err)
-
-	// Ordinary activity: one notified event, fanned out.
-	var loud Event
-	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		loud, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(ctx, tx, Event{Type: "loud"})
-		return err
-	}))
-	fannedWithin(t, b, loud.ID, 5*time.Second, "the notified event")
+	holdAPendingRow(t, b)
 
 	before := polls.Load()
 	time.Sleep(2 * time.Second) // a window to count the looks in
@@ -74,6 +45,30 @@ func TestReview21ALockedPendingRowDoesNotMakeTheRelaySpin(t *testing.T) {
 	// then 4 ms, 8 ms, … 512 ms.
 	require.LessOrEqual(t, looks, int64(30),
 		"a locked pending row keeps the relay re-checking at its first lull forever: the schedule must thin out when the claims find nothing")
+}
+
+// holdAPendingRow inserts a pending row without a notification and locks it
+// from another transaction until t ends, as a round in flight would hold it;
+// then it records one notified event and waits until it is fanned out. From
+// then on the relay is active, and every look it takes sees the locked row.
+func holdAPendingRow(t *testing.T, b *testBundle) {
+	t.Helper()
+	ctx := context.Background()
+	held := uuid.Must(uuid.NewV7())
+	exec(t, b.pool, "INSERT INTO outbox_events (id, type) VALUES ($1, 'held')", held)
+	locker, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
+	_, err = locker.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", held)
+	require.NoError(t, err)
+
+	var loud Event
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		loud, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(ctx, tx, Event{Type: "loud"})
+		return err
+	}))
+	fannedWithin(t, b, loud.ID, 5*time.Second, "the notified event")
 }
 
 // Migration 010's DO block writes its regular expressions as ordinary
@@ -92,7 +87,7 @@ func TestReview21Migration10QuietsOwnFunctionsWithStandardConformingStringsOff(t
 	require.NoError(t, outbox.InstallWatch(ctx, pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
 	_, err := pool.Exec(ctx, v10.down)
 	require.NoError(t, err)
-	notifying, _ := ownWatchFunctionsNotify(t, pool, "public")
+	notifying, _, _ := watchFunctionsNotify(t, pool, "public")
 	require.True(t, notifying, "precondition: version 9's function notifies")
 
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -102,10 +97,8 @@ func TestReview21Migration10QuietsOwnFunctionsWithStandardConformingStringsOff(t
 		_, err := tx.Exec(ctx, v10.up)
 		return err
 	}), "migration 10's up with standard_conforming_strings off")
-	var generic bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT prosrc ~ 'outbox_notify' FROM pg_proc WHERE oid = 'outbox_watch()'::regprocedure`).Scan(&generic))
+	notifying, generic, _ := watchFunctionsNotify(t, pool, "public")
 	require.False(t, generic, "the generic function is rewritten whatever the setting")
-	notifying, _ = ownWatchFunctionsNotify(t, pool, "public")
 	require.False(t, notifying, "with standard_conforming_strings off, migration 10 leaves every watch's own function notifying")
 }
 
@@ -133,16 +126,16 @@ func TestReview21Migration10InAMixedCaseSchema(t *testing.T) {
 			return err
 		}))
 	}
-	notifying, n := ownWatchFunctionsNotify(t, pool, schema)
+	notifying, _, n := watchFunctionsNotify(t, pool, schema)
 	require.Equal(t, 1, n)
 	require.False(t, notifying)
 	run(v10.down)
-	notifying, _ = ownWatchFunctionsNotify(t, pool, schema)
+	notifying, _, _ = watchFunctionsNotify(t, pool, schema)
 	require.True(t, notifying, "the down migration puts the notification back")
 	_, err = pool.Exec(ctx, "UPDATE corpus_notes SET title = title || '!'")
 	require.NoError(t, err, "the function the down migration wrote runs")
 	run(v10.up)
-	notifying, _ = ownWatchFunctionsNotify(t, pool, schema)
+	notifying, _, _ = watchFunctionsNotify(t, pool, schema)
 	require.False(t, notifying, "the up migration takes it out")
 	_, err = pool.Exec(ctx, "UPDATE corpus_notes SET title = title || '!'")
 	require.NoError(t, err)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/testdb"
@@ -15,42 +14,6 @@ import (
 // Review of 7c66495 (quietWatch, since removed: the previous release, 0.1.0,
 // writes no own functions, and the rewrite raced concurrent InstallWatch
 // calls) and of the re-check schedule.
-
-// N processes starting together, each installing a watch that is up to date
-// (its own function notifying, as builds before migration 010 wrote them):
-// none fails.
-func TestReview22ManyConcurrentInstallWatchesOfAnUpToDateWatch(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.New(t)
-	createNotes(t, pool, 1)
-	w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}
-	require.NoError(t, outbox.InstallWatch(ctx, pool, w))
-	for round := 0; round < 20; round++ {
-		exec(t, pool, `DO $do$
-			DECLARE f oid;
-			BEGIN
-				FOR f IN SELECT oid FROM pg_proc WHERE proname ~ '^outbox_watch_[0-9a-f]{16}$' LOOP
-					EXECUTE regexp_replace(pg_get_functiondef(f), E'\\n([ \\t]*)RETURN NULL;',
-						E'\n\\1PERFORM outbox_notify();\n\\1RETURN NULL;');
-				END LOOP;
-			END
-			$do$`)
-		const n = 8
-		errs := make(chan error, n)
-		start := make(chan struct{})
-		for range n {
-			go func() {
-				<-start
-				errs <- outbox.InstallWatch(ctx, pool, w)
-			}()
-		}
-		close(start)
-		for range n {
-			require.NoError(t, <-errs, "round %d: one of %d InstallWatch calls at once failed", round, n)
-		}
-	}
-}
 
 // InstallWatch's go doc: "Installing the same spec again changes nothing",
 // whatever the watch's literals hold (here a prefix reading like a notify
@@ -75,30 +38,41 @@ func TestReview22InstallWatchOfAnUnchangedWatchWritesNothingWhateverItsPrefix(t 
 		"InstallWatch of an unchanged watch rewrote its function: a SubjectPrefix holding \"outbox_notify()\" reads as a notifying body")
 }
 
-// N processes installing a new watch at once: without lockWatch they all
-// found no triggers, all created the same own function, and all but one
-// failed on pg_proc's unique index (23505).
-func TestReview22ManyConcurrentFirstInstallWatches(t *testing.T) {
+// Processes installing one watch at once (pods starting together) never
+// fail: the first install (without lockWatch they all found no triggers,
+// all created the same own function, and all but one failed on pg_proc's
+// unique index, 23505), and an install of a watch already up to date, which
+// writes nothing.
+func TestReview22ConcurrentInstallWatches(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.New(t)
-	createNotes(t, pool, 1)
-	w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}
-	for round := 0; round < 20; round++ {
-		require.NoError(t, outbox.RemoveWatch(ctx, pool, "", "corpus_notes", ""))
-		const n = 8
-		errs := make(chan error, n)
-		start := make(chan struct{})
-		for range n {
-			go func() {
-				<-start
-				errs <- outbox.InstallWatch(ctx, pool, w)
-			}()
-		}
-		close(start)
-		for range n {
-			require.NoError(t, <-errs, "round %d: one of %d first InstallWatch calls at once failed", round, n)
-		}
+	for _, first := range []bool{true, false} {
+		name := map[bool]string{true: "first install", false: "up to date"}[first]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.New(t)
+			createNotes(t, pool, 1)
+			w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}
+			require.NoError(t, outbox.InstallWatch(ctx, pool, w))
+			for round := range 20 {
+				if first {
+					require.NoError(t, outbox.RemoveWatch(ctx, pool, "", "corpus_notes", ""))
+				}
+				const n = 8
+				errs := make(chan error, n)
+				start := make(chan struct{})
+				for range n {
+					go func() {
+						<-start
+						errs <- outbox.InstallWatch(ctx, pool, w)
+					}()
+				}
+				close(start)
+				for range n {
+					require.NoError(t, <-errs, "round %d: one of %d InstallWatch calls at once failed", round, n)
+				}
+			}
+		})
 	}
 }
 
@@ -113,21 +87,7 @@ func TestReview22ALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testin
 	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
 	b.start(t)
 	b.quiesce(t)
-	held := uuid.Must(uuid.NewV7())
-	exec(t, b.pool, "INSERT INTO outbox_events (id, type) VALUES ($1, 'held')", held)
-	locker, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = locker.Rollback(ctx) }()
-	_, err = locker.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", held)
-	require.NoError(t, err)
-
-	var loud Event
-	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		loud, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(ctx, tx, Event{Type: "loud"})
-		return err
-	}))
-	fannedWithin(t, b, loud.ID, 5*time.Second, "the notified event")
+	holdAPendingRow(t, b)
 	for range 100 {
 		exec(t, b.pool, "INSERT INTO outbox_events (id, type) VALUES ($1, 'quiet')", uuid.Must(uuid.NewV7()))
 		time.Sleep(10 * time.Millisecond)

@@ -176,6 +176,21 @@ func (b *testBundle) rechecksOver(t *testing.T) {
 	}
 }
 
+// holdAPendingRow inserts a pending row without a notification and locks it
+// from another transaction until t ends, as a round in flight would hold
+// it: every look the relay takes sees it, and every claim skips it.
+func holdAPendingRow(t *testing.T, b *testBundle) {
+	t.Helper()
+	ctx := context.Background()
+	held := uuid.Must(uuid.NewV7())
+	exec(t, b.pool, "INSERT INTO outbox_events (id, type) VALUES ($1, 'held')", held)
+	locker, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
+	_, err = locker.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", held)
+	require.NoError(t, err)
+}
+
 // record records es in one committed transaction.
 func (b *testBundle) record(t *testing.T, es ...Event) []Event {
 	t.Helper()

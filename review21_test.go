@@ -2,9 +2,7 @@ package events
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -15,61 +13,6 @@ import (
 
 // Review of the quiet watch triggers (migration 010) and the doubling
 // re-check schedule.
-
-// A pending row that another session holds locked (a relay of another
-// process whose round is stuck mid-transaction — its host paused, or its
-// network path gone silent so the server keeps the backend and its locks —
-// or a host's FanOutTx in a long transaction) is reported by every poll
-// ("pending rows wait") but skipped by every claim (SKIP LOCKED). A re-check
-// that finds it leads to a claim of nothing, and the pass after that neither
-// resets nor doubles the lull (a re-check doubles it only when the poll
-// itself finds nothing): the relay re-checks every 2 ms for as long as
-// the lock is held — a poll, an empty batch round and a deliveries-lane
-// query every couple of milliseconds, per relay, indefinitely. (Before,
-// the trailing window ended 15 ms after the wake-up.)
-func TestReview21ALockedPendingRowDoesNotMakeTheRelaySpin(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
-	var polls atomic.Int64
-	b.relay.hooks.polled = func() { polls.Add(1) }
-	b.start(t)
-	b.quiesce(t)
-
-	holdAPendingRow(t, b)
-
-	before := polls.Load()
-	time.Sleep(2 * time.Second) // a window to count the looks in
-	looks := polls.Load() - before
-	t.Logf("%d looks in the 2 s after an event, while another session holds a pending row", looks)
-	// The bound of TestTheRechecksSlowDownWhenIdle: every 2 ms for 16 ms,
-	// then 4 ms, 8 ms, … 512 ms.
-	require.LessOrEqual(t, looks, int64(30),
-		"a locked pending row keeps the relay re-checking at its first lull forever: the schedule must thin out when the claims find nothing")
-}
-
-// holdAPendingRow inserts a pending row without a notification and locks it
-// from another transaction until t ends, as a round in flight would hold it;
-// then it records one notified event and waits until it is fanned out. From
-// then on the relay is active, and every look it takes sees the locked row.
-func holdAPendingRow(t *testing.T, b *testBundle) {
-	t.Helper()
-	ctx := context.Background()
-	held := uuid.Must(uuid.NewV7())
-	exec(t, b.pool, "INSERT INTO outbox_events (id, type) VALUES ($1, 'held')", held)
-	locker, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
-	_, err = locker.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", held)
-	require.NoError(t, err)
-
-	var loud Event
-	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		loud, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(ctx, tx, Event{Type: "loud"})
-		return err
-	}))
-	fannedWithin(t, b, loud.ID, 5*time.Second, "the notified event")
-}
 
 // Migration 010's DO block writes its regular expressions as ordinary
 // string literals with backslashes ('…outbox_notify\(\);'). A session with

@@ -29,33 +29,64 @@ const convertEvery = time.Second
 // convertBatch is how many events one conversion takes.
 const convertBatch = 1000
 
-// owedOrFail runs the deliveries lane until it has nothing more due for this
-// relay. On a failed round it backs off with fail (which reports whether to
-// go on) and retries the claimed events one by one. It reports whether the
-// loop should go on.
-func (r *Relay) owedOrFail(ctx context.Context, fail func(context.Context, error) bool) bool {
+// owedRound runs one round of the deliveries lane: at most a batch of due
+// pairs, claimed one subscriber after another in the order of owedOrder.
+// It never drains the lane: the loops interleave it with the pending lane,
+// so fresh events wait for at most one round of a backlog, and a backlog
+// drains round after round while fresh traffic leaves room (one budget,
+// the batch, for each). It returns the seqs it claimed and whether more may
+// be due.
+func (r *Relay) owedRound(ctx context.Context) (claimed []int64, full bool, err error) {
 	if len(r.known) == 0 {
-		return true
+		return nil, false, nil
+	}
+	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, r.owedOrder(), int64(r.config.BatchSize))
+	// A batch is counted in pairs, and an event brings every pair of it
+	// that is due: any claim says more may be due. One empty round ends the
+	// lane's turn.
+	full = err == nil && len(claimed) > 0
+	r.owedBusy.Store(full)
+	return claimed, full, err
+}
+
+// owedOrder returns the relay's subscribers rotated by one each call: the
+// deliveries lane's claim serves them in this order, so a subscriber with a
+// large backlog does not take every round from another's.
+func (r *Relay) owedOrder() []string {
+	n := len(r.known)
+	if n < 2 {
+		return r.known
+	}
+	k := int(r.owedTurn.Add(1) % uint64(n))
+	out := make([]string, 0, n)
+	out = append(out, r.known[k:]...)
+	return append(out, r.known[:k]...)
+}
+
+// owedPass is the main loop's turn of the deliveries lane: the catch_up
+// lists of 0.1.0 relays converted (at most once a second while there are
+// none), then one round. On a failed round it backs off with fail (which
+// reports whether to go on) and retries the claimed pairs' events one by
+// one. It reports whether the round was full and whether the loop should go
+// on.
+func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) bool) (full, ok bool) {
+	if len(r.known) == 0 {
+		return false, true
 	}
 	if err := r.convertCatchUp(ctx); err != nil {
-		return fail(ctx, err)
+		return false, fail(ctx, err)
 	}
-	for !r.stopping() && ctx.Err() == nil {
-		claimed, err := r.round(ctx, laneOwed, r.sql.ClaimOwed, r.known, int64(r.config.BatchSize))
-		if err != nil {
-			if !fail(ctx, err) {
-				return false
-			}
-			if err := r.rowByRow(ctx, laneOwed, claimed); err != nil && ctx.Err() == nil {
-				r.logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", err.Error()))
-			}
-			return true
+	claimed, full, err := r.owedRound(ctx)
+	if err != nil {
+		if !fail(ctx, err) {
+			return false, false
 		}
-		if len(claimed) < r.config.BatchSize {
-			return true
+		if err := r.rowByRow(ctx, laneOwed, claimed); err != nil && ctx.Err() == nil {
+			r.logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", err.Error()))
 		}
+		return true, true
 	}
-	return false
+	return full, true
 }
 
 // convertCatchUp turns catch_up lists of relays of 0.1.0 into owed pairs:

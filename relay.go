@@ -171,6 +171,11 @@ type Relay struct {
 	lastSuccess atomic.Int64 // unix nanoseconds of the last round or poll that worked
 	failing     atomic.Int32 // consecutive failures
 	busy        atomic.Bool  // the last pending round came back full
+	owedBusy    atomic.Bool  // the last deliveries round claimed pairs: more may be due
+
+	// owedTurn rotates the order in which deliveries rounds serve the
+	// subscribers (owedOrder).
+	owedTurn atomic.Uint64
 
 	// svc is the relay's lifecycle: its runs, Ready, Stopped and Stop. A
 	// run's OnPoison queue is its drain: Stop waits for it only within its
@@ -563,9 +568,13 @@ type mainLoop struct {
 	recheck   bool          // the next pass is a re-check (see firstRecheck): poll only
 }
 
-// claimPass runs a batch round of the pending lane. It reports whether to
-// claim again at once (the batch came back full, or failed and was retried
-// row by row) and whether to go on at all.
+// claimPass runs a batch round of the pending lane, then, while the
+// deliveries lane has a backlog, one round of it: one budget, a batch each,
+// so fresh events never wait for more than one round of owed pairs, and a
+// backlog drains at full speed when fresh traffic leaves room. It reports
+// whether to claim again at once (a batch came back full, or owed pairs may
+// still be due, or a batch failed and was retried row by row) and whether
+// to go on at all.
 func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	r := l.r
 	listened := r.listening()
@@ -593,16 +602,32 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	}
 	full := len(claimed) == r.config.BatchSize
 	r.busy.Store(full)
-	if !full {
-		return false, true
+	if full {
+		r.helpWake.Send() // plenty of work: a helper loop may join
 	}
-	r.helpWake.Send() // plenty of work: a helper loop may join
-	return true, l.otherTurns(ctx)
+	owed := false
+	switch {
+	case r.owedBusy.Load():
+		// The deliveries lane has a backlog: its round follows every
+		// pending one.
+		owed, ok = r.owedPass(ctx, l.failed)
+	case full:
+		// Full batches back to back: four times a second the relay also
+		// runs the retries that are due and looks at the deliveries lane.
+		ok = l.otherTurns(ctx)
+		owed = r.owedBusy.Load()
+	default:
+		return false, true // the idle pass serves the deliveries lane
+	}
+	if owed {
+		r.helpWake.Send()
+	}
+	return full || owed, ok
 }
 
 // otherTurns keeps full batches back to back from starving the main loop's
 // other duties: four times a second a busy relay also runs the retries that
-// are due and serves the deliveries lane (retention runs on its own
+// are due and a round of the deliveries lane (retention runs on its own
 // goroutine and takes its own turns). It reports whether to go on.
 func (l *mainLoop) otherTurns(ctx context.Context) bool {
 	if !time.Now().After(l.turnsAt) {
@@ -612,7 +637,8 @@ func (l *mainLoop) otherTurns(ctx context.Context) bool {
 	if err := l.r.retryDue(ctx); err != nil && !l.failed(ctx, err) {
 		return false
 	}
-	return l.r.owedOrFail(ctx, l.failed)
+	_, ok := l.r.owedPass(ctx, l.failed)
+	return ok
 }
 
 // idlePass follows a batch that was not full: it serves the deliveries lane
@@ -621,8 +647,16 @@ func (l *mainLoop) otherTurns(ctx context.Context) bool {
 // next pass does and reports whether to go on.
 func (l *mainLoop) idlePass(ctx context.Context) bool {
 	r := l.r
-	if !l.recheck && !r.owedOrFail(ctx, l.failed) {
-		return false
+	if !l.recheck {
+		owed, ok := r.owedPass(ctx, l.failed)
+		if !ok {
+			return false
+		}
+		if owed {
+			l.claim = true // a backlog: a pending round, then the next owed one
+			r.helpWake.Send()
+			return true
+		}
 	}
 	if l.recheck {
 		l.pollAt = time.Time{} // look now
@@ -699,8 +733,10 @@ func (l *mainLoop) succeeded() {
 }
 
 // helper is an extra loop for rounds in flight: woken by a loop whose batch
-// came back full, it claims alongside while batches stay full. Waiting for
-// notifications, polling, retries and the deliveries lane are the main loop's.
+// came back full, or whose deliveries round found pairs, it runs rounds of
+// the busy lanes alongside, in turn, while they stay busy. Waiting for
+// notifications, polling, retries and the row-by-row retries are the main
+// loop's.
 func (r *Relay) helper(ctx context.Context) {
 	failures := 0
 	for !r.stopping() && ctx.Err() == nil {
@@ -711,8 +747,17 @@ func (r *Relay) helper(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		for !r.stopping() && ctx.Err() == nil {
-			claimed, err := r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
+		pending, owed := r.busy.Load(), r.owedBusy.Load()
+		for (pending || owed) && !r.stopping() && ctx.Err() == nil {
+			var err error
+			if pending {
+				var claimed []int64
+				claimed, err = r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
+				pending = err == nil && len(claimed) == r.config.BatchSize
+			}
+			if err == nil && owed {
+				_, owed, err = r.owedRound(ctx)
+			}
 			if err != nil {
 				// The main loop retries row by row; this one backs off.
 				failures++
@@ -722,10 +767,9 @@ func (r *Relay) helper(ctx context.Context) {
 				break
 			}
 			failures = 0
-			if len(claimed) < r.config.BatchSize {
-				break
+			if pending || owed {
+				r.helpWake.Send()
 			}
-			r.helpWake.Send()
 		}
 	}
 }

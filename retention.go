@@ -56,7 +56,7 @@ func (r *Relay) prune(ctx context.Context) {
 	}
 	size := pruneBatchMax
 	for !r.stopping() && ctx.Err() == nil {
-		if r.busy.Load() {
+		if r.busy.Load() || r.owedBusy.Load() {
 			// The relay drains a backlog: fan-out comes first, but not
 			// forever — under sustained load retention still deletes a
 			// batch a second, or the table would grow without bound.

@@ -4,17 +4,27 @@
 -- stamping relay did not know).
 
 -- name: ClaimOwed
--- Owed pairs of the subscribers $1 the relay knows, due, of subscribers
--- neither retired nor paused, one row per pair with its event, up to $2;
--- both rows locked (the event's fanout is extended), skipped when another
--- round holds either.
+-- Owed pairs of the subscribers $1 the relay knows, due, one row per pair
+-- with its event, up to $2; both rows locked (the event's fanout is
+-- extended), skipped when another round holds either. The subscribers are
+-- served in the order of $1 (the relay rotates it round by round), each
+-- from its own range of the claim index in (next_attempt_at, event_seq)
+-- order: no sort over every due pair, and a paused or retired subscriber's
+-- pairs are never read. A round costs its batch, whatever is owed.
+WITH s AS MATERIALIZED (
+    SELECT u.name FROM unnest($1::text[]) WITH ORDINALITY AS u(name, ord)
+     WHERE EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_subscribers r
+                    WHERE r.name = u.name AND r.retired_at IS NULL AND r.paused_at IS NULL)
+     ORDER BY u.ord)
 SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber
-  FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
- WHERE d.subscriber = ANY($1::text[]) AND d.poisoned_at IS NULL AND d.next_attempt_at <= now()
-   AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_subscribers s
-                WHERE s.name = d.subscriber AND s.retired_at IS NULL AND s.paused_at IS NULL)
- ORDER BY d.next_attempt_at, d.event_seq LIMIT $2
-   FOR UPDATE OF d, e SKIP LOCKED;
+  FROM s CROSS JOIN LATERAL (
+       SELECT p.event_seq, p.subscriber, p.attempts FROM /* TEMPLATE: schema */outbox_deliveries p
+        WHERE p.subscriber = s.name AND p.poisoned_at IS NULL AND p.next_attempt_at <= now()
+        ORDER BY p.next_attempt_at, p.event_seq LIMIT $2
+          FOR UPDATE SKIP LOCKED) d
+  JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
+ LIMIT $2
+   FOR UPDATE OF e SKIP LOCKED;
 
 -- name: ClaimOwedOne
 -- As ClaimOwed, for the event $2 only.

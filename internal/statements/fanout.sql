@@ -50,16 +50,22 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
 -- name: Poll
 -- One query tells an idle relay both whether new rows wait (a notification
 -- may have been throttled or lost) and when the next failed event or owed
--- pair of its subscribers $1 is due; each through a small partial index.
+-- pair of its subscribers $1 is due; each through a small partial index
+-- (owed pairs: the first entry of each active subscriber's range of the
+-- claim index, so a backlog costs nothing here).
 SELECT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_events
                 WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts = 0),
        extract(epoch FROM least(
            (SELECT min(next_attempt_at) FROM /* TEMPLATE: schema */outbox_events
              WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts > 0),
-           (SELECT min(next_attempt_at) FROM /* TEMPLATE: schema */outbox_deliveries
-             WHERE subscriber = ANY($1::text[]) AND poisoned_at IS NULL
-               AND subscriber NOT IN (SELECT name FROM /* TEMPLATE: schema */outbox_subscribers
-                                       WHERE paused_at IS NOT NULL OR retired_at IS NOT NULL))) - now());
+           (SELECT min(d.next_attempt_at)
+              FROM unnest($1::text[]) AS u(name)
+             CROSS JOIN LATERAL (
+                   SELECT p.next_attempt_at FROM /* TEMPLATE: schema */outbox_deliveries p
+                    WHERE p.subscriber = u.name AND p.poisoned_at IS NULL
+                    ORDER BY p.next_attempt_at LIMIT 1) d
+             WHERE u.name NOT IN (SELECT name FROM /* TEMPLATE: schema */outbox_subscribers
+                                   WHERE paused_at IS NOT NULL OR retired_at IS NOT NULL))) - now());
 
 -- name: Stamp
 -- $1 seqs, $2 their fanout documents, $3 the subscribers the round served:

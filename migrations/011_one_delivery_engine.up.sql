@@ -1,0 +1,78 @@
+-- One delivery engine (issue 33): a round's cost is bounded by its batch,
+-- not by how many pairs are owed.
+--
+-- * Owed pairs carry their event's subject, so that an ordered round asks
+--   only its chains' own pairs whether an earlier event is still owed (an
+--   index on (subscriber, subject, event_seq)) instead of reading every
+--   pair owed to the subscriber. A BEFORE INSERT trigger fills it from the
+--   event, so every writer — this release's statements, outbox_convert_catch_up,
+--   and relays of an older release during a rolling deploy — writes it.
+-- * The claim index gains event_seq: a subscriber's due pairs are read in
+--   (next_attempt_at, event_seq) order straight from the index, one
+--   subscriber at a time, with no sort over every due pair.
+--
+-- Online: the column is added without a default (no rewrite); outbox_deliveries
+-- holds only owed pairs, so its UPDATE and index builds are short;
+-- outbox_events is not touched.
+
+ALTER TABLE outbox_deliveries ADD COLUMN subject text;
+
+CREATE FUNCTION outbox_deliveries_subject()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF NEW.subject IS NULL THEN
+        SELECT e.subject INTO NEW.subject FROM outbox_events e WHERE e.seq = NEW.event_seq;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER outbox_deliveries_subject BEFORE INSERT ON outbox_deliveries
+    FOR EACH ROW EXECUTE FUNCTION outbox_deliveries_subject();
+
+UPDATE outbox_deliveries d SET subject = e.subject
+  FROM outbox_events e
+ WHERE e.seq = d.event_seq AND d.subject IS NULL;
+
+CREATE INDEX outbox_deliveries_claim_idx ON outbox_deliveries (subscriber, next_attempt_at, event_seq)
+    WHERE poisoned_at IS NULL;
+DROP INDEX outbox_deliveries_due_idx;
+
+CREATE INDEX outbox_deliveries_chain_idx ON outbox_deliveries (subscriber, subject, event_seq);
+
+-- As in 008, but an owed pair is looked up per chain, in the chain index,
+-- from the chain's first owed event: the cost is the chain's, not the
+-- subscriber's backlog.
+CREATE OR REPLACE FUNCTION outbox_chain_blockers(subs text[], subjects text[], max_seqs bigint[], res text[], blocks boolean[],
+    claimed bigint[], pair_seqs bigint[], pair_subs text[])
+RETURNS TABLE (subscriber text, subject text, blocker_seq bigint, blocker_due timestamptz)
+LANGUAGE sql
+STABLE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+WITH ch AS MATERIALIZED (
+    SELECT * FROM unnest(subs, subjects, max_seqs, res, blocks) AS c(sub, subj, max_seq, re, block)),
+ev AS MATERIALIZED (
+    SELECT e.seq, e.subject, e.type, CASE WHEN e.attempts > 0 THEN e.next_attempt_at END AS due FROM outbox_events e
+     WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL
+       AND e.seq < (SELECT max(max_seq) FROM ch) AND e.subject = ANY(subjects)
+       AND e.seq <> ALL(coalesce(claimed, '{}'))),
+rp AS MATERIALIZED (
+    SELECT * FROM unnest(pair_seqs, pair_subs) AS p(seq, sub))
+SELECT ch.sub, ch.subj, b.seq, b.due
+  FROM ch LEFT JOIN LATERAL (
+    SELECT x.seq, x.due FROM (
+        SELECT ev.seq, ev.due FROM ev WHERE ev.subject = ch.subj AND ev.seq < ch.max_seq AND ('.' || ev.type) ~ ch.re
+        UNION ALL
+        (SELECT d.event_seq, CASE WHEN d.poisoned_at IS NULL THEN d.next_attempt_at END
+           FROM outbox_deliveries d
+          WHERE d.subscriber = ch.sub AND d.subject = ch.subj AND d.event_seq < ch.max_seq
+            AND (ch.block OR d.poisoned_at IS NULL)
+            AND NOT EXISTS (SELECT 1 FROM rp WHERE rp.seq = d.event_seq AND rp.sub = d.subscriber)
+          ORDER BY d.event_seq LIMIT 1)) x
+     ORDER BY x.seq LIMIT 1) b ON true
+$$;

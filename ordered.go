@@ -191,7 +191,8 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 	}
 	var (
 		subs, subjects, res []string
-		maxSeqs, counts     []int64
+		minSeqs, maxSeqs    []int64
+		counts              []int64
 		blocks              []bool
 		// Never nil: pgx sends a nil slice as NULL, and "seq <> ALL(NULL)"
 		// is NULL, not true.
@@ -207,6 +208,7 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 		_, re := k.sub.registryTypes()
 		subs = append(subs, k.sub.Name)
 		subjects = append(subjects, k.subject)
+		minSeqs = append(minSeqs, carried(idx[0]))
 		maxSeqs = append(maxSeqs, carried(idx[len(idx)-1]))
 		res = append(res, re)
 		blocks = append(blocks, k.sub.OrderedOnDiscard == OrderedBlock)
@@ -222,7 +224,7 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 			pairSeqs, pairSubs = append(pairSeqs, c.Seq), append(pairSubs, o.sub)
 		}
 	}
-	rows, err := tx.Query(ctx, sql.ChainPrepare, subs, subjects, maxSeqs, res, blocks, counts, claimed, pairSeqs, pairSubs,
+	rows, err := tx.Query(ctx, sql.ChainPrepare, subs, subjects, minSeqs, maxSeqs, res, blocks, counts, claimed, pairSeqs, pairSubs,
 		int32(orderedWait.Milliseconds()))
 	if err != nil {
 		return nil, fmt.Errorf("preparing chains: %w", err)

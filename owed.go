@@ -29,6 +29,14 @@ const convertEvery = time.Second
 // convertBatch is how many events one conversion takes.
 const convertBatch = 1000
 
+// owedLockClass is the advisory lock class with which one deliveries round
+// at a time serves an ordered subscriber (ClaimOwed).
+const owedLockClass = 7365111
+
+// freshFlowing is how long after a pending round found rows the deliveries
+// lane keeps its rounds short (owedBatch).
+const freshFlowing = 100 * time.Millisecond
+
 // owedRound runs one round of the deliveries lane: at most a batch of due
 // pairs, claimed one subscriber after another in the order of owedOrder.
 // It never drains the lane: the loops interleave it with the pending lane,
@@ -40,7 +48,8 @@ func (r *Relay) owedRound(ctx context.Context) (claimed []int64, full bool, err 
 	if len(r.known) == 0 {
 		return nil, false, nil
 	}
-	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, r.owedOrder(), int64(r.config.BatchSize))
+	names, ordered := r.owedOrder()
+	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, names, int64(r.owedBatch()), ordered, int32(owedLockClass))
 	// A batch is counted in pairs, and an event brings every pair of it
 	// that is due: any claim says more may be due. One empty round ends the
 	// lane's turn.
@@ -49,18 +58,33 @@ func (r *Relay) owedRound(ctx context.Context) (claimed []int64, full bool, err 
 	return claimed, full, err
 }
 
-// owedOrder returns the relay's subscribers rotated by one each call: the
-// deliveries lane's claim serves them in this order, so a subscriber with a
-// large backlog does not take every round from another's.
-func (r *Relay) owedOrder() []string {
+// owedOrder returns the relay's subscribers, and whether each is ordered,
+// rotated by one each call: the deliveries lane's claim serves them in this
+// order, so a subscriber with a large backlog does not take every round
+// from another's.
+func (r *Relay) owedOrder() (names []string, ordered []bool) {
 	n := len(r.known)
-	if n < 2 {
-		return r.known
+	k := 0
+	if n > 1 {
+		k = int(r.owedTurn.Add(1) % uint64(n))
 	}
-	k := int(r.owedTurn.Add(1) % uint64(n))
-	out := make([]string, 0, n)
-	out = append(out, r.known[k:]...)
-	return append(out, r.known[:k]...)
+	names, ordered = make([]string, 0, n), make([]bool, 0, n)
+	for i := range n {
+		s := r.active[(k+i)%n]
+		names, ordered = append(names, s.Name), append(ordered, s.Ordered)
+	}
+	return names, ordered
+}
+
+// owedBatch is how many pairs a deliveries round claims: a batch, or a
+// quarter of one while fresh events flow (the pending lane found rows in
+// the last freshFlowing), so that a fresh event waits for a short round of
+// the backlog, not a full one.
+func (r *Relay) owedBatch() int {
+	if time.Since(time.Unix(0, r.lastFresh.Load())) < freshFlowing {
+		return max(1, r.config.BatchSize/4)
+	}
+	return r.config.BatchSize
 }
 
 // owedPass is the main loop's turn of the deliveries lane: the catch_up

@@ -66,8 +66,8 @@ func TestAnOrphanedSubscriberIsReportedAndRetentionPrunesWhatOwesNothing(t *test
 		Outbox: Outbox{OrphanAfter: orphanAfter}, Retention: time.Millisecond, RetentionInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}}, mapSub("x", false, "**"))
+	registered := time.Now() // before ghost's registration: no later than its last_served_at
 	registerOther(t, b, mapSub("ghost", false, "order.*"))
-	registered := time.Now()
 	b.start(t)
 	b.settle(t)
 	es := make([]Event, 40)
@@ -76,7 +76,12 @@ func TestAnOrphanedSubscriberIsReportedAndRetentionPrunesWhatOwesNothing(t *test
 	}
 	es = b.record(t, es...)
 	waitFannedOut(t, b.pool, 10*time.Second)
-	require.Empty(t, b.relay.Health().Orphaned, "not before OrphanAfter")
+	// Not before OrphanAfter: reported orphaned now, it must be OrphanAfter
+	// since its registration (on a busy machine the events may take that
+	// long to fan out).
+	if orphaned := b.relay.Health().Orphaned; len(orphaned) > 0 {
+		require.GreaterOrEqual(t, time.Since(registered), orphanAfter, "orphaned before OrphanAfter: %v", orphaned)
+	}
 
 	require.Eventually(t, func() bool { return len(b.relay.Health().Orphaned) == 1 }, orphanAfter+5*time.Second, 5*time.Millisecond)
 	require.GreaterOrEqual(t, time.Since(registered), orphanAfter)

@@ -173,6 +173,10 @@ type Relay struct {
 	busy        atomic.Bool  // the last pending round came back full
 	owedBusy    atomic.Bool  // the last deliveries round claimed pairs: more may be due
 
+	// lastFresh is when a pending round last claimed rows (unix
+	// nanoseconds): fresh events flow.
+	lastFresh atomic.Int64
+
 	// owedTurn rotates the order in which deliveries rounds serve the
 	// subscribers (owedOrder).
 	owedTurn atomic.Uint64
@@ -599,6 +603,7 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	l.foundNone = len(claimed) == 0
 	if !l.foundNone {
 		l.active() // writes flow
+		r.lastFresh.Store(time.Now().UnixNano())
 	}
 	full := len(claimed) == r.config.BatchSize
 	r.busy.Store(full)
@@ -754,6 +759,9 @@ func (r *Relay) helper(ctx context.Context) {
 				var claimed []int64
 				claimed, err = r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
 				pending = err == nil && len(claimed) == r.config.BatchSize
+				if len(claimed) > 0 {
+					r.lastFresh.Store(time.Now().UnixNano())
+				}
 			}
 			if err == nil && owed {
 				_, owed, err = r.owedRound(ctx)

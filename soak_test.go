@@ -78,6 +78,7 @@ type soak struct {
 	committed  map[uuid.UUID]bool // commit returned success
 	rolledBack map[uuid.UUID]bool // explicit rollback
 	unknown    map[uuid.UUID]bool // commit returned an error: may or may not exist
+	paused     bool               // "webhooks" is paused (the chaos loop's alone)
 	receipts   map[uuid.UUID]Receipt
 	// poisonRcpt holds the ID groups for which AwaitFanout said ErrPoisoned.
 	poisonRcpt [][]uuid.UUID
@@ -313,6 +314,13 @@ func (s *soak) run(duration time.Duration) {
 			require.NoError(t, s.cluster.Start(context.Background()))
 			continue
 		}
+		if s.intn(6) == 0 {
+			// An operator pauses "webhooks" (its pairs are owed meanwhile)
+			// or resumes it: the deliveries lane drains what was owed
+			// beside the fresh events, on whichever relays run.
+			s.togglePause()
+			continue
+		}
 		switch s.intn(5) {
 		case 0:
 			slot := slots[s.intn(len(slots))]
@@ -339,6 +347,10 @@ func (s *soak) run(duration time.Duration) {
 			close(resume)
 		}
 		<-backfilled
+	}
+
+	if s.paused {
+		s.togglePause()
 	}
 
 	// The deploy ends: the old release's relays that are left are replaced.
@@ -385,6 +397,26 @@ func (s *soak) run(duration time.Duration) {
 	for _, slot := range slots {
 		s.stopSlot(slot, false)
 	}
+}
+
+// togglePause pauses "webhooks" if it runs, resumes it if paused.
+func (s *soak) togglePause() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	op, do := "resumed", outbox.ResumeSubscriber
+	if !s.paused {
+		op, do = "paused", outbox.PauseSubscriber
+	}
+	// The server may be restarting: an operator tries again.
+	for ctx.Err() == nil {
+		if err := do(ctx, s.admin, "webhooks"); err == nil {
+			s.paused = !s.paused
+			s.fault("webhooks " + op)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.t.Fatalf("webhooks could not be %s", op)
 }
 
 // backfillRun is what the soak's Backfill calls did.

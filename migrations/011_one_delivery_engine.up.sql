@@ -76,3 +76,50 @@ SELECT ch.sub, ch.subj, b.seq, b.due
           ORDER BY d.event_seq LIMIT 1)) x
      ORDER BY x.seq LIMIT 1) b ON true
 $$;
+
+-- outbox_chain_prepare with min_seqs, each chain's first event in the
+-- round: as 008's, but the round waits only for blockers below its own
+-- first event of a chain. Two rounds whose claims interleave within a
+-- subject (concurrent SKIP LOCKED claims do) no longer wait for each other
+-- until the lock times out and both defer: the round that holds the
+-- earlier event appends up to the other's first one without waiting, and
+-- the other waits for it. Whatever the wait, the cut after it is the same
+-- (every blocker below a chain's last event counts), so the order holds.
+-- 008's signature stays for relays of the previous release during a
+-- rolling deploy.
+CREATE FUNCTION outbox_chain_prepare(subs text[], subjects text[], min_seqs bigint[], max_seqs bigint[], res text[], blocks boolean[],
+    counts bigint[], claimed bigint[], pair_seqs bigint[], pair_subs text[], wait_ms integer)
+RETURNS TABLE (subscriber text, subject text, head_job bigint, tail_job bigint, next_pos bigint, blocked boolean,
+    blocker_seq bigint, blocker_due timestamptz, tail_kind text)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    seqs bigint[];
+    old_timeout text;
+BEGIN
+    SELECT array_agg(b.blocker_seq) INTO seqs
+      FROM outbox_chain_blockers(subs, subjects, min_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
+     WHERE b.blocker_seq IS NOT NULL;
+    IF seqs IS NOT NULL AND wait_ms > 0 THEN
+        old_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+            PERFORM 1 FROM outbox_events WHERE seq = ANY(seqs) FOR KEY SHARE;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL; -- still held: the blocker stays a blocker
+        END;
+    END IF;
+    RETURN QUERY
+    WITH up AS (
+        INSERT INTO outbox_chains AS c (subscriber, subject, next_pos)
+        SELECT u.sub, u.subj, u.n FROM unnest(subs, subjects, counts) AS u(sub, subj, n) ORDER BY u.sub, u.subj
+        ON CONFLICT ON CONSTRAINT outbox_chains_pkey DO UPDATE SET next_pos = c.next_pos + EXCLUDED.next_pos
+        RETURNING c.subscriber, c.subject, c.head_job, c.tail_job, c.next_pos, c.blocked_at IS NOT NULL AS blocked)
+    SELECT up.subscriber, up.subject, up.head_job, up.tail_job, up.next_pos, up.blocked, b.blocker_seq, b.blocker_due,
+        (SELECT j.kind FROM river_job j WHERE j.id = up.tail_job AND up.tail_job IS DISTINCT FROM up.head_job AND j.state = 'pending')
+      FROM up JOIN outbox_chain_blockers(subs, subjects, max_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
+        ON b.subscriber = up.subscriber AND b.subject = up.subject;
+END
+$$;

@@ -28,7 +28,7 @@ import (
 func main() {
 	var (
 		jsonPath = flag.String("json", "", "also write the results as JSON to this file")
-		only     = flag.String("only", "", "comma-separated sections: throughput,writepath,operations,webhooks,record,latency,receipts,memory,ordered")
+		only     = flag.String("only", "", "comma-separated sections: throughput,writepath,operations,webhooks,record,latency,receipts,memory,ordered,backlog")
 		smoke    = flag.Bool("smoke", false, "tiny sizes, to check that the suite runs")
 		evs      = flag.Int("events", 0, "backlog for the throughput runs (default 50000)")
 		batch    = flag.Int("batch", 0, "relay batch size (default 200)")

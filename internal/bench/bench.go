@@ -51,9 +51,12 @@ type Options struct {
 	// OrderedEvents is the backlog of each run of the ordered section.
 	// Default 20,000.
 	OrderedEvents int
+	// BacklogPairs is the larger owed backlog of the backlog section (the
+	// smaller is a quarter of it). Default 40,000.
+	BacklogPairs int
 	// Only, when set, limits the run to the named sections
 	// ("throughput", "writepath", "operations", "webhooks", "record",
-	// "latency", "receipts", "memory", "ordered").
+	// "latency", "receipts", "memory", "ordered", "backlog").
 	Only map[string]bool
 	// Log receives progress lines.
 	Log io.Writer
@@ -76,6 +79,7 @@ func (o *Options) defaults() {
 	def(&o.RetentionRows, 1_000_000)
 	def(&o.Deliveries, 3_000)
 	def(&o.OrderedEvents, 20_000)
+	def(&o.BacklogPairs, 40_000)
 	if o.LatencyFor == 0 {
 		o.LatencyFor = 5 * time.Second
 	}
@@ -149,6 +153,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		{"receipts", runReceipts},
 		{"memory", runMemory},
 		{"ordered", runOrdered},
+		{"backlog", runBacklog},
 	}
 	for _, s := range sections {
 		if !want(s.name) {
@@ -279,7 +284,7 @@ func SmokeOptions(adminURL string) Options {
 	return Options{
 		AdminURL: adminURL, Events: 600, MemoryEvents: 1_000, Batch: 50, HostTxs: 40,
 		LatencyFor: 300 * time.Millisecond, Rates: []int{50}, Receipts: 20, WriteFor: 300 * time.Millisecond,
-		RetentionRows: 2_000, Deliveries: 100, OrderedEvents: 600,
+		RetentionRows: 2_000, Deliveries: 100, OrderedEvents: 600, BacklogPairs: 400,
 	}
 }
 

@@ -11,10 +11,17 @@
 -- from its own range of the claim index in (next_attempt_at, event_seq)
 -- order: no sort over every due pair, and a paused or retired subscriber's
 -- pairs are never read. A round costs its batch, whatever is owed.
+--
+-- An ordered subscriber ($3[i]) is served by one round at a time, across
+-- every relay (a transaction-level advisory try-lock of class $4 on its
+-- name; a round that does not get it serves the others): two rounds whose
+-- SKIP LOCKED claims interleaved within a subject would each hold an
+-- earlier pair the other waits for, and defer.
 WITH s AS MATERIALIZED (
-    SELECT u.name FROM unnest($1::text[]) WITH ORDINALITY AS u(name, ord)
+    SELECT u.name FROM unnest($1::text[], $3::boolean[]) WITH ORDINALITY AS u(name, ordered, ord)
      WHERE EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_subscribers r
                     WHERE r.name = u.name AND r.retired_at IS NULL AND r.paused_at IS NULL)
+       AND (NOT u.ordered OR pg_try_advisory_xact_lock($4::integer, hashtext(u.name)))
      ORDER BY u.ord)
 SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber
   FROM s CROSS JOIN LATERAL (

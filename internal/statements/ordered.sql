@@ -10,12 +10,13 @@
 -- name: ChainPrepare
 -- Locks (creating if need be) the chains a round appends to and reports,
 -- for each, the earliest event of its subject still owed to the subscriber
--- elsewhere (and when it is due), after waiting at most $10 ms for such an
--- event that another round is fanning out: outbox_chain_prepare's
--- arguments, in order.
+-- elsewhere (and when it is due), after waiting at most $11 ms for such an
+-- event below the round's first of the chain that another round is fanning
+-- out: outbox_chain_prepare's arguments, in order ($3 the chains' first
+-- seqs, $4 their last).
 SELECT subscriber, subject, head_job, tail_job, next_pos, blocked, blocker_seq, blocker_due, tail_kind
-  FROM /* TEMPLATE: schema */outbox_chain_prepare($1::text[], $2::text[], $3::bigint[], $4::text[], $5::boolean[], $6::bigint[],
-       $7::bigint[], $8::bigint[], $9::text[], $10::integer);
+  FROM /* TEMPLATE: schema */outbox_chain_prepare($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::boolean[],
+       $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::integer);
 
 -- name: ChainAppend
 -- Sent with the round's stamp: links ($1 subscribers, $2 subjects, $3

@@ -1,0 +1,453 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/standmeet/events"
+)
+
+// The backlog section: what owed pairs cost, and what they cost everyone
+// else. Owed pairs are made as production makes them: a subscriber is
+// paused, events are recorded for it and fanned out (the relay owes it
+// every one), and it is resumed. Every figure is a ratio to a baseline of
+// the same run:
+//
+//   - drain scaling: the time to deliver 4n owed pairs ÷ the time for n,
+//     unordered and ordered (linear is 4);
+//   - owed ÷ fresh: pairs delivered per second from the deliveries lane ÷
+//     events fanned out per second from the pending lane, one job each, same
+//     subscriber, same batch;
+//   - fresh during a drain: commit→fanned of another subscriber's events
+//     recorded at a steady 200/s while 4n pairs drain ÷ the same with no
+//     backlog;
+//   - several relays: commit→job of an ordered subscriber's events, written
+//     at a steady rate over 200 subjects, with three relays ÷ with one (a
+//     pair deferred behind an earlier event counts until its job is in).
+
+// backlogSubscribers are the section's subscribers: "owed", whose pairs
+// pile up (Ordered as asked), and "fresh", another subscriber's live
+// traffic.
+func backlogSubscribers(ordered bool) []events.Subscriber {
+	mapTo := func(name string) func(context.Context, events.Event) (river.JobArgs, *river.InsertOpts, error) {
+		return func(_ context.Context, e events.Event) (river.JobArgs, *river.InsertOpts, error) {
+			return JobArgs{EventID: e.ID, Subject: e.Subject, Subscriber: name}, nil, nil
+		}
+	}
+	return []events.Subscriber{
+		{Name: "owed", Types: []string{"owed.*"}, Ordered: ordered, Map: mapTo("owed")},
+		{Name: "fresh", Types: []string{"fresh.*"}, Map: mapTo("fresh")},
+	}
+}
+
+// backlogRelays starts n relays with the section's subscribers on pool.
+func backlogRelays(ctx context.Context, pool *pgxpool.Pool, o Options, n int, ordered bool) (func(), error) {
+	client, err := riverClient(pool)
+	if err != nil {
+		return nil, err
+	}
+	var rs []*events.Relay
+	stop := func() {
+		for _, r := range rs {
+			_ = r.Stop(ctx)
+		}
+	}
+	for range n {
+		r, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: o.Batch, Logger: quiet})
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		for _, s := range backlogSubscribers(ordered) {
+			if err := r.Subscribe(s); err != nil {
+				stop()
+				return nil, err
+			}
+		}
+		if err := r.Start(ctx, client); err != nil {
+			stop()
+			return nil, err
+		}
+		rs = append(rs, r)
+	}
+	return stop, nil
+}
+
+// recordOwed records n events of the "owed" subscriber over 100 subjects,
+// taking turns, in transactions of 2,000.
+func recordOwed(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	for done := 0; done < n; {
+		size := min(2000, n-done)
+		es := make([]events.Event, size)
+		for i := range es {
+			es[i] = events.Event{Type: "owed.changed", Subject: fmt.Sprintf("account:%d", (done+i)%100),
+				Payload: []byte(`{"balance_cents":1299}`)}
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := events.RecordMany(ctx, tx, es)
+			return err
+		}); err != nil {
+			return err
+		}
+		done += size
+	}
+	return nil
+}
+
+// waitFor polls cond every 5 ms until it holds, for at most limit.
+func waitFor(ctx context.Context, limit time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	for {
+		ok, err := cond()
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not within %v", what, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func nothingOwed(ctx context.Context, pool *pgxpool.Pool) func() (bool, error) {
+	return func() (bool, error) {
+		var owed bool
+		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox_deliveries WHERE poisoned_at IS NULL)").Scan(&owed)
+		return !owed, err
+	}
+}
+
+func nothingPending(ctx context.Context, pool *pgxpool.Pool) func() (bool, error) {
+	return func() (bool, error) {
+		any, err := pending(ctx, pool)
+		return !any, err
+	}
+}
+
+// owedDrain owes n pairs to a paused subscriber on a fresh database, then
+// resumes it and times one relay delivering them. With rate > 0, a writer
+// records "fresh" events at that rate during the drain, and their
+// commit→fanned latencies are returned.
+func owedDrain(ctx context.Context, h *harness, o Options, n int, ordered bool, rate int) (time.Duration, []time.Duration, int, error) {
+	pool, err := h.database(ctx, 20)
+	if err != nil {
+		return 0, nil, 0, err
+	}
+	defer h.drop(ctx)
+	defer pool.Close()
+	stop, err := backlogRelays(ctx, pool, o, 1, ordered)
+	if err != nil {
+		return 0, nil, 0, err
+	}
+	defer stop()
+	if err := outbox.PauseSubscriber(ctx, pool, "owed"); err != nil {
+		return 0, nil, 0, err
+	}
+	if err := recordOwed(ctx, pool, n); err != nil {
+		return 0, nil, 0, err
+	}
+	if err := waitFor(ctx, 5*time.Minute, "fanning the backlog out", nothingPending(ctx, pool)); err != nil {
+		return 0, nil, 0, err
+	}
+	var lat []time.Duration
+	lost := 0
+	var d time.Duration
+	err = steadyFresh(ctx, pool, rate, func() error {
+		start := time.Now()
+		if err := outbox.ResumeSubscriber(ctx, pool, "owed"); err != nil {
+			return err
+		}
+		if err := waitFor(ctx, 10*time.Minute, "draining the owed pairs", nothingOwed(ctx, pool)); err != nil {
+			return err
+		}
+		d = time.Since(start)
+		return nil
+	}, &lat, &lost)
+	return d, lat, lost, err
+}
+
+// steadyFresh runs during while a writer records "fresh" events at rate
+// (none at 0), and collects their commit→fanned latencies in lat (those
+// never fanned out within 10 s of the end count in lost).
+func steadyFresh(ctx context.Context, pool *pgxpool.Pool, rate int, during func() error, lat *[]time.Duration, lost *int) error {
+	if rate <= 0 {
+		return during()
+	}
+	conn, err := pgx.Connect(ctx, pool.Config().ConnString())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+events.ChannelFanned); err != nil {
+		return err
+	}
+	fl := &fannedListener{pending: map[string]time.Time{}}
+	lctx, stopListening := context.WithCancel(ctx)
+	listening := make(chan struct{})
+	go func() { defer close(listening); fl.run(lctx, conn) }()
+	defer func() { stopListening(); <-listening }()
+
+	var done atomic.Bool
+	var g errgroup.Group
+	g.Go(func() error {
+		start := time.Now()
+		for i := 0; !done.Load(); i++ {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				e, err := events.Record(ctx, tx, events.Event{Type: "fresh.changed", Subject: fmt.Sprintf("user:%d", i)})
+				if err == nil {
+					fl.committing(e.ID, time.Now())
+				}
+				return err
+			}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	err = during()
+	done.Store(true)
+	if werr := g.Wait(); err == nil {
+		err = werr
+	}
+	if err != nil {
+		return err
+	}
+	_ = waitFor(ctx, 10*time.Second, "fresh events", func() (bool, error) {
+		fl.mu.Lock()
+		defer fl.mu.Unlock()
+		return len(fl.pending) == 0, nil
+	})
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	*lat = append(*lat, fl.lat...)
+	*lost += len(fl.pending)
+	return nil
+}
+
+// freshDrain times one relay fanning out n pending events of the "owed"
+// subscriber (one job each), recorded before it started: the pending lane's
+// rate for the same shape as an owed drain.
+func freshDrain(ctx context.Context, h *harness, o Options, n int) (time.Duration, error) {
+	pool, err := h.database(ctx, 20)
+	if err != nil {
+		return 0, err
+	}
+	defer h.drop(ctx)
+	defer pool.Close()
+	if err := recordOwed(ctx, pool, n); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	stop, err := backlogRelays(ctx, pool, o, 1, false)
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
+	if err := waitFor(ctx, 10*time.Minute, "fanning the events out", nothingPending(ctx, pool)); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// freshAlone measures commit→fanned of fresh events at rate for d on a
+// fresh database with one relay and no backlog.
+func freshAlone(ctx context.Context, h *harness, o Options, rate int, d time.Duration) ([]time.Duration, int, error) {
+	pool, err := h.database(ctx, 20)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer h.drop(ctx)
+	defer pool.Close()
+	stop, err := backlogRelays(ctx, pool, o, 1, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer stop()
+	var lat []time.Duration
+	lost := 0
+	err = steadyFresh(ctx, pool, rate, func() error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+			return nil
+		}
+	}, &lat, &lost)
+	return lat, lost, err
+}
+
+// orderedCommitToJob records ordered events at rate over 200 subjects for d
+// with relays relays, and returns each event's commit→job-inserted latency
+// (the job's created_at is its inserting transaction's start, on the same
+// machine's clock).
+func orderedCommitToJob(ctx context.Context, h *harness, o Options, relays, rate int, d time.Duration) ([]time.Duration, int, error) {
+	pool, err := h.database(ctx, int32(10+5*relays))
+	if err != nil {
+		return nil, 0, err
+	}
+	defer h.drop(ctx)
+	defer pool.Close()
+	stop, err := backlogRelays(ctx, pool, o, relays, true)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer stop()
+	committed := map[uuid.UUID]time.Time{}
+	writers := 8
+	total := int(d.Seconds() * float64(rate))
+	var (
+		next  atomic.Int64
+		mu    = make(chan struct{}, 1)
+		g     errgroup.Group
+		start = time.Now()
+	)
+	for range writers {
+		g.Go(func() error {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(total) {
+					return nil
+				}
+				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+				var id uuid.UUID
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					e, err := events.Record(ctx, tx, events.Event{Type: "owed.changed", Subject: fmt.Sprintf("account:%d", i%200)})
+					id = e.ID
+					return err
+				}); err != nil {
+					return err
+				}
+				at := time.Now()
+				mu <- struct{}{}
+				committed[id] = at
+				<-mu
+			}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, 0, err
+	}
+	if err := waitFor(ctx, 2*time.Minute, "ordered events' jobs", func() (bool, error) {
+		var left int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events e
+			WHERE e.type = 'owed.changed' AND (e.fanout IS NULL OR NOT e.fanout ? 'owed')`).Scan(&left)
+		return left == 0, err
+	}); err != nil {
+		return nil, 0, err
+	}
+	rows, err := pool.Query(ctx, `SELECT e.id, j.created_at FROM outbox_events e
+		JOIN river_job j ON j.id = (e.fanout->>'owed')::bigint WHERE e.type = 'owed.changed'`)
+	if err != nil {
+		return nil, 0, err
+	}
+	var lat []time.Duration
+	seen := 0
+	for rows.Next() {
+		var (
+			id uuid.UUID
+			at time.Time
+		)
+		if err := rows.Scan(&id, &at); err != nil {
+			return nil, 0, err
+		}
+		if c, ok := committed[id]; ok {
+			seen++
+			lat = append(lat, max(0, at.Sub(c)))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	return lat, len(committed) - seen, nil
+}
+
+func runBacklog(ctx context.Context, h *harness, o Options, rep *Report) error {
+	const section = "backlog"
+	n := o.BacklogPairs
+	small := n / 4
+	for _, ordered := range []bool{false, true} {
+		kind := "unordered"
+		if ordered {
+			kind = "ordered"
+		}
+		tSmall, _, _, err := owedDrain(ctx, h, o, small, ordered, 0)
+		if err != nil {
+			return err
+		}
+		tLarge, _, _, err := owedDrain(ctx, h, o, n, ordered, 0)
+		if err != nil {
+			return err
+		}
+		ratio := tLarge.Seconds() / tSmall.Seconds()
+		fmt.Fprintf(o.Log, "owed drain, %s: %d pairs in %v, %d in %v (%.2f×)\n", kind, small, tSmall, n, tLarge, ratio)
+		rep.add(section, fmt.Sprintf("owed drain of %d pairs, %s", small, kind), float64(small)/tSmall.Seconds(), "pairs/s")
+		rep.add(section, fmt.Sprintf("owed drain of %d pairs, %s", n, kind), float64(n)/tLarge.Seconds(), "pairs/s")
+		rep.addTarget(section, fmt.Sprintf("time(%d owed) ÷ time(%d owed), %s", n, small, kind), ratio, "×", "≤ 4.5", ratio <= 4.5)
+		if ordered {
+			break
+		}
+		tFresh, err := freshDrain(ctx, h, o, n)
+		if err != nil {
+			return err
+		}
+		owedRate, freshRate := float64(n)/tLarge.Seconds(), float64(n)/tFresh.Seconds()
+		fmt.Fprintf(o.Log, "fresh fan-out of %d events (one job each): %v; owed ÷ fresh %.2f×\n", n, tFresh, owedRate/freshRate)
+		rep.add(section, fmt.Sprintf("fresh fan-out of %d events, one job each", n), freshRate, "events/s")
+		rep.addTarget(section, "owed delivery rate ÷ fresh fan-out rate", owedRate/freshRate, "×", "≥ 0.8", owedRate/freshRate >= 0.8)
+	}
+
+	// Fresh events of another subscriber during a drain of n pairs, and the
+	// same writer with no backlog for as long.
+	tDrain, during, lostDuring, err := owedDrain(ctx, h, o, n, false, 200)
+	if err != nil {
+		return err
+	}
+	alone, lostAlone, err := freshAlone(ctx, h, o, 200, max(tDrain, 2*time.Second))
+	if err != nil {
+		return err
+	}
+	rep.Lost += lostDuring + lostAlone
+	d50, _, d99 := percentiles(during)
+	a50, _, a99 := percentiles(alone)
+	fmt.Fprintf(o.Log, "fresh at 200/s: alone p50 %.2fms p99 %.2fms; during a %d-pair drain (%v) p50 %.2fms p99 %.2fms\n",
+		ms(a50), ms(a99), n, tDrain, ms(d50), ms(d99))
+	rep.add(section, "fresh commit→fanned at 200/s, no backlog, p99", ms(a99), "ms")
+	rep.add(section, fmt.Sprintf("fresh commit→fanned at 200/s during a %d-pair drain, p99", n), ms(d99), "ms")
+	r99 := ms(d99) / max(ms(a99), 0.001)
+	rep.addTarget(section, "fresh p99 during a drain ÷ no backlog", r99, "×", "≤ 2", r99 <= 2)
+
+	// Ordered events with one relay and with three.
+	rate := 500
+	one, lostOne, err := orderedCommitToJob(ctx, h, o, 1, rate, o.LatencyFor)
+	if err != nil {
+		return err
+	}
+	three, lostThree, err := orderedCommitToJob(ctx, h, o, 3, rate, o.LatencyFor)
+	if err != nil {
+		return err
+	}
+	rep.Lost += lostOne + lostThree
+	o50, _, o99 := percentiles(one)
+	t50, _, t99 := percentiles(three)
+	fmt.Fprintf(o.Log, "ordered commit→job at %d/s: 1 relay p50 %.2fms p99 %.2fms; 3 relays p50 %.2fms p99 %.2fms\n",
+		rate, ms(o50), ms(o99), ms(t50), ms(t99))
+	rep.add(section, fmt.Sprintf("ordered commit→job at %d/s, 1 relay, p50", rate), ms(o50), "ms")
+	rep.add(section, fmt.Sprintf("ordered commit→job at %d/s, 3 relays, p50", rate), ms(t50), "ms")
+	rep.add(section, fmt.Sprintf("ordered commit→job at %d/s, 3 relays, p99", rate), ms(t99), "ms")
+	r50 := ms(t50) / max(ms(o50), 0.001)
+	rep.addTarget(section, "ordered p50, 3 relays ÷ 1 relay", r50, "×", "≤ 1.5", r50 <= 1.5)
+	return nil
+}

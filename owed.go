@@ -39,17 +39,20 @@ const freshFlowing = 100 * time.Millisecond
 
 // owedRound runs one round of the deliveries lane: at most a batch of due
 // pairs, claimed one subscriber after another in the order of owedOrder.
-// It never drains the lane: the loops interleave it with the pending lane,
-// so fresh events wait for at most one round of a backlog, and a backlog
-// drains round after round while fresh traffic leaves room (one budget,
-// the batch, for each). It returns the seqs it claimed and whether more may
-// be due.
-func (r *Relay) owedRound(ctx context.Context) (claimed []int64, full bool, err error) {
+// It never drains the lane: once a round finds pairs, the main loop runs
+// one after each pending round and the helper loops (MaxRoundsInFlight > 1)
+// join, so a backlog drains at full speed while no fresh events come; while
+// they flow, the helpers drain it and the main loop stays on the pending
+// lane (owedHelped), so a fresh event never waits for a round of the
+// backlog; with one round in flight the lanes take turns, and a fresh event
+// waits for at most one (short: owedBatch). A round claims at most batch
+// pairs. It returns the seqs it claimed and whether more may be due.
+func (r *Relay) owedRound(ctx context.Context, batch int) (claimed []int64, full bool, err error) {
 	if len(r.known) == 0 {
 		return nil, false, nil
 	}
 	names, ordered := r.owedOrder()
-	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, names, int64(r.owedBatch()), ordered, int32(owedLockClass))
+	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, names, int64(batch), ordered, int32(owedLockClass))
 	// A batch is counted in pairs, and an event brings every pair of it
 	// that is due: any claim says more may be due. One empty round ends the
 	// lane's turn.
@@ -76,15 +79,28 @@ func (r *Relay) owedOrder() (names []string, ordered []bool) {
 	return names, ordered
 }
 
-// owedBatch is how many pairs a deliveries round claims: a batch, or a
-// quarter of one while fresh events flow (the pending lane found rows in
-// the last freshFlowing), so that a fresh event waits for a short round of
-// the backlog, not a full one.
+// owedBatch is how many pairs a deliveries round of the main loop claims:
+// a batch, or a quarter of one while fresh events flow (the pending lane
+// found rows in the last freshFlowing), so that a fresh event waits for a
+// short round of the backlog, not a full one.
 func (r *Relay) owedBatch() int {
-	if time.Since(time.Unix(0, r.lastFresh.Load())) < freshFlowing {
+	if r.freshFlowing() {
 		return max(1, r.config.BatchSize/4)
 	}
 	return r.config.BatchSize
+}
+
+// owedHelped reports whether the helper loops drain the deliveries lane's
+// backlog alone, the main loop leaving it to them: while fresh events flow,
+// with more than one round in flight.
+func (r *Relay) owedHelped() bool {
+	return r.owedBusy.Load() && r.config.MaxRoundsInFlight > 1 && r.freshFlowing()
+}
+
+// freshFlowing reports whether a pending round found rows in the last
+// freshFlowing.
+func (r *Relay) freshFlowing() bool {
+	return time.Since(time.Unix(0, r.lastFresh.Load())) < freshFlowing
 }
 
 // owedPass is the main loop's turn of the deliveries lane: the catch_up
@@ -100,7 +116,7 @@ func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) 
 	if err := r.convertCatchUp(ctx); err != nil {
 		return false, fail(ctx, err)
 	}
-	claimed, full, err := r.owedRound(ctx)
+	claimed, full, err := r.owedRound(ctx, r.owedBatch())
 	if err != nil {
 		if !fail(ctx, err) {
 			return false, false

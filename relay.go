@@ -63,7 +63,9 @@ type RelayConfig struct {
 	// in its own transaction, all sharing one listening connection. One
 	// round claims, maps, inserts and stamps; while it waits on PostgreSQL
 	// another can work, so a busy relay goes faster with two. Extra rounds
-	// join only while batches come back full. Defaults to
+	// join only while batches come back full, or while owed pairs are due
+	// (they drain a backlog of owed pairs while fresh events flow, so that
+	// no fresh event waits for a round of it). Defaults to
 	// MaxRoundsInFlightDefault (2, measured: see docs/benchmarks.md).
 	MaxRoundsInFlight int
 
@@ -612,9 +614,15 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	}
 	owed := false
 	switch {
+	case r.owedHelped():
+		// The deliveries lane has a backlog while fresh events flow, and
+		// the helper loops serve it: this loop stays on the pending lane,
+		// so a fresh event never waits for a round of the backlog.
+		r.helpWake.Send()
+		return full, true
 	case r.owedBusy.Load():
-		// The deliveries lane has a backlog: its round follows every
-		// pending one.
+		// A backlog and room for it (no fresh events, or one round in
+		// flight): its round follows every pending one.
 		owed, ok = r.owedPass(ctx, l.failed)
 	case full:
 		// Full batches back to back: four times a second the relay also
@@ -652,7 +660,7 @@ func (l *mainLoop) otherTurns(ctx context.Context) bool {
 // next pass does and reports whether to go on.
 func (l *mainLoop) idlePass(ctx context.Context) bool {
 	r := l.r
-	if !l.recheck {
+	if !l.recheck && !r.owedHelped() {
 		owed, ok := r.owedPass(ctx, l.failed)
 		if !ok {
 			return false
@@ -764,7 +772,15 @@ func (r *Relay) helper(ctx context.Context) {
 				}
 			}
 			if err == nil && owed {
-				_, owed, err = r.owedRound(ctx)
+				began := time.Now()
+				_, owed, err = r.owedRound(ctx, r.config.BatchSize)
+				if err == nil && owed && r.freshFlowing() {
+					// Fresh events come first: the backlog takes at most
+					// half of this loop's time while they flow.
+					if r.sleep(ctx, time.Since(began), nil) == sleepStopped {
+						return
+					}
+				}
 			}
 			if err != nil {
 				// The main loop retries row by row; this one backs off.

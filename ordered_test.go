@@ -1049,3 +1049,54 @@ func TestMigrateAppliesAMissingVersionBelowTheHighest(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT prosrc FROM pg_proc WHERE proname = 'outbox_watch'").Scan(&body))
 	require.Contains(t, body, "outbox_uuidv7()", "007's trigger function is back")
 }
+
+// An event with an empty subject is in no chain: an ordered subscriber
+// handles it as an unordered one would, through Handle, HandleTx and Map
+// alike. Before, every such job was cancelled by its completion ("in no
+// chain any more"), and a HandleTx handler's writes rolled back with it.
+func TestOrderedEmptySubjectIsHandledUnordered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	exec(t, pool, "CREATE TABLE handled_tx (event_id uuid PRIMARY KEY)")
+	handled := newRunLog()
+	mapped := newRunLog()
+	subs := []Subscriber{
+		{Name: "handle", Types: []string{"**"}, Ordered: true, Handle: func(_ context.Context, e Event) error {
+			handled.begin(e)
+			handled.end(e, true)
+			return nil
+		}},
+		{Name: "handletx", Types: []string{"**"}, Ordered: true, HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
+			_, err := tx.Exec(ctx, "INSERT INTO handled_tx VALUES ($1)", e.ID)
+			return err
+		}},
+		{Name: "map", Types: []string{"**"}, Ordered: true, Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			return mapOrderedArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
+		}},
+	}
+	startNode(t, url, nodeOpts{workers: func(w *river.Workers) {
+		river.AddWorker(w, river.WorkFunc(func(_ context.Context, job *river.Job[mapOrderedArgs]) error {
+			e := Event{ID: job.Args.EventID, Subject: job.Args.Subject}
+			mapped.begin(e)
+			mapped.end(e, true)
+			return nil
+		}))
+	}}, subs...)
+	es := recordEach(t, pool, Event{Type: "x", Subject: ""}, Event{Type: "x", Subject: ""}, Event{Type: "x", Subject: "s"})
+	require.Eventually(t, func() bool {
+		var done, jobs int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM river_job
+			WHERE kind <> 'test.job'`).Scan(&done, &jobs))
+		return jobs == 9 && done == 9
+	}, 30*time.Second, 10*time.Millisecond, "not every job of the three ordered subscribers completed")
+	require.ElementsMatch(t, ids(es[:2]), handled.handled(""), "Handle")
+	require.ElementsMatch(t, ids(es[:2]), mapped.handled(""), "Map")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM handled_tx").Scan(&n))
+	require.Equal(t, 3, n, "HandleTx's writes")
+	var cancelled int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state = 'cancelled'").Scan(&cancelled))
+	require.Zero(t, cancelled)
+}

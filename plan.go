@@ -139,11 +139,18 @@ func (j *plannedJob) insertOpts(traceContext []byte) *river.InsertOpts {
 		// River would take the args' own tags when opts has none: keep them.
 		own = j.tags
 	}
+	subTags := j.sub.tags
+	if j.chain == nil && j.sub.Ordered {
+		// An ordered subscriber's job in no chain (its event has no
+		// subject) is an unordered job: not tagged ordered, so its
+		// completion is River's own.
+		subTags = slices.DeleteFunc(slices.Clone(subTags), func(t string) bool { return t == tagOrdered })
+	}
 	if len(own) == 0 {
-		opts.Tags = j.sub.tags
+		opts.Tags = subTags
 		return &opts
 	}
-	opts.Tags = append(append(make([]string, 0, len(own)+1), own...), j.sub.tags...)
+	opts.Tags = append(append(make([]string, 0, len(own)+len(subTags)), own...), subTags...)
 	return &opts
 }
 

@@ -240,8 +240,9 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 			blocker       *int64
 			due           *time.Time
 			tailKind      *string
+			tailSeq       *int64
 		)
-		if err := rows.Scan(&name, &subject, &head, &tail, &nextPos, &blocked, &blocker, &due, &tailKind); err != nil {
+		if err := rows.Scan(&name, &subject, &head, &tail, &nextPos, &blocked, &blocker, &due, &tailKind, &tailSeq); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("preparing chains: %w", err)
 		}
@@ -267,7 +268,11 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 		for n, i := range idx[:cut] {
 			pos++
 			cj := &chainJob{pos: pos, head: n == 0 && head == nil}
-			if n == 0 && head != nil && k.sub.Coalesce && tail != nil && tailKind != nil && *tailKind == p.jobs[i].kind {
+			// A coalescing subscriber's job takes the pending tail's place
+			// only with a later event: never an older one in place of a
+			// newer (one whose transaction committed late is appended).
+			if n == 0 && head != nil && k.sub.Coalesce && tail != nil && tailKind != nil && *tailKind == p.jobs[i].kind &&
+				tailSeq != nil && *tailSeq < carried(i) {
 				cj.replaces = *tail
 			}
 			p.jobs[i].chain = cj

@@ -1100,3 +1100,44 @@ func TestOrderedEmptySubjectIsHandledUnordered(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state = 'cancelled'").Scan(&cancelled))
 	require.Zero(t, cancelled)
 }
+
+// A coalescing ordered subscriber's waiting job only ever moves to a later
+// event: an earlier event whose transaction commits after a later one was
+// appended (its producer does not serialise with the others) gets a job of
+// its own behind the waiting one, and the later event stays in the job its
+// fanout names. Before, the waiting job was given the earlier event: the
+// handler got it and never the later one.
+func TestOrderedCoalesceNeverReplacesALaterEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	sub := Subscriber{Name: "index", Types: []string{"**"}, Ordered: true, Coalesce: true,
+		Handle: func(context.Context, Event) error { return nil }}
+	b := setup(t, setupOpts{}, sub) // an insert-only client: the head stays available, its successor pending
+	b.start(t)
+	b.settle(t)
+	ev := func(i int) Event {
+		return Event{Type: "note.changed", Subject: "n", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}
+	}
+	// The earliest event's transaction takes its seq first and commits last.
+	late, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = late.Rollback(ctx) }()
+	early, err := Record(ctx, late, ev(0))
+	require.NoError(t, err)
+	head := b.record(t, ev(1))[0]
+	waitFannedOut(t, b.pool, 10*time.Second)
+	newer := b.record(t, ev(2))[0]
+	waitFannedOut(t, b.pool, 10*time.Second)
+	require.NoError(t, late.Commit(ctx))
+	waitFannedOut(t, b.pool, 10*time.Second)
+
+	rows := loadRows(t, b.pool)
+	require.Less(t, early.Seq, newer.Seq)
+	waiting := rows[newer.ID].Fanout["index"]
+	require.NotEqual(t, rows[head.ID].Fanout["index"], waiting)
+	var carried string
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT args->'event'->>'id' FROM river_job WHERE id = $1", waiting).Scan(&carried))
+	require.Equal(t, newer.ID.String(), carried, "the waiting job was given an earlier event than the one it carried")
+	require.NotEqual(t, waiting, rows[early.ID].Fanout["index"], "the earlier event replaced the later one's waiting job")
+	require.NotZero(t, rows[early.ID].Fanout["index"], "the earlier event has a job of its own")
+}

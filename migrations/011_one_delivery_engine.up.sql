@@ -85,12 +85,15 @@ $$;
 -- earlier event appends up to the other's first one without waiting, and
 -- the other waits for it. Whatever the wait, the cut after it is the same
 -- (every blocker below a chain's last event counts), so the order holds.
--- 008's signature stays for relays of the previous release during a
--- rolling deploy.
+-- It also returns tail_seq, the event the chain's pending tail carries: a
+-- coalescing subscriber's newer event replaces that job's only when it is
+-- later (a higher seq); an earlier one whose transaction committed late
+-- gets a job of its own. 008's signature stays for relays of the previous
+-- release during a rolling deploy.
 CREATE FUNCTION outbox_chain_prepare(subs text[], subjects text[], min_seqs bigint[], max_seqs bigint[], res text[], blocks boolean[],
     counts bigint[], claimed bigint[], pair_seqs bigint[], pair_subs text[], wait_ms integer)
 RETURNS TABLE (subscriber text, subject text, head_job bigint, tail_job bigint, next_pos bigint, blocked boolean,
-    blocker_seq bigint, blocker_due timestamptz, tail_kind text)
+    blocker_seq bigint, blocker_due timestamptz, tail_kind text, tail_seq bigint)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -118,7 +121,8 @@ BEGIN
         ON CONFLICT ON CONSTRAINT outbox_chains_pkey DO UPDATE SET next_pos = c.next_pos + EXCLUDED.next_pos
         RETURNING c.subscriber, c.subject, c.head_job, c.tail_job, c.next_pos, c.blocked_at IS NOT NULL AS blocked)
     SELECT up.subscriber, up.subject, up.head_job, up.tail_job, up.next_pos, up.blocked, b.blocker_seq, b.blocker_due,
-        (SELECT j.kind FROM river_job j WHERE j.id = up.tail_job AND up.tail_job IS DISTINCT FROM up.head_job AND j.state = 'pending')
+        (SELECT j.kind FROM river_job j WHERE j.id = up.tail_job AND up.tail_job IS DISTINCT FROM up.head_job AND j.state = 'pending'),
+        (SELECT l.event_seq FROM outbox_chain_jobs l WHERE l.job_id = up.tail_job)
       FROM up JOIN outbox_chain_blockers(subs, subjects, max_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
         ON b.subscriber = up.subscriber AND b.subject = up.subject;
 END

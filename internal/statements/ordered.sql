@@ -14,7 +14,7 @@
 -- event below the round's first of the chain that another round is fanning
 -- out: outbox_chain_prepare's arguments, in order ($3 the chains' first
 -- seqs, $4 their last).
-SELECT subscriber, subject, head_job, tail_job, next_pos, blocked, blocker_seq, blocker_due, tail_kind
+SELECT subscriber, subject, head_job, tail_job, next_pos, blocked, blocker_seq, blocker_due, tail_kind, tail_seq
   FROM /* TEMPLATE: schema */outbox_chain_prepare($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::boolean[],
        $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::integer);
 

@@ -379,12 +379,10 @@ type chainRefusal struct {
 
 func (e *chainRefusal) Error() string {
 	switch e.outcome {
-	case "gone":
-		return fmt.Sprintf("events: ordered job %d is in no chain any more (skipped by an operator?): not completed", e.jobID)
 	case "waiting":
 		return fmt.Sprintf("events: ordered job %d ran before its turn (retried by hand while pending?): not completed, it waits for its turn", e.jobID)
 	}
-	return fmt.Sprintf("events: ordered job %d, attempt %d, was superseded (River gave the job to another worker, or it was finished meanwhile): its completion is refused and its chain left alone", e.jobID, e.attempt)
+	return fmt.Sprintf("events: job %d, attempt %d, was superseded (River gave the job to another worker, or it was finished meanwhile): its completion is refused (and its chain, if any, left alone)", e.jobID, e.attempt)
 }
 
 // advanceChain moves job's chain on, inside tx, in which the caller
@@ -396,8 +394,32 @@ func advanceChain(ctx context.Context, tx pgx.Tx, sql *statements.Set, job *rive
 	if err := tx.QueryRow(ctx, sql.Ordered.ChainAdvance, job.ID, job.Attempt, nilIfEmpty(sql.Schema)).Scan(&outcome, nil); err != nil {
 		return fmt.Errorf("events: moving the chain of job %d on: %w", job.ID, err)
 	}
-	if outcome != "advanced" {
+	switch outcome {
+	case "advanced":
+	case "gone":
+		// In no chain (any more): its subscriber is no longer ordered and
+		// its chain was released, or an operator skipped it and retried it
+		// by hand. Nothing to move on: it completes as an unordered job —
+		// fenced all the same, so a zombie of it completes nothing.
+		return fenceJob(ctx, tx, sql, job)
+	default:
 		return &chainRefusal{jobID: job.ID, attempt: job.Attempt, outcome: outcome}
+	}
+	return nil
+}
+
+// fenceJob refuses, inside tx, in which the caller completes job, a run
+// that River no longer runs in job.Attempt (a zombie: River rescued the
+// job and gave it to another worker, or it was finished meanwhile): a
+// *chainRefusal "fenced", and tx must be rolled back. The job's row stays
+// locked until tx ends, so no rescue slips in between.
+func fenceJob(ctx context.Context, tx pgx.Tx, sql *statements.Set, job *rivertype.JobRow) error {
+	var running bool
+	if err := tx.QueryRow(ctx, sql.Ordered.JobFence, job.ID, job.Attempt).Scan(&running); err != nil {
+		return fmt.Errorf("events: fencing job %d: %w", job.ID, err)
+	}
+	if !running {
+		return &chainRefusal{jobID: job.ID, attempt: job.Attempt, outcome: "fenced"}
 	}
 	return nil
 }
@@ -445,8 +467,7 @@ func completeOrdered(ctx context.Context, begin beginFunc, sql *statements.Set, 
 }
 
 // settleRefusal turns a refused completion into what the worker returns to
-// River: a job in no chain any more is cancelled; one that ran out of turn
-// is snoozed; a superseded one (a zombie: River rescued its job and gave it
+// River: a job that ran out of turn is snoozed; a superseded one (a zombie: River rescued its job and gave it
 // to another worker) returns the refusal once the run that superseded it
 // has finished (see settleSuperseded). Other errors pass, after the same
 // wait: a zombie's failure must not end the live run's job either.
@@ -459,8 +480,6 @@ func settleRefusal(ctx context.Context, begin beginFunc, sql *statements.Set, jo
 		return err
 	}
 	switch ref.outcome {
-	case "gone":
-		return river.JobCancel(ref)
 	case "waiting":
 		return river.JobSnooze(outOfTurnSnooze)
 	}
@@ -563,17 +582,67 @@ func (r *Relay) orderedSubs() (subs, cont []string) {
 
 // chainSweeper sweeps the chains of the run's ordered subscribers every
 // orderedSweepInterval until the relay stops (see outbox_chain_sweep):
-// River tells no one when it discards a job after its last attempt.
+// River tells no one when it discards a job after its last attempt. It
+// also releases the chains that a release which ordered them left to the
+// run's unordered subscribers (releaseChains), at once and then at every
+// sweep (while a rolling deploy lasts, the previous release's relays may
+// still append).
 func (r *Relay) chainSweeper(ctx context.Context) {
 	subs, cont := r.orderedSubs()
-	if len(subs) == 0 {
+	var unordered []string
+	for _, s := range r.active {
+		if !s.Ordered {
+			unordered = append(unordered, s.Name)
+		}
+	}
+	if len(subs) == 0 && len(unordered) == 0 {
 		return
 	}
-	startstop.Every(ctx, r.run.Stopping(), orderedSweepInterval, orderedSweepInterval, func() {
+	startstop.Every(ctx, r.run.Stopping(), 0, orderedSweepInterval, func() {
+		if len(unordered) > 0 {
+			if err := r.releaseChains(ctx, unordered); err != nil && ctx.Err() == nil && !r.stopping() {
+				r.logger.WarnContext(ctx, "events: releasing the chains of unordered subscribers failed", slog.String("err", err.Error()))
+			}
+		}
+		if len(subs) == 0 {
+			return
+		}
 		if err := r.sweepChains(ctx, subs, cont); err != nil && ctx.Err() == nil && !r.stopping() {
 			r.logger.WarnContext(ctx, "events: sweeping ordered chains failed", slog.String("err", err.Error()))
 		}
 	})
+}
+
+// releaseChains releases the chains of subscribers subs, which this run
+// serves unordered: a release with Ordered set left them (Ordered was
+// turned off since). Their waiting jobs are made available and run as any
+// job of the subscriber; a job that the ordered release tagged completes
+// as an unordered one (its chain is gone). Without this its jobs would wait
+// behind their heads for good.
+func (r *Relay) releaseChains(ctx context.Context, subs []string) error {
+	released := int64(0)
+	for !r.stopping() && ctx.Err() == nil {
+		var n int64
+		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, r.sql.Ordered.ChainRelease, subs, orderedSweepBatch, nilIfEmpty(r.sql.Schema)).Scan(&n, nil); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, r.sql.Ordered.ChainDropEmpty, subs)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		released += n
+		if n < orderedSweepBatch {
+			break
+		}
+	}
+	if released > 0 {
+		r.logger.WarnContext(ctx, "events: released the waiting jobs of subscribers that this release does not order (Ordered was turned off)",
+			slog.Any("subscribers", subs), slog.Int64("jobs", released))
+	}
+	return nil
 }
 
 // sweepChains runs one sweep, statement after statement while they come

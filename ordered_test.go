@@ -1141,3 +1141,48 @@ func TestOrderedCoalesceNeverReplacesALaterEvent(t *testing.T) {
 	require.NotEqual(t, waiting, rows[early.ID].Fanout["index"], "the earlier event replaced the later one's waiting job")
 	require.NotZero(t, rows[early.ID].Fanout["index"], "the earlier event has a job of its own")
 }
+
+// Turning Ordered off releases the chains: a release whose Map subscriber
+// is no longer ordered (its River clients without OrderedMiddleware) makes
+// the jobs still waiting behind a head available, and they run. Before,
+// they stayed pending for good, with nothing blocked, listed or logged.
+func TestOrderedTurnedOffReleasesTheChains(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	ran := newRunLog()
+	sub := func(ordered bool) Subscriber {
+		return Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: ordered,
+			Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+				return mapOrderedArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
+			}}
+	}
+	// The ordered release fans out three events of one subject: a head
+	// and two jobs waiting behind it; nothing works them.
+	old := startNode(t, url, nodeOpts{noWork: true}, sub(true))
+	es := recordEach(t, pool, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"})
+	waitFannedOut(t, pool, 10*time.Second)
+	var waiting int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state = 'pending'").Scan(&waiting))
+	require.Equal(t, 2, waiting)
+	old.stop(t)
+
+	// The next release has Ordered off, and no OrderedMiddleware.
+	startNode(t, url, nodeOpts{noMiddleware: true, workers: func(w *river.Workers) {
+		river.AddWorker(w, river.WorkFunc(func(_ context.Context, job *river.Job[mapOrderedArgs]) error {
+			e := Event{ID: job.Args.EventID, Subject: job.Args.Subject}
+			ran.begin(e)
+			ran.end(e, true)
+			return nil
+		}))
+	}}, sub(false))
+	require.Eventually(t, func() bool { return len(ran.handled("s")) == 3 }, 30*time.Second, 10*time.Millisecond,
+		"the jobs waiting behind the head never ran")
+	require.ElementsMatch(t, ids(es), ran.handled("s"))
+	require.Eventually(t, func() bool {
+		var chains int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_chains").Scan(&chains))
+		return chains == 0
+	}, 30*time.Second, 10*time.Millisecond, "the chain was left behind")
+}

@@ -116,24 +116,26 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 		// The handler's writes and the job's completion in one transaction:
 		// both commit, or neither (a panic rolls back too, and River
 		// recovers it).
+		// Every run is fenced on its attempt, ordered or not: a run that
+		// outlived its rescue (River gave the job to another worker)
+		// commits nothing.
 		err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 			if err := sub.HandleTx(ctx, tx, job.Args.Event); err != nil {
 				return err
 			}
+			fence := fenceJob
 			if ordered {
-				if err := advanceChain(ctx, tx, w.sql, job.JobRow); err != nil {
-					return err // refused: the handler's writes roll back too
-				}
+				fence = advanceChain
+			}
+			if err := fence(ctx, tx, w.sql, job.JobRow); err != nil {
+				return err // refused: the handler's writes roll back too
 			}
 			if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
 				return fmt.Errorf("events: completing the job of subscriber %q: %w", job.Args.Subscriber, err)
 			}
 			return nil
 		})
-		if ordered {
-			return settleRefusal(ctx, w.pool.Begin, w.sql, job.JobRow, err)
-		}
-		return err
+		return settleRefusal(ctx, w.pool.Begin, w.sql, job.JobRow, err)
 	}
 	// No process may know it any more (removed and retired), or only the
 	// other release does (a rolling deploy). Ask the registry — the one of

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/testdb"
@@ -99,4 +100,52 @@ func TestStartRefusesARiverClientOfAnotherSchema(t *testing.T) {
 	require.Contains(t, err.Error(), `"billing"`)
 	_, err = b.relay.FanOutTx(context.Background(), nil, b.client)
 	require.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+// An unordered HandleTx subscriber's effects happen once per event too: a
+// run that outlives its rescue (it hung; River's rescuer gave the job to
+// another worker, whose run committed) is fenced on its attempt, and its
+// writes roll back. Before, only ordered jobs were fenced: the zombie's
+// writes committed after the rescued run's, two rows for one event.
+func TestHandleTxZombieOfAnUnorderedSubscriberIsFenced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var runs atomic.Int32
+	zombieHung, zombieGo := make(chan struct{}), newGate()
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, InsertOpts: &river.InsertOpts{MaxAttempts: 5},
+		HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
+			if runs.Add(1) == 1 {
+				close(zombieHung)
+				<-zombieGo.c // a zombie ignores its context
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO handled (event_id) VALUES ($1)", e.ID)
+			return err
+		}}
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	exec(t, pool, "CREATE TABLE handled (event_id uuid NOT NULL)")
+	done := &workDone{watched: map[[2]int64]chan error{}}
+	startNode(t, url, nodeOpts{middleware: []rivertype.Middleware{done}}, sub)
+	t.Cleanup(zombieGo.open)
+	e := recordEach(t, pool, Event{Type: "a", Subject: "s"})[0]
+	recv(t, zombieHung, 20*time.Second, "the first run never started")
+	job, state, _ := jobOf(t, pool, "ledger", e.ID)
+	require.Equal(t, "running", state)
+	zombie := done.watch(job, 1)
+
+	// River's rescuer gives the job to another worker, whose run completes.
+	exec(t, pool, "UPDATE river_job SET state = 'available', attempted_by = NULL WHERE id = $1 AND state = 'running'", job)
+	require.Eventually(t, func() bool { _, state, _ := jobOf(t, pool, "ledger", e.ID); return state == "completed" },
+		20*time.Second, 5*time.Millisecond, "the rescued run never completed")
+
+	zombieGo.open() // the zombie commits after the rescued run did
+	var ref *chainRefusal
+	require.ErrorAs(t, recvErr(t, zombie, 20*time.Second, "the zombie never returned"), &ref)
+	require.Equal(t, "fenced", ref.outcome)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM handled WHERE event_id = $1", e.ID).Scan(&n))
+	require.Equal(t, 1, n, "the zombie's writes committed too")
+	_, state, attempt := jobOf(t, pool, "ledger", e.ID)
+	require.Equal(t, "completed", state, "the zombie's refusal disturbed the job River completed")
+	require.Equal(t, 2, attempt)
 }

@@ -6,6 +6,7 @@ package statements
 type Ordered struct {
 	ChainPrepare, ChainAppend, ChainDefer string
 	ChainAdvance, ChainSweep              string
+	ChainRelease, ChainDropEmpty          string
 	ChainResume, ChainSkip                string
-	ListChains, JobState                  string
+	ListChains, JobState, JobFence        string
 }

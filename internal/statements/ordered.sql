@@ -72,6 +72,33 @@ SELECT subscriber, subject, job_id, action, state
   FROM /* TEMPLATE: schema */outbox_chain_sweep($1::text[], $2::text[], $3::integer,
        concat(coalesce($4::text, current_schema()), '.river_insert'), $5::integer);
 
+-- name: ChainRelease
+-- Releases up to $2 links of the chains of subscribers $1, which the relay
+-- serves unordered (Ordered turned off): each link goes and its job, if
+-- still pending, is made available (scheduled if the host scheduled it for
+-- later), and River's producers are told ($3 schema or NULL for River's
+-- channel). Returns how many links went. The jobs then run as any job of
+-- the subscriber.
+WITH l AS (
+    DELETE FROM /* TEMPLATE: schema */outbox_chain_jobs
+     WHERE job_id IN (SELECT job_id FROM /* TEMPLATE: schema */outbox_chain_jobs
+                       WHERE subscriber = ANY($1::text[]) LIMIT $2 FOR UPDATE SKIP LOCKED)
+    RETURNING job_id),
+r AS (
+    UPDATE /* TEMPLATE: schema */river_job
+       SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::river_job_state ELSE 'available'::river_job_state END
+     WHERE id IN (SELECT job_id FROM l) AND state = 'pending'
+    RETURNING queue)
+SELECT (SELECT count(*) FROM l),
+       (SELECT count(pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', q.queue)::text))
+          FROM (SELECT DISTINCT queue FROM r) q);
+
+-- name: ChainDropEmpty
+-- Deletes the chain rows of subscribers $1 that have no link left.
+DELETE FROM /* TEMPLATE: schema */outbox_chains c
+ WHERE c.subscriber = ANY($1::text[])
+   AND NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l WHERE l.subscriber = c.subscriber AND l.subject = c.subject);
+
 -- name: ChainResume
 -- Retries a blocked chain's head ($1 subscriber, $2 subject, $3 schema or
 -- NULL): 'done', 'unknown', 'not_blocked' or 'gone'.
@@ -101,3 +128,10 @@ SELECT c.subscriber, c.subject, c.head_job, c.blocked_at, coalesce(c.blocked_sta
 -- A River job's state and attempt ($1 job ID): has another worker's run
 -- superseded this one?
 SELECT state::text, attempt FROM /* TEMPLATE: schema */river_job WHERE id = $1;
+
+-- name: JobFence
+-- Whether River runs job $1 in attempt $2, the row locked FOR UPDATE until
+-- the caller's transaction ends: the fence of a completion in no chain, as
+-- outbox_chain_advance's is for a chain's head.
+SELECT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */river_job
+                WHERE id = $1 AND state = 'running' AND attempt = $2 FOR UPDATE);

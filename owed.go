@@ -49,6 +49,7 @@ const freshFlowing = 100 * time.Millisecond
 // pairs. It returns the seqs it claimed and whether more may be due.
 func (r *Relay) owedRound(ctx context.Context, batch int) (claimed []int64, full bool, err error) {
 	if len(r.known) == 0 {
+		r.owedBusy.Store(false)
 		return nil, false, nil
 	}
 	names, ordered := r.owedOrder()

@@ -612,6 +612,9 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	if full {
 		r.helpWake.Send() // plenty of work: a helper loop may join
 	}
+	if (full || r.owedBusy.Load()) && !l.otherTurns(ctx) {
+		return false, false
+	}
 	owed := false
 	switch {
 	case r.owedHelped():
@@ -624,13 +627,8 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		// A backlog and room for it (no fresh events, or one round in
 		// flight): its round follows every pending one.
 		owed, ok = r.owedPass(ctx, l.failed)
-	case full:
-		// Full batches back to back: four times a second the relay also
-		// runs the retries that are due and looks at the deliveries lane.
-		ok = l.otherTurns(ctx)
-		owed = r.owedBusy.Load()
 	default:
-		return false, true // the idle pass serves the deliveries lane
+		return full, true // the idle pass serves the deliveries lane
 	}
 	if owed {
 		r.helpWake.Send()
@@ -638,10 +636,12 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	return full || owed, ok
 }
 
-// otherTurns keeps full batches back to back from starving the main loop's
-// other duties: four times a second a busy relay also runs the retries that
-// are due and a round of the deliveries lane (retention runs on its own
-// goroutine and takes its own turns). It reports whether to go on.
+// otherTurns keeps a busy main loop (full batches, or a backlog of owed
+// pairs, back to back: it never idles, where the poll would run them) from
+// starving its other duties: four times a second it also runs the retries
+// that are due and a round of the deliveries lane, whoever else serves it
+// (retention runs on its own goroutine and takes its own turns). It reports
+// whether to go on.
 func (l *mainLoop) otherTurns(ctx context.Context) bool {
 	if !time.Now().After(l.turnsAt) {
 		return true
@@ -760,8 +760,13 @@ func (r *Relay) helper(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		pending, owed := r.busy.Load(), r.owedBusy.Load()
-		for (pending || owed) && !r.stopping() && ctx.Err() == nil {
+		pending := r.busy.Load()
+		for !r.stopping() && ctx.Err() == nil {
+			// Read each time: the lane may have found a backlog since.
+			owed := r.owedBusy.Load()
+			if !pending && !owed {
+				break
+			}
 			var err error
 			if pending {
 				var claimed []int64
@@ -783,7 +788,9 @@ func (r *Relay) helper(ctx context.Context) {
 				}
 			}
 			if err != nil {
-				// The main loop retries row by row; this one backs off.
+				// The main loop retries row by row, and serves the
+				// deliveries lane meanwhile; this one backs off.
+				r.owedBusy.Store(false)
 				failures++
 				if !r.pause(ctx, backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff), nil) {
 					return

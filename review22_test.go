@@ -89,7 +89,7 @@ func TestReview22ALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testin
 	b.quiesce(t)
 	holdAPendingRow(t, b)
 	loud := b.record(t, Event{Type: "loud"})[0]
-	fannedWithin(t, b, loud.ID, 5*time.Second, "the notified event")
+	fannedWithin(t, b, loud.ID, 30*time.Second, "the notified event")
 	for range 100 {
 		exec(t, b.pool, "INSERT INTO outbox_events (id, type) VALUES ($1, 'quiet')", uuid.Must(uuid.NewV7()))
 		time.Sleep(10 * time.Millisecond)

@@ -38,7 +38,7 @@ func TestNotificationWakesTheRelay(t *testing.T) {
 		e, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(context.Background(), tx, Event{Type: "note.changed"})
 		return err
 	}))
-	fannedWithin(t, b, e.ID, 5*time.Second, "the notification did not wake the relay")
+	fannedWithin(t, b, e.ID, 30*time.Second, "the notification did not wake the relay")
 }
 
 // A row inserted by plain SQL, with no notification at all, is found by the
@@ -114,7 +114,7 @@ func TestThrottledTransactionsAreFannedOutByTheRechecks(t *testing.T) {
 		first, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(ctx, tx, Event{Type: "loud"})
 		return err
 	}))
-	fannedWithin(t, b, first.ID, 5*time.Second, "the notified event")
+	fannedWithin(t, b, first.ID, 30*time.Second, "the notified event")
 	e := <-quiet
 	took := fannedWithin(t, b, e.ID, 2*time.Second, "the throttled event waited for the poll")
 	t.Logf("throttled event fanned out %v after its commit", took)
@@ -195,7 +195,7 @@ func TestTriggerWritesAreFoundByTheRechecks(t *testing.T) {
 	b.start(t)
 	b.settle(t)
 	first := b.record(t, Event{Type: "loud"})[0] // notified: the relay is active
-	fannedWithin(t, b, first.ID, 5*time.Second, "the notified event")
+	fannedWithin(t, b, first.ID, 30*time.Second, "the notified event")
 	for _, lull := range []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond} {
 		time.Sleep(lull) // the lull between two writes is what is measured, not a wait for a condition
 		var id uuid.UUID
@@ -229,7 +229,7 @@ func TestTheRechecksSlowDownWhenIdle(t *testing.T) {
 				holdAPendingRow(t, b)
 			}
 			e := b.record(t, Event{Type: "loud"})[0]
-			fannedWithin(t, b, e.ID, 5*time.Second, "the notified event")
+			fannedWithin(t, b, e.ID, 30*time.Second, "the notified event")
 			before := polls.Load()
 			time.Sleep(3 * time.Second) // a window to count the looks in
 			looks := polls.Load() - before
@@ -304,7 +304,7 @@ func TestListenerConnectFunc(t *testing.T) {
 		e, err = Outbox{NotifyInterval: NotifyEveryTransaction}.Record(context.Background(), tx, Event{Type: "a"})
 		return err
 	}))
-	fannedWithin(t, b, e.ID, 5*time.Second, "the connection Connect made did not carry the notification")
+	fannedWithin(t, b, e.ID, 30*time.Second, "the connection Connect made did not carry the notification")
 }
 
 // A relay of a schema of its own (one whose name needs quoting) listens on

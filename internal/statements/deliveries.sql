@@ -27,6 +27,9 @@ SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attem
   FROM s CROSS JOIN LATERAL (
        SELECT p.event_seq, p.subscriber, p.attempts FROM /* TEMPLATE: schema */outbox_deliveries p
         WHERE p.subscriber = s.name AND p.poisoned_at IS NULL AND p.next_attempt_at <= now()
+          -- A pair whose event is gone (deleted by hand) is left, not
+          -- counted against the batch: it would take every round's share.
+          AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_events x WHERE x.seq = p.event_seq)
         ORDER BY p.next_attempt_at, p.event_seq LIMIT $2
           FOR UPDATE SKIP LOCKED) d
   JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq

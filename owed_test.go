@@ -167,7 +167,6 @@ func TestPairsWithoutAnEventRowDoNotStarveTheSubscriber(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "the subscriber's pairs wait behind pairs without an event row")
 }
 
-
 // A resumed subscriber's backlog of owed pairs does not hold back a fresh
 // event of another subscriber: the relay serves the pending lane and the
 // deliveries lane from one budget, a round each, so the fresh event waits

@@ -449,21 +449,51 @@ type beginFunc func(ctx context.Context) (pgx.Tx, error)
 // job), so that a crash does neither or both. A refused completion is
 // settled by settleRefusal.
 func completeOrdered(ctx context.Context, begin beginFunc, sql *statements.Set, job *rivertype.JobRow) error {
-	err := func() error {
-		tx, err := begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if err := advanceChain(ctx, tx, sql, job); err != nil {
-			return err
-		}
-		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, &river.Job[orderedArgs]{JobRow: job}); err != nil {
-			return fmt.Errorf("events: completing ordered job %d: %w", job.ID, err)
-		}
-		return tx.Commit(ctx)
-	}()
-	return settleRefusal(ctx, begin, sql, job, err)
+	return settleRefusal(ctx, begin, sql, job, completeInChain(ctx, begin, sql, job))
+}
+
+// completeInChain is completeOrdered before its refusal is settled.
+func completeInChain(ctx context.Context, begin beginFunc, sql *statements.Set, job *rivertype.JobRow) error {
+	tx, err := begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := advanceChain(ctx, tx, sql, job); err != nil {
+		return err
+	}
+	if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, &river.Job[orderedArgs]{JobRow: job}); err != nil {
+		return fmt.Errorf("events: completing ordered job %d: %w", job.ID, err)
+	}
+	return tx.Commit(ctx)
+}
+
+// advanceSelfCompleted moves on the chain of a job that its worker
+// completed itself, in its own transaction (river.JobCompleteTx, River's
+// transactional pattern), in this very attempt: the completion is done, only
+// the chain is left. It reports whether that was the case. A zombie's
+// attempt is not the one River completed, so it moves nothing.
+func advanceSelfCompleted(ctx context.Context, begin beginFunc, sql *statements.Set, job *rivertype.JobRow) (bool, error) {
+	tx, err := begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var (
+		state   string
+		attempt int
+	)
+	if err := tx.QueryRow(ctx, sql.Ordered.JobState, job.ID).Scan(&state, &attempt); err != nil {
+		return false, err
+	}
+	if state != string(rivertype.JobStateCompleted) || attempt != job.Attempt {
+		return false, nil
+	}
+	var outcome string
+	if err := tx.QueryRow(ctx, sql.Ordered.ChainAdvance, job.ID, nil, nilIfEmpty(sql.Schema)).Scan(&outcome, nil); err != nil {
+		return false, fmt.Errorf("events: moving the chain of job %d on: %w", job.ID, err)
+	}
+	return true, tx.Commit(ctx)
 }
 
 // settleRefusal turns a refused completion into what the worker returns to
@@ -526,7 +556,8 @@ func settleSuperseded(ctx context.Context, begin beginFunc, sql *statements.Set,
 // completes the job (river.JobCompleteTx) in a transaction that also
 // releases the next job of the subject, fenced on the chain's head and on
 // the job's attempt, as the library's own worker does for Handle and
-// HandleTx. List it in river.Config.Middleware of every River client that
+// HandleTx. A worker that completed its job itself (river.JobCompleteTx in
+// its own transaction) may: the middleware then only releases the next. List it in river.Config.Middleware of every River client that
 // works an ordered Map subscriber's jobs; it leaves every other job alone.
 // Without it such a job completes as usual and its chain moves on only at
 // the relays' next sweep (about a second), with a warning.
@@ -562,7 +593,16 @@ func (*OrderedMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInn
 	if workErr != nil {
 		return settleRefusal(ctx, begin, sql, job, workErr)
 	}
-	return completeOrdered(ctx, begin, sql, job)
+	err = completeInChain(ctx, begin, sql, job)
+	var ref *chainRefusal
+	if errors.As(err, &ref) && ref.outcome == "fenced" {
+		// Not running any more: perhaps the worker completed the job
+		// itself (river.JobCompleteTx in its own transaction).
+		if done, serr := advanceSelfCompleted(ctx, begin, sql, job); serr == nil && done {
+			return nil
+		}
+	}
+	return settleRefusal(ctx, begin, sql, job, err)
 }
 
 // orderedSubs returns the names of the run's ordered subscribers, and those

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -1185,4 +1186,43 @@ func TestOrderedTurnedOffReleasesTheChains(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_chains").Scan(&chains))
 		return chains == 0
 	}, 30*time.Second, 10*time.Millisecond, "the chain was left behind")
+}
+
+// A Map worker that completes its own job in its own transaction
+// (river.JobCompleteTx, River's transactional pattern) moves its chain on
+// at once through OrderedMiddleware: no job waits for the relays' sweep,
+// which would log that the middleware is missing. Before, the middleware
+// found the job no longer running, refused, and each job waited for the
+// sweep (a second each), with that warning although it was listed.
+func TestOrderedMapWorkerMayCompleteItsOwnJob(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	sub := Subscriber{Name: "sync", Types: []string{"**"}, Ordered: true,
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			return mapOrderedArgs{EventID: e.ID, Subject: e.Subject}, nil, nil
+		}}
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	exec(t, pool, "CREATE TABLE synced (event_id uuid PRIMARY KEY)")
+	es := recordEach(t, pool, Event{Type: "x", Subject: "p"}, Event{Type: "x", Subject: "p"}, Event{Type: "x", Subject: "p"},
+		Event{Type: "x", Subject: "p"}, Event{Type: "x", Subject: "p"})
+	startNode(t, url, nodeOpts{
+		config: &RelayConfig{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))},
+		workers: func(w *river.Workers) {
+			river.AddWorker(w, river.WorkFunc(func(ctx context.Context, job *river.Job[mapOrderedArgs]) error {
+				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, "INSERT INTO synced VALUES ($1)", job.Args.EventID); err != nil {
+						return err
+					}
+					_, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
+					return err
+				})
+			}))
+		}}, sub)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM synced").Scan(&n))
+		return n == len(es)
+	}, 30*time.Second, 10*time.Millisecond, "the subject's jobs never all ran")
+	require.NotContains(t, logs.String(), "completed without moving its chain on", "a job waited for the sweep")
 }

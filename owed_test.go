@@ -68,7 +68,7 @@ func TestOwedPairsAreServedWhileBatchesComeBackFull(t *testing.T) {
 	b := setup(t, setupOpts{config: &RelayConfig{BatchSize: 5}}, mapSub("fast", false, "fast.*"), mapSub("slow", false, "slow.*"))
 	b.start(t)
 	b.settle(t)
-	pendingBacklog(t, b.pool, "fast.changed", 100_000) // full batches for minutes at 5 a round
+	pendingBacklog(t, b.pool, "fast.changed", 30_000) // full batches for many seconds at 5 a round
 	oweTo(t, b.pool, "slow", "slow.changed", 20)
 	require.Eventually(t, func() bool { return owedCount(t, b.pool) == 0 }, 30*time.Second, 20*time.Millisecond,
 		"owed pairs wait while batches come back full")
@@ -90,10 +90,10 @@ func TestRetriesRunWhileFullBatchesAndAnOwedBacklogFlow(t *testing.T) {
 			b.start(t)
 			b.settle(t)
 			require.NoError(t, outbox.PauseSubscriber(ctx, b.pool, "slow"))
-			oweTo(t, b.pool, "slow", "slow.changed", 20_000)
-			pendingBacklog(t, b.pool, "fast.changed", 100_000)
+			oweTo(t, b.pool, "slow", "slow.changed", 10_000)
+			pendingBacklog(t, b.pool, "fast.changed", 30_000)
 			require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
-			require.Eventually(t, func() bool { return owedCount(t, b.pool) < 20_000 }, 30*time.Second, 10*time.Millisecond,
+			require.Eventually(t, func() bool { return owedCount(t, b.pool) < 10_000 }, 30*time.Second, 10*time.Millisecond,
 				"the owed backlog is never served")
 
 			// An event whose first fan-out failed, due for its retry now.

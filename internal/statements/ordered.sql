@@ -88,7 +88,8 @@ WITH l AS (
     RETURNING job_id),
 r AS (
     UPDATE /* TEMPLATE: schema */river_job
-       SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::river_job_state ELSE 'available'::river_job_state END
+       SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::/* TEMPLATE: schema */river_job_state
+                        ELSE 'available'::/* TEMPLATE: schema */river_job_state END
      WHERE id IN (SELECT job_id FROM l) AND state = 'pending'
     RETURNING queue)
 SELECT (SELECT count(*) FROM l),

@@ -612,7 +612,7 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	if full {
 		r.helpWake.Send() // plenty of work: a helper loop may join
 	}
-	if (full || r.owedBusy.Load()) && !l.otherTurns(ctx) {
+	if (full || r.owedBusy.Load()) && !l.otherTurns(ctx, !r.owedHelped()) {
 		return false, false
 	}
 	owed := false
@@ -639,16 +639,20 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 // otherTurns keeps a busy main loop (full batches, or a backlog of owed
 // pairs, back to back: it never idles, where the poll would run them) from
 // starving its other duties: four times a second it also runs the retries
-// that are due and a round of the deliveries lane, whoever else serves it
-// (retention runs on its own goroutine and takes its own turns). It reports
-// whether to go on.
-func (l *mainLoop) otherTurns(ctx context.Context) bool {
+// that are due and, with owed, a round of the deliveries lane (retention
+// runs on its own goroutine and takes its own turns). Without owed the
+// helper loops serve that lane while fresh events flow: a round of it here
+// would hold the fresh events back. It reports whether to go on.
+func (l *mainLoop) otherTurns(ctx context.Context, owed bool) bool {
 	if !time.Now().After(l.turnsAt) {
 		return true
 	}
 	l.turnsAt = time.Now().Add(busyTurnInterval)
 	if err := l.r.retryDue(ctx); err != nil && !l.failed(ctx, err) {
 		return false
+	}
+	if !owed {
+		return true
 	}
 	_, ok := l.r.owedPass(ctx, l.failed)
 	return ok

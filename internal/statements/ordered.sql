@@ -42,21 +42,23 @@ SELECT 1;
 -- name: ChainDefer
 -- Owes pairs that could not be appended yet ($1 seqs, $2 subscribers), or
 -- counts up the deferral of pairs already owed: each is due when its blocker
--- is ($5, where known), but never before $3 µs doubled by its deferrals so
--- far (at most $4 µs) from now: a blocker due in the past (a retry not run
--- yet) must not make its pair due again at once, round after round. A
--- deferral is not a failed attempt. Pairs of a subscriber retired meanwhile
--- are not written (its registry row is read FOR KEY SHARE, as in Stamp):
--- retiring is final.
+-- is ($5, where known: the deliveries lane then serves a chain's pairs
+-- together, in seq order), or else after $3 µs doubled by its deferrals so
+-- far, at most $4 µs. A blocker due in the past (a failed event whose retry
+-- has not run yet) makes its pair due at once: the relay's loop runs due
+-- retries at least four times a second however busy its lanes are, so such
+-- a pair is deferred again for at most that long. A deferral is not a
+-- failed attempt. Pairs of a subscriber retired meanwhile are not written
+-- (its registry row is read FOR KEY SHARE, as in Stamp): retiring is final.
 WITH reg AS (
     SELECT name FROM /* TEMPLATE: schema */outbox_subscribers
      WHERE name = ANY($2::text[]) AND retired_at IS NULL
        FOR KEY SHARE)
 INSERT INTO /* TEMPLATE: schema */outbox_deliveries AS d (event_seq, subscriber, next_attempt_at, deferrals)
-SELECT u.seq, u.sub, greatest(u.due, now() + $3::bigint * interval '1 microsecond'), 1
+SELECT u.seq, u.sub, coalesce(u.due, now() + $3::bigint * interval '1 microsecond'), 1
   FROM unnest($1::bigint[], $2::text[], $5::timestamptz[]) AS u(seq, sub, due) JOIN reg ON reg.name = u.sub
 ON CONFLICT (event_seq, subscriber) DO UPDATE SET deferrals = d.deferrals + 1,
-    next_attempt_at = greatest((SELECT u.due FROM unnest($1::bigint[], $2::text[], $5::timestamptz[]) AS u(seq, sub, due)
+    next_attempt_at = coalesce((SELECT u.due FROM unnest($1::bigint[], $2::text[], $5::timestamptz[]) AS u(seq, sub, due)
                                  WHERE u.seq = EXCLUDED.event_seq AND u.sub = EXCLUDED.subscriber),
         now() + least($3::bigint * power(2, least(d.deferrals, 30))::bigint, $4::bigint) * interval '1 microsecond');
 

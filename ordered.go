@@ -647,10 +647,47 @@ func (r *Relay) chainSweeper(ctx context.Context) {
 		if len(subs) == 0 {
 			return
 		}
+		if err := r.rescueHeads(ctx, subs); err != nil && ctx.Err() == nil && !r.stopping() {
+			r.logger.WarnContext(ctx, "events: rescuing the heads of dead workers failed", slog.String("err", err.Error()))
+		}
+		if r.hooks.rescued != nil {
+			r.hooks.rescued()
+		}
 		if err := r.sweepChains(ctx, subs, cont); err != nil && ctx.Err() == nil && !r.stopping() {
 			r.logger.WarnContext(ctx, "events: sweeping ordered chains failed", slog.String("err", err.Error()))
 		}
 	})
+}
+
+// deadWorkerAfter is how long a River client's relay must have been silent
+// (never marked stopped) before the heads of chains its process was running
+// are given back to River: six heartbeats.
+const deadWorkerAfter = 6 * heartbeatInterval
+
+// rescueHeads gives back to River the heads of the chains of subs whose
+// worker's process died (ChainRescue): its subject moves again within
+// deadWorkerAfter and a sweep, not River's rescue (RescueStuckJobsAfter, an
+// hour by default, for every job). A hung but live worker's process still
+// heartbeats: its job is River's to rescue.
+func (r *Relay) rescueHeads(ctx context.Context, subs []string) error {
+	after := cmp.Or(r.hooks.deadWorkerAfter, deadWorkerAfter)
+	rows, err := r.pool.Query(ctx, r.sql.Ordered.ChainRescue, subs, after.Microseconds(), nilIfEmpty(r.sql.Schema))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id            int64
+			state, client string
+		)
+		if err := rows.Scan(&id, &state, &client, nil); err != nil {
+			return err
+		}
+		r.logger.WarnContext(ctx, "events: an ordered job's worker died (its process stopped heartbeating): gave the job back to River",
+			slog.Int64("job_id", id), slog.String("river_client", client), slog.String("state", state))
+	}
+	return rows.Err()
 }
 
 // releaseChains releases the chains of subscribers subs, which this run

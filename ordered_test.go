@@ -46,6 +46,10 @@ type nodeOpts struct {
 	noMiddleware bool
 	// noWork builds an insert-only client.
 	noWork bool
+	// deadWorkerAfter replaces the relay's deadWorkerAfter; rescued runs
+	// after each of its looks for dead workers' heads.
+	deadWorkerAfter time.Duration
+	rescued         func()
 }
 
 // startNode starts a relay with subs and a working River client on url;
@@ -65,6 +69,8 @@ func startNode(t *testing.T, url string, opts nodeOpts, subs ...Subscriber) *ord
 	for _, s := range subs {
 		require.NoError(t, relay.Subscribe(s))
 	}
+	relay.hooks.deadWorkerAfter = opts.deadWorkerAfter
+	relay.hooks.rescued = opts.rescued
 	n.relay = relay
 	n.client = newOrderedClient(t, n.pool, relay, opts)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -1225,4 +1231,101 @@ func TestOrderedMapWorkerMayCompleteItsOwnJob(t *testing.T) {
 		return n == len(es)
 	}, 30*time.Second, 10*time.Millisecond, "the subject's jobs never all ran")
 	require.NotContains(t, logs.String(), "completed without moving its chain on", "a job waited for the sweep")
+}
+
+// A worker that dies holding a chain's head (its process is gone: its
+// relay's row was never marked stopped and reports in no more) costs its
+// subject seconds, not River's rescue (an hour by default): the relays'
+// sweep gives the job back to River, another worker runs it, and the
+// subject goes on in order. The dead run is simulated: its handler never
+// returns, and its relay's row is left as a killed process leaves it.
+func TestOrderedDeadWorkersHeadIsGivenBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	log := newRunLog()
+	hung := make(chan struct{})
+	never := newGate()
+	var runs atomic.Int32
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true,
+		Handle: func(ctx context.Context, e Event) error {
+			if string(e.Payload) == `{"n": 1}` && runs.Add(1) == 1 {
+				close(hung)
+				<-never.c // the dead process's run: it never returns
+			}
+			log.begin(e)
+			log.end(e, true)
+			return nil
+		}}
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	// Heartbeats every 100 ms (OrphanAfter / 3), well inside the bound.
+	fast := &RelayConfig{Outbox: Outbox{OrphanAfter: 300 * time.Millisecond}}
+	dead := startNode(t, url, nodeOpts{config: fast, clientID: "worker-dead"}, sub)
+	t.Cleanup(never.open)
+	es := recordEach(t, pool, Event{Type: "a", Subject: "s", Payload: []byte(`{"n":1}`)}, Event{Type: "a", Subject: "s", Payload: []byte(`{"n":2}`)})
+	recv(t, hung, 20*time.Second, "the first run never started")
+	// The process dies: its relay reports in no more, and nothing marks it
+	// stopped (a killed process's row). Its River client lives on here only
+	// because a test cannot kill half of itself; it fetches nothing more
+	// that matters (the second job waits behind the head).
+	require.NoError(t, dead.relay.Stop(ctx))
+	exec(t, pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE river_client_id = 'worker-dead'")
+
+	startNode(t, url, nodeOpts{config: fast, clientID: "worker-live", deadWorkerAfter: 2 * time.Second}, sub)
+	require.Eventually(t, func() bool { return len(log.handled("s")) == 2 }, 30*time.Second, 20*time.Millisecond,
+		"the dead worker's subject never moved again (River's rescue takes an hour)")
+	require.Equal(t, ids(es), log.handled("s"))
+	job, state, attempt := jobOf(t, pool, "ledger", es[0].ID)
+	require.NotZero(t, job)
+	require.Equal(t, "completed", state)
+	require.Equal(t, 2, attempt, "the head ran again, in a new attempt")
+}
+
+// A hung worker whose process is alive (its relay reports in) keeps its
+// job: that is River's to rescue (RescueStuckJobsAfter), not the relays'.
+// Several of the relays' looks for dead workers pass, each after the job
+// has run longer than the dead-worker bound, and the job is still running
+// in its first attempt.
+func TestOrderedHungLiveWorkerKeepsItsJob(t *testing.T) {
+	t.Parallel()
+	hung := make(chan struct{})
+	never := newGate()
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true,
+		Handle: func(ctx context.Context, e Event) error {
+			close(hung)
+			<-never.c
+			return nil
+		}}
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	var (
+		mu    sync.Mutex
+		looks []time.Time
+	)
+	const after = time.Second
+	// Heartbeats every 100 ms (OrphanAfter / 3), well inside the bound.
+	fast := &RelayConfig{Outbox: Outbox{OrphanAfter: 300 * time.Millisecond}}
+	startNode(t, url, nodeOpts{config: fast, clientID: "worker-hung", deadWorkerAfter: after, rescued: func() {
+		mu.Lock()
+		looks = append(looks, time.Now())
+		mu.Unlock()
+	}}, sub)
+	t.Cleanup(never.open)
+	e := recordEach(t, pool, Event{Type: "a", Subject: "s"})[0]
+	recv(t, hung, 20*time.Second, "the run never started")
+	since := time.Now().Add(after + 500*time.Millisecond)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, at := range looks {
+			if at.After(since) {
+				n++
+			}
+		}
+		return n >= 3
+	}, 30*time.Second, 20*time.Millisecond, "the relay stopped looking for dead workers")
+	_, state, attempt := jobOf(t, pool, "ledger", e.ID)
+	require.Equal(t, "running", state, "a live worker's job was taken from it")
+	require.Equal(t, 1, attempt)
 }

@@ -1,6 +1,7 @@
 -- Back to version 010: 008's outbox_chain_blockers and prepare, the claim
 -- index of 006, no subject on owed pairs.
 DROP FUNCTION outbox_chain_prepare(text[], text[], bigint[], bigint[], text[], boolean[], bigint[], bigint[], bigint[], text[], integer);
+ALTER TABLE outbox_relays DROP COLUMN river_client_id;
 CREATE OR REPLACE FUNCTION outbox_chain_blockers(subs text[], subjects text[], max_seqs bigint[], res text[], blocks boolean[],
     claimed bigint[], pair_seqs bigint[], pair_subs text[])
 RETURNS TABLE (subscriber text, subject text, blocker_seq bigint, blocker_due timestamptz)

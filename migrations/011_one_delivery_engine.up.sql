@@ -127,3 +127,11 @@ BEGIN
         ON b.subscriber = up.subscriber AND b.subject = up.subject;
 END
 $$;
+
+-- The River client each running relay was started with: a chain's head
+-- running on a client whose process stopped heartbeating (it died: its
+-- relay's row was never marked stopped) is given back to River by the
+-- relays' sweep within a minute, instead of waiting for River's rescuer
+-- (an hour by default). A process with no relay never counts as dead.
+ALTER TABLE outbox_relays ADD COLUMN river_client_id text;
+CREATE INDEX outbox_relays_client_idx ON outbox_relays (river_client_id) WHERE river_client_id IS NOT NULL;

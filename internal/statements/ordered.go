@@ -7,6 +7,7 @@ type Ordered struct {
 	ChainPrepare, ChainAppend, ChainDefer string
 	ChainAdvance, ChainSweep              string
 	ChainRelease, ChainDropEmpty          string
+	ChainRescue                           string
 	ChainResume, ChainSkip                string
 	ListChains, JobState, JobFence        string
 }

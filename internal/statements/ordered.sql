@@ -98,6 +98,44 @@ SELECT (SELECT count(*) FROM l),
        (SELECT count(pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', q.queue)::text))
           FROM (SELECT DISTINCT queue FROM r) q);
 
+-- name: ChainRescue
+-- Gives back to River the heads of the chains of subscribers $1 that run on
+-- a River client whose process died: every relay row of that client (the
+-- last one in attempted_by) was never marked stopped and has not reported
+-- in for $2 µs, and the run began longer ago than that. As River's rescuer
+-- does, but within a minute rather than an hour: the job is available
+-- again (discarded if its attempts are spent), an error recorded, River's
+-- producers told ($3 schema or NULL for River's channel). The dead run can
+-- never complete it: a completion is fenced on the attempt. A client with
+-- no relay row (a worker-only process), or whose relay stopped gracefully,
+-- is left to River's rescuer.
+WITH dead AS (
+    SELECT j.id, j.attempt, j.max_attempts, j.attempted_by[array_upper(j.attempted_by, 1)] AS client
+      FROM /* TEMPLATE: schema */outbox_chains c JOIN /* TEMPLATE: schema */river_job j ON j.id = c.head_job
+     WHERE c.subscriber = ANY($1::text[]) AND j.state = 'running'
+       AND j.attempted_at < now() - $2::bigint * interval '1 microsecond'
+       AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_relays r
+                    WHERE r.river_client_id = j.attempted_by[array_upper(j.attempted_by, 1)])
+       AND NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_relays r
+                        WHERE r.river_client_id = j.attempted_by[array_upper(j.attempted_by, 1)]
+                          AND (r.stopped_at IS NOT NULL OR r.last_seen_at >= now() - $2::bigint * interval '1 microsecond'))
+       FOR UPDATE OF j SKIP LOCKED),
+up AS (
+    UPDATE /* TEMPLATE: schema */river_job AS j
+       SET state = CASE WHEN d.attempt < d.max_attempts THEN 'available'::/* TEMPLATE: schema */river_job_state
+                        ELSE 'discarded'::/* TEMPLATE: schema */river_job_state END,
+           finalized_at = CASE WHEN d.attempt < d.max_attempts THEN NULL ELSE now() END,
+           scheduled_at = now(),
+           errors = array_append(j.errors, jsonb_build_object('at', now(), 'attempt', d.attempt, 'trace', '',
+               'error', 'events: the process of River client ' || d.client ||
+                        ' stopped heartbeating while it ran this ordered job: given back to River'))
+      FROM dead d
+     WHERE j.id = d.id
+    RETURNING j.id, j.queue, j.state::text AS state, d.client)
+SELECT up.id, up.state, up.client,
+       pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', up.queue)::text)
+  FROM up;
+
 -- name: ChainDropEmpty
 -- Deletes the chain rows of subscribers $1 that have no link left.
 DELETE FROM /* TEMPLATE: schema */outbox_chains c

@@ -84,22 +84,7 @@ func backlogRelays(ctx context.Context, pool *pgxpool.Pool, o Options, n int, or
 // recordOwed records n events of the "owed" subscriber over 100 subjects,
 // taking turns, in transactions of 2,000.
 func recordOwed(ctx context.Context, pool *pgxpool.Pool, n int) error {
-	for done := 0; done < n; {
-		size := min(2000, n-done)
-		es := make([]events.Event, size)
-		for i := range es {
-			es[i] = events.Event{Type: "owed.changed", Subject: fmt.Sprintf("account:%d", (done+i)%100),
-				Payload: []byte(`{"balance_cents":1299}`)}
-		}
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := events.RecordMany(ctx, tx, es)
-			return err
-		}); err != nil {
-			return err
-		}
-		done += size
-	}
-	return nil
+	return recordTurns(ctx, pool, "owed.changed", n, 100)
 }
 
 // waitFor polls cond every 5 ms until it holds, for at most limit.
@@ -187,19 +172,11 @@ func steadyFresh(ctx context.Context, pool *pgxpool.Pool, rate int, during func(
 	if rate <= 0 {
 		return during()
 	}
-	conn, err := pgx.Connect(ctx, pool.Config().ConnString())
+	fl, stopListening, err := listenFanned(ctx, pool)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+events.ChannelFanned); err != nil {
-		return err
-	}
-	fl := &fannedListener{pending: map[string]time.Time{}}
-	lctx, stopListening := context.WithCancel(ctx)
-	listening := make(chan struct{})
-	go func() { defer close(listening); fl.run(lctx, conn) }()
-	defer func() { stopListening(); <-listening }()
+	defer stopListening()
 
 	// The writer's first half second (connections dialled, statements
 	// prepared, on both sides) is sent but not counted; then during runs.

@@ -60,11 +60,17 @@ func (c *countingTracer) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceC
 
 // orderedBacklog records n events over subjects subjects, taking turns.
 func orderedBacklog(ctx context.Context, pool *pgxpool.Pool, n, subjects int) error {
+	return recordTurns(ctx, pool, "account.changed", n, subjects)
+}
+
+// recordTurns records n events of type typ over subjects subjects, taking
+// turns, in transactions of 2,000.
+func recordTurns(ctx context.Context, pool *pgxpool.Pool, typ string, n, subjects int) error {
 	for done := 0; done < n; {
 		size := min(2000, n-done)
 		es := make([]events.Event, size)
 		for i := range es {
-			es[i] = events.Event{Type: "account.changed", Subject: fmt.Sprintf("account:%d", (done+i)%subjects),
+			es[i] = events.Event{Type: typ, Subject: fmt.Sprintf("account:%d", (done+i)%subjects),
 				Payload: []byte(`{"balance_cents":1299}`)}
 		}
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

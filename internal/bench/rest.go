@@ -228,6 +228,28 @@ func (f *fannedListener) run(ctx context.Context, conn *pgx.Conn) {
 	}
 }
 
+// listenFanned starts a fannedListener on a connection of its own to
+// pool's database; stop ends it and closes the connection.
+func listenFanned(ctx context.Context, pool *pgxpool.Pool) (fl *fannedListener, stop func(), err error) {
+	conn, err := pgx.Connect(ctx, pool.Config().ConnString())
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+events.ChannelFanned); err != nil {
+		conn.Close(context.Background())
+		return nil, nil, err
+	}
+	fl = &fannedListener{pending: map[string]time.Time{}}
+	lctx, cancel := context.WithCancel(ctx)
+	listening := make(chan struct{})
+	go func() { defer close(listening); fl.run(lctx, conn) }()
+	return fl, func() {
+		cancel()
+		<-listening
+		conn.Close(context.Background())
+	}, nil
+}
+
 func runLatency(ctx context.Context, h *harness, o Options, rep *Report) error {
 	for _, rate := range o.Rates {
 		if err := latencyAt(ctx, h, o, rate, rep); err != nil {
@@ -314,18 +336,10 @@ func latencyWrite(ctx context.Context, tx pgx.Tx, suffix string, i int64) (uuid.
 // measureLatencySection measures commit→fanned at rate, reporting under
 // section with suffix appended to the figures' names.
 func measureLatencySection(ctx context.Context, pool *pgxpool.Pool, o Options, rate, writers int, rep *Report, section, suffix string) error {
-	conn, err := pgx.Connect(ctx, pool.Config().ConnString())
+	fl, stopListening, err := listenFanned(ctx, pool)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+events.ChannelFanned); err != nil {
-		return err
-	}
-	fl := &fannedListener{pending: map[string]time.Time{}}
-	lctx, stopListening := context.WithCancel(ctx)
-	listening := make(chan struct{})
-	go func() { defer close(listening); fl.run(lctx, conn) }()
 
 	// A steady rate: the first half second (connections dialled, statements
 	// prepared, plans cached, on both sides) is sent but not counted.
@@ -359,7 +373,6 @@ func measureLatencySection(ctx context.Context, pool *pgxpool.Pool, o Options, r
 	elapsed := time.Since(start)
 	if err != nil {
 		stopListening()
-		<-listening
 		return err
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -373,7 +386,6 @@ func measureLatencySection(ctx context.Context, pool *pgxpool.Pool, o Options, r
 		time.Sleep(10 * time.Millisecond)
 	}
 	stopListening()
-	<-listening
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
 	rep.Lost += len(fl.pending)

@@ -139,12 +139,11 @@ func (j *plannedJob) insertOpts(traceContext []byte) *river.InsertOpts {
 		// River would take the args' own tags when opts has none: keep them.
 		own = j.tags
 	}
+	// Only a job in a chain is tagged ordered: an ordered subscriber's job
+	// of an event with no subject is an unordered job, completed by River.
 	subTags := j.sub.tags
-	if j.chain == nil && j.sub.Ordered {
-		// An ordered subscriber's job in no chain (its event has no
-		// subject) is an unordered job: not tagged ordered, so its
-		// completion is River's own.
-		subTags = slices.DeleteFunc(slices.Clone(subTags), func(t string) bool { return t == tagOrdered })
+	if j.chain != nil {
+		subTags = j.sub.chainTags
 	}
 	if len(own) == 0 {
 		opts.Tags = subTags

@@ -579,12 +579,11 @@ type mainLoop struct {
 }
 
 // claimPass runs a batch round of the pending lane, then, while the
-// deliveries lane has a backlog, one round of it: one budget, a batch each,
-// so fresh events never wait for more than one round of owed pairs, and a
-// backlog drains at full speed when fresh traffic leaves room. It reports
-// whether to claim again at once (a batch came back full, or owed pairs may
-// still be due, or a batch failed and was retried row by row) and whether
-// to go on at all.
+// deliveries lane has a backlog, one round of it — unless fresh events flow
+// and the helper loops drain the backlog (owedHelped), when this loop stays
+// on the pending lane. It reports whether to claim again at once (a batch
+// came back full, or owed pairs may still be due, or a batch failed and was
+// retried row by row) and whether to go on at all.
 func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	r := l.r
 	listened := r.listening()
@@ -616,12 +615,13 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	if full {
 		r.helpWake.Send() // plenty of work: a helper loop may join
 	}
-	if (full || r.owedBusy.Load()) && !l.otherTurns(ctx, !r.owedHelped()) {
+	helped := r.owedHelped()
+	if (full || r.owedBusy.Load()) && !l.otherTurns(ctx, !helped) {
 		return false, false
 	}
 	owed := false
 	switch {
-	case r.owedHelped():
+	case helped:
 		// The deliveries lane has a backlog while fresh events flow, and
 		// the helper loops serve it: this loop stays on the pending lane,
 		// so a fresh event never waits for a round of the backlog.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -135,8 +136,9 @@ type subscription struct {
 	Subscriber
 	patterns []glob.Pattern
 	// tags holds the one River tag of this subscriber's jobs, shared by
-	// jobs with no tags of their own (River only reads it).
-	tags []string
+	// jobs with no tags of their own (River only reads it); chainTags adds
+	// the ordered tag, for an ordered subscriber's jobs placed in a chain.
+	tags, chainTags []string
 	// metricAttrs label this subscriber's measurements.
 	metricAttrs metric.MeasurementOption
 }
@@ -173,7 +175,7 @@ func newSubscription(s Subscriber) (*subscription, error) {
 		sub.patterns = append(sub.patterns, p)
 	}
 	if s.Ordered {
-		sub.tags = append(sub.tags, tagOrdered)
+		sub.chainTags = append(slices.Clip(sub.tags), tagOrdered)
 	}
 	return sub, nil
 }

@@ -99,9 +99,10 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 	// An ordered subscriber's job (tagged so by the relay that inserted it)
 	// completes in its chain: the next job of its subject is released in
 	// the transaction that completes it (see ordered.go).
-	// An event with no subject is in no chain, whatever the tag says (the
-	// previous release tagged such jobs too).
-	ordered := isOrderedJob(job.JobRow) && job.Args.Event.Subject != ""
+	// One the previous release tagged though its event had no subject is
+	// in no chain: its completion finds none and completes it as an
+	// unordered job (advanceChain).
+	ordered := isOrderedJob(job.JobRow)
 	if sub != nil && sub.Handle != nil {
 		err := sub.Handle(ctx, job.Args.Event)
 		switch {

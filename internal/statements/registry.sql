@@ -125,10 +125,10 @@ UPDATE /* TEMPLATE: schema */outbox_subscribers SET backfill_done_at = now() WHE
 -- name: Heartbeat
 -- $1 relay id, $2 host, $3 pid, $4 version, $5 subscribers served, $6
 -- started, $7 listening, $8 poll only, $9 consecutive failures, $10 last
--- round, $11 OrphanAfter in µs, $12 the River client's ID. It also marks the subscribers served,
--- forgets relays not seen for a day, and returns the orphaned subscribers:
--- registered, active, served by no relay for OrphanAfter (as Stats counts
--- them), other than its own.
+-- round, $11 OrphanAfter in µs, $12 the River client's ID. It also marks
+-- the subscribers served, forgets relays not seen for a day, and returns
+-- the orphaned subscribers: registered, active, served by no relay for
+-- OrphanAfter (as Stats counts them), other than its own.
 WITH hb AS (
     INSERT INTO /* TEMPLATE: schema */outbox_relays AS r
            (id, host, pid, version, subscribers, started_at, last_seen_at, listening, poll_only, consecutive_failures, last_round_at,

@@ -497,9 +497,9 @@ func advanceSelfCompleted(ctx context.Context, begin beginFunc, sql *statements.
 }
 
 // settleRefusal turns a refused completion into what the worker returns to
-// River: a job that ran out of turn is snoozed; a superseded one (a zombie: River rescued its job and gave it
-// to another worker) returns the refusal once the run that superseded it
-// has finished (see settleSuperseded). Other errors pass, after the same
+// River: a job that ran out of turn is snoozed; a superseded one (a zombie:
+// River rescued its job and gave it to another worker) returns the refusal
+// once the run that superseded it has finished (see settleSuperseded). Other errors pass, after the same
 // wait: a zombie's failure must not end the live run's job either.
 func settleRefusal(ctx context.Context, begin beginFunc, sql *statements.Set, job *rivertype.JobRow, err error) error {
 	var ref *chainRefusal
@@ -557,8 +557,9 @@ func settleSuperseded(ctx context.Context, begin beginFunc, sql *statements.Set,
 // releases the next job of the subject, fenced on the chain's head and on
 // the job's attempt, as the library's own worker does for Handle and
 // HandleTx. A worker that completed its job itself (river.JobCompleteTx in
-// its own transaction) may: the middleware then only releases the next. List it in river.Config.Middleware of every River client that
-// works an ordered Map subscriber's jobs; it leaves every other job alone.
+// its own transaction) may: the middleware then only releases the next.
+// List it in river.Config.Middleware of every River client that works an
+// ordered Map subscriber's jobs; it leaves every other job alone.
 // Without it such a job completes as usual and its chain moves on only at
 // the relays' next sweep (about a second), with a warning.
 type OrderedMiddleware struct {
@@ -699,15 +700,17 @@ func (r *Relay) rescueHeads(ctx context.Context, subs []string) error {
 func (r *Relay) releaseChains(ctx context.Context, subs []string) error {
 	released := int64(0)
 	for !r.stopping() && ctx.Err() == nil {
-		var n int64
-		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-			if err := tx.QueryRow(ctx, r.sql.Ordered.ChainRelease, subs, orderedSweepBatch, nilIfEmpty(r.sql.Schema)).Scan(&n, nil); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, r.sql.Ordered.ChainDropEmpty, subs)
-			return err
+		// One round trip a sweep: the batch runs as one implicit
+		// transaction.
+		var (
+			n int64
+			b pgx.Batch
+		)
+		b.Queue(r.sql.Ordered.ChainRelease, subs, orderedSweepBatch, nilIfEmpty(r.sql.Schema)).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&n, nil)
 		})
-		if err != nil {
+		b.Queue(r.sql.Ordered.ChainDropEmpty, subs)
+		if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
 			return err
 		}
 		released += n

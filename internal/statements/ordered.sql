@@ -108,17 +108,23 @@ SELECT (SELECT count(*) FROM l),
 -- producers told ($3 schema or NULL for River's channel). The dead run can
 -- never complete it: a completion is fenced on the attempt. A client with
 -- no relay row (a worker-only process), or whose relay stopped gracefully,
--- is left to River's rescuer.
+-- is left to River's rescuer. It reads River's running jobs (River's state
+-- index), as many as there are workers busy, not every chain.
 WITH dead AS (
-    SELECT j.id, j.attempt, j.max_attempts, j.attempted_by[array_upper(j.attempted_by, 1)] AS client
-      FROM /* TEMPLATE: schema */outbox_chains c JOIN /* TEMPLATE: schema */river_job j ON j.id = c.head_job
-     WHERE c.subscriber = ANY($1::text[]) AND j.state = 'running'
+    SELECT j.id, j.attempt, j.max_attempts, a.client
+      FROM /* TEMPLATE: schema */river_job j
+      JOIN /* TEMPLATE: schema */outbox_chain_jobs l ON l.job_id = j.id
+     CROSS JOIN LATERAL (SELECT j.attempted_by[array_upper(j.attempted_by, 1)] AS client) a
+     WHERE j.state = 'running' AND l.subscriber = ANY($1::text[])
+       -- The chain's head (a scalar subquery: one primary-key lookup per
+       -- running job, never a scan of every chain).
+       AND (SELECT c.head_job FROM /* TEMPLATE: schema */outbox_chains c
+             WHERE c.subscriber = l.subscriber AND c.subject = l.subject) = j.id
        AND j.attempted_at < now() - $2::bigint * interval '1 microsecond'
-       AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_relays r
-                    WHERE r.river_client_id = j.attempted_by[array_upper(j.attempted_by, 1)])
-       AND NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_relays r
-                        WHERE r.river_client_id = j.attempted_by[array_upper(j.attempted_by, 1)]
-                          AND (r.stopped_at IS NOT NULL OR r.last_seen_at >= now() - $2::bigint * interval '1 microsecond'))
+       -- Every relay row of the client silent and never stopped (none at
+       -- all: NULL, not dead).
+       AND (SELECT bool_and(r.stopped_at IS NULL AND r.last_seen_at < now() - $2::bigint * interval '1 microsecond')
+              FROM /* TEMPLATE: schema */outbox_relays r WHERE r.river_client_id = a.client)
        FOR UPDATE OF j SKIP LOCKED),
 up AS (
     UPDATE /* TEMPLATE: schema */river_job AS j

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -81,6 +82,23 @@ func backlogRelays(ctx context.Context, pool *pgxpool.Pool, o Options, n int, or
 	return stop, nil
 }
 
+// withBacklogRelays runs f on a fresh database with relays relays of the
+// section's subscribers running on it ("owed" ordered as asked).
+func withBacklogRelays(ctx context.Context, h *harness, o Options, relays int, ordered bool, f func(*pgxpool.Pool) error) error {
+	pool, err := h.database(ctx, int32(max(20, 10+5*relays)))
+	if err != nil {
+		return err
+	}
+	defer h.drop(ctx)
+	defer pool.Close()
+	stop, err := backlogRelays(ctx, pool, o, relays, ordered)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	return f(pool)
+}
+
 // recordOwed records n events of the "owed" subscriber over 100 subjects,
 // taking turns, in transactions of 2,000.
 func recordOwed(ctx context.Context, pool *pgxpool.Pool, n int) error {
@@ -127,54 +145,44 @@ func nothingPending(ctx context.Context, pool *pgxpool.Pool) func() (bool, error
 // resumes it and times one relay delivering them. With rate > 0, a writer
 // records "fresh" events at that rate during the drain, and their
 // commit→fanned latencies are returned.
-func owedDrain(ctx context.Context, h *harness, o Options, n int, ordered bool, rate int) (time.Duration, []time.Duration, int, error) {
-	pool, err := h.database(ctx, 20)
-	if err != nil {
-		return 0, nil, 0, err
-	}
-	defer h.drop(ctx)
-	defer pool.Close()
-	stop, err := backlogRelays(ctx, pool, o, 1, ordered)
-	if err != nil {
-		return 0, nil, 0, err
-	}
-	defer stop()
-	if err := outbox.PauseSubscriber(ctx, pool, "owed"); err != nil {
-		return 0, nil, 0, err
-	}
-	if err := recordOwed(ctx, pool, n); err != nil {
-		return 0, nil, 0, err
-	}
-	if err := waitFor(ctx, 5*time.Minute, "fanning the backlog out", nothingPending(ctx, pool)); err != nil {
-		return 0, nil, 0, err
-	}
-	var lat []time.Duration
-	lost := 0
-	var d time.Duration
-	err = steadyFresh(ctx, pool, rate, func() error {
-		start := time.Now()
-		if err := outbox.ResumeSubscriber(ctx, pool, "owed"); err != nil {
+func owedDrain(ctx context.Context, h *harness, o Options, n int, ordered bool, rate int) (d time.Duration, lat []time.Duration, lost int, err error) {
+	err = withBacklogRelays(ctx, h, o, 1, ordered, func(pool *pgxpool.Pool) error {
+		if err := outbox.PauseSubscriber(ctx, pool, "owed"); err != nil {
 			return err
 		}
-		if err := waitFor(ctx, 10*time.Minute, "draining the owed pairs", nothingOwed(ctx, pool)); err != nil {
+		if err := recordOwed(ctx, pool, n); err != nil {
 			return err
 		}
-		d = time.Since(start)
-		return nil
-	}, &lat, &lost)
+		if err := waitFor(ctx, 5*time.Minute, "fanning the backlog out", nothingPending(ctx, pool)); err != nil {
+			return err
+		}
+		var err error
+		lat, lost, err = steadyFresh(ctx, pool, rate, func() error {
+			start := time.Now()
+			if err := outbox.ResumeSubscriber(ctx, pool, "owed"); err != nil {
+				return err
+			}
+			if err := waitFor(ctx, 10*time.Minute, "draining the owed pairs", nothingOwed(ctx, pool)); err != nil {
+				return err
+			}
+			d = time.Since(start)
+			return nil
+		})
+		return err
+	})
 	return d, lat, lost, err
 }
 
 // steadyFresh runs during while a writer records "fresh" events at rate
-// (none at 0), and collects their commit→fanned latencies in lat (those
-// never fanned out within 10 s of the end count in lost).
-func steadyFresh(ctx context.Context, pool *pgxpool.Pool, rate int, during func() error, lat *[]time.Duration, lost *int) error {
+// (none at 0), and returns their commit→fanned latencies (those never
+// fanned out within 10 s of the end count as lost).
+func steadyFresh(ctx context.Context, pool *pgxpool.Pool, rate int, during func() error) (lat []time.Duration, lost int, err error) {
 	if rate <= 0 {
-		return during()
+		return nil, 0, during()
 	}
 	fl, stopListening, err := listenFanned(ctx, pool)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	defer stopListening()
 
@@ -206,7 +214,7 @@ func steadyFresh(ctx context.Context, pool *pgxpool.Pool, rate int, during func(
 		err = werr
 	}
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	_ = waitFor(ctx, 10*time.Second, "fresh events", func() (bool, error) {
 		fl.mu.Lock()
@@ -215,9 +223,7 @@ func steadyFresh(ctx context.Context, pool *pgxpool.Pool, rate int, during func(
 	})
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	*lat = append(*lat, fl.lat...)
-	*lost += len(fl.pending)
-	return nil
+	return fl.lat, len(fl.pending), nil
 }
 
 // freshDrain times one relay fanning out n pending events of the "owed"
@@ -247,28 +253,19 @@ func freshDrain(ctx context.Context, h *harness, o Options, n int) (time.Duratio
 
 // freshAlone measures commit→fanned of fresh events at rate for d on a
 // fresh database with one relay and no backlog.
-func freshAlone(ctx context.Context, h *harness, o Options, rate int, d time.Duration) ([]time.Duration, int, error) {
-	pool, err := h.database(ctx, 20)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer h.drop(ctx)
-	defer pool.Close()
-	stop, err := backlogRelays(ctx, pool, o, 1, false)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer stop()
-	var lat []time.Duration
-	lost := 0
-	err = steadyFresh(ctx, pool, rate, func() error {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(d):
-			return nil
-		}
-	}, &lat, &lost)
+func freshAlone(ctx context.Context, h *harness, o Options, rate int, d time.Duration) (lat []time.Duration, lost int, err error) {
+	err = withBacklogRelays(ctx, h, o, 1, false, func(pool *pgxpool.Pool) error {
+		var err error
+		lat, lost, err = steadyFresh(ctx, pool, rate, func() error {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(d):
+				return nil
+			}
+		})
+		return err
+	})
 	return lat, lost, err
 }
 
@@ -276,85 +273,74 @@ func freshAlone(ctx context.Context, h *harness, o Options, rate int, d time.Dur
 // with relays relays, and returns each event's commit→job-inserted latency
 // (the job's created_at is its inserting transaction's start, on the same
 // machine's clock).
-func orderedCommitToJob(ctx context.Context, h *harness, o Options, relays, rate int, d time.Duration) ([]time.Duration, int, error) {
-	pool, err := h.database(ctx, int32(10+5*relays))
-	if err != nil {
-		return nil, 0, err
-	}
-	defer h.drop(ctx)
-	defer pool.Close()
-	stop, err := backlogRelays(ctx, pool, o, relays, true)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer stop()
-	committed := map[uuid.UUID]time.Time{}
-	writers := 8
-	total := int(d.Seconds() * float64(rate))
-	var (
-		next  atomic.Int64
-		mu    = make(chan struct{}, 1)
-		g     errgroup.Group
-		start = time.Now()
-	)
-	for range writers {
-		g.Go(func() error {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(total) {
-					return nil
-				}
-				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
-				var id uuid.UUID
-				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					e, err := events.Record(ctx, tx, events.Event{Type: "owed.changed", Subject: fmt.Sprintf("account:%d", i%200)})
-					id = e.ID
-					return err
-				}); err != nil {
-					return err
-				}
-				at := time.Now()
-				mu <- struct{}{}
-				committed[id] = at
-				<-mu
-			}
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return nil, 0, err
-	}
-	if err := waitFor(ctx, 2*time.Minute, "ordered events' jobs", func() (bool, error) {
-		var left int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events e
-			WHERE e.type = 'owed.changed' AND (e.fanout IS NULL OR NOT e.fanout ? 'owed')`).Scan(&left)
-		return left == 0, err
-	}); err != nil {
-		return nil, 0, err
-	}
-	rows, err := pool.Query(ctx, `SELECT e.id, j.created_at FROM outbox_events e
-		JOIN river_job j ON j.id = (e.fanout->>'owed')::bigint WHERE e.type = 'owed.changed'`)
-	if err != nil {
-		return nil, 0, err
-	}
-	var lat []time.Duration
-	seen := 0
-	for rows.Next() {
+func orderedCommitToJob(ctx context.Context, h *harness, o Options, relays, rate int, d time.Duration) (lat []time.Duration, lost int, err error) {
+	err = withBacklogRelays(ctx, h, o, relays, true, func(pool *pgxpool.Pool) error {
 		var (
-			id uuid.UUID
-			at time.Time
+			mu        sync.Mutex
+			committed = map[uuid.UUID]time.Time{}
+			next      atomic.Int64
+			g         errgroup.Group
+			total     = int(d.Seconds() * float64(rate))
+			start     = time.Now()
 		)
-		if err := rows.Scan(&id, &at); err != nil {
-			return nil, 0, err
+		for range 8 { // writers
+			g.Go(func() error {
+				for {
+					i := next.Add(1) - 1
+					if i >= int64(total) {
+						return nil
+					}
+					time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+					var id uuid.UUID
+					if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+						e, err := events.Record(ctx, tx, events.Event{Type: "owed.changed", Subject: fmt.Sprintf("account:%d", i%200)})
+						id = e.ID
+						return err
+					}); err != nil {
+						return err
+					}
+					at := time.Now()
+					mu.Lock()
+					committed[id] = at
+					mu.Unlock()
+				}
+			})
 		}
-		if c, ok := committed[id]; ok {
-			seen++
-			lat = append(lat, max(0, at.Sub(c)))
+		if err := g.Wait(); err != nil {
+			return err
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, err
-	}
-	return lat, len(committed) - seen, nil
+		if err := waitFor(ctx, 2*time.Minute, "ordered events' jobs", func() (bool, error) {
+			var left int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events e
+				WHERE e.type = 'owed.changed' AND (e.fanout IS NULL OR NOT e.fanout ? 'owed')`).Scan(&left)
+			return left == 0, err
+		}); err != nil {
+			return err
+		}
+		rows, err := pool.Query(ctx, `SELECT e.id, j.created_at FROM outbox_events e
+			JOIN river_job j ON j.id = (e.fanout->>'owed')::bigint WHERE e.type = 'owed.changed'`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		seen := 0
+		for rows.Next() {
+			var (
+				id uuid.UUID
+				at time.Time
+			)
+			if err := rows.Scan(&id, &at); err != nil {
+				return err
+			}
+			if c, ok := committed[id]; ok {
+				seen++
+				lat = append(lat, max(0, at.Sub(c)))
+			}
+		}
+		lost = len(committed) - seen
+		return rows.Err()
+	})
+	return lat, lost, err
 }
 
 func runBacklog(ctx context.Context, h *harness, o Options, rep *Report) error {

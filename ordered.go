@@ -444,15 +444,10 @@ func (orderedArgs) Kind() string { return "" }
 // client's driver.
 type beginFunc func(ctx context.Context) (pgx.Tx, error)
 
-// completeOrdered completes an ordered job whose handler succeeded, in a
+// completeInChain completes an ordered job whose handler succeeded, in a
 // transaction of its own that also moves its chain on (releasing the next
-// job), so that a crash does neither or both. A refused completion is
-// settled by settleRefusal.
-func completeOrdered(ctx context.Context, begin beginFunc, sql *statements.Set, job *rivertype.JobRow) error {
-	return settleRefusal(ctx, begin, sql, job, completeInChain(ctx, begin, sql, job))
-}
-
-// completeInChain is completeOrdered before its refusal is settled.
+// job), so that a crash does neither or both: OrderedMiddleware's
+// completion. A refusal is a *chainRefusal.
 func completeInChain(ctx context.Context, begin beginFunc, sql *statements.Set, job *rivertype.JobRow) error {
 	tx, err := begin(ctx)
 	if err != nil {
@@ -466,6 +461,253 @@ func completeInChain(ctx context.Context, begin beginFunc, sql *statements.Set, 
 		return fmt.Errorf("events: completing ordered job %d: %w", job.ID, err)
 	}
 	return tx.Commit(ctx)
+}
+
+// Running on in a chain: River gives a worker the head of a chain; once
+// its handler succeeds, the statement that completes it takes the jobs
+// waiting right behind it (outbox_chain_complete, migration 012), and the
+// worker runs those at once, in chain order, and completes them together in
+// the statement that takes the next ones, and so on: a subject's waiting
+// events cost one statement per batch, not four round trips and a River
+// fetch each.
+const (
+	// chainRunFor bounds how long a worker runs on in the chain River gave
+	// it (and at most half the job's timeout): then it releases the next
+	// job for River's fetch, so that River's stop and its other queues'
+	// jobs do not wait on a long chain.
+	chainRunFor = time.Second
+	// chainTake is how many waiting jobs a completion takes at most.
+	chainTake = 50
+	// riverMaxAttemptedBy is River's cap on a job's attempted_by (its
+	// producer's maxAttemptedBy, v0.51.2), kept when a completion takes
+	// jobs as River's fetch would.
+	riverMaxAttemptedBy = 100
+	// handBackTimeout bounds giving taken jobs back to River.
+	handBackTimeout = 10 * time.Second
+)
+
+// runChain runs job, an ordered Handle or HandleTx subscriber's that River
+// gave this worker, and then the jobs of its chain that its completion
+// takes. The taken jobs run one at a time, in chain order, on this worker:
+// still one handler at a time per subject. They complete together, fenced
+// like the first on the chain's head and on each job's attempt. When a
+// taken job's handler fails (or panics), the jobs not completed go back to
+// River (handBack): the failed one with its attempt counted and its error
+// recorded, as River records a failed attempt (River runs it again at once,
+// then with its own retries), the others as they were before they were
+// taken. HandleTx runs a batch in one transaction: a failure rolls the
+// whole batch back. The job River gave is done by then; its outcome is
+// what runChain returns.
+func (w *handleWorker) runChain(ctx context.Context, sub *subscription, job *rivertype.JobRow, e Event) error {
+	var takeBy *string
+	if client, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
+		id := client.ID()
+		takeBy = &id
+	}
+	// Taking ends after chainRunFor; a taken job starts no later than
+	// twice that, and never past the job's deadline (River's JobTimeout):
+	// River's rescuer gives a job to another worker only once it has run
+	// for RescueStuckJobsAfter, which River keeps at least JobTimeout, so
+	// a worker that hung (a zombie) and woke up gives the rest back rather
+	// than run a later event of its subject beside the live run.
+	now := time.Now()
+	until, stopBy := now.Add(chainRunFor), now.Add(2*chainRunFor)
+	if d, ok := ctx.Deadline(); ok {
+		until, stopBy = minTime(until, now.Add(time.Until(d)/2)), minTime(stopBy, d)
+	}
+	by := func() *string {
+		if time.Now().Before(until) && ctx.Err() == nil {
+			return takeBy
+		}
+		return nil
+	}
+	// A job River started before its turn (given back to River while jobs
+	// before it wait) waits for it without running its handler.
+	var early bool
+	if err := w.pool.QueryRow(ctx, w.sql.Ordered.ChainOutOfTurn, job.ID).Scan(&early); err != nil {
+		return fmt.Errorf("events: ordered job %d: %w", job.ID, err)
+	}
+	if early {
+		return river.JobSnooze(outOfTurnSnooze)
+	}
+	batch, err := w.runBatch(ctx, sub, []*rivertype.JobRow{job}, []Event{e}, by(), time.Time{})
+	if err != nil {
+		return settleRefusal(ctx, w.pool.Begin, w.sql, job, err)
+	}
+	for len(batch) > 0 {
+		evs := make([]Event, len(batch))
+		for i, j := range batch {
+			var args HandleArgs
+			err := json.Unmarshal(j.EncodedArgs, &args)
+			if err == nil && args.Subscriber != sub.Name {
+				err = fmt.Errorf("its subscriber is %q", args.Subscriber)
+			}
+			if err != nil {
+				w.handBack(ctx, sub, batch, nil, fmt.Errorf("events: job %d is not a handler job of subscriber %q: %w", j.ID, sub.Name, err))
+				return nil
+			}
+			evs[i] = args.Event
+		}
+		if batch, err = w.runBatch(ctx, sub, batch, evs, by(), stopBy); err != nil {
+			return nil // given back
+		}
+	}
+	return nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// errRunOnStale stops a worker from starting a taken job after stopBy.
+var errRunOnStale = errors.New("events: the worker ran on in its chain for too long: gave the jobs it took back to River")
+
+// runBatch runs jobs (a chain's head, then the jobs behind it) with their
+// events es, and completes them in their chain, taking the next jobs by
+// takeBy (nil: releasing the next). Taken jobs (stopBy set) start only
+// before stopBy. For them, a failure gives back the jobs not completed (see
+// runChain) and is returned; a panic is a failure (River recovers only the
+// panics of the job it gave).
+func (w *handleWorker) runBatch(ctx context.Context, sub *subscription, jobs []*rivertype.JobRow, es []Event, takeBy *string, stopBy time.Time) (next []*rivertype.JobRow, err error) {
+	taken := !stopBy.IsZero()
+	done, failed := 0, -1 // jobs that ran to the end; the job whose handler failed
+	start := func(i int) error {
+		if taken && !time.Now().Before(stopBy) {
+			failed = -1
+			return errRunOnStale
+		}
+		failed = i
+		return nil
+	}
+	if taken {
+		defer func() {
+			if p := recover(); p != nil {
+				err = panicError(fmt.Sprintf("subscriber %q's handler", sub.Name), p)
+			}
+			if err == nil {
+				return
+			}
+			next = nil
+			var failedID *int64
+			if failed >= 0 {
+				failedID = &jobs[failed].ID
+			}
+			w.handBack(ctx, sub, jobs[done:], failedID, err)
+			if done > 0 {
+				if _, cerr := completeAndTake(ctx, w.pool, w.sql, jobs[:done], nil); cerr != nil {
+					w.logger.ErrorContext(ctx, "events: completing ordered jobs run on in their chain failed", slog.String("err", cerr.Error()))
+				}
+			}
+		}()
+	}
+	if sub.Handle != nil {
+		for i, e := range es {
+			done = i // jobs[:i] ran: completed if a later one fails
+			if err := start(i); err != nil {
+				return nil, err
+			}
+			if err := sub.Handle(withJob(ctx, jobs[i]), e); err != nil {
+				return nil, err
+			}
+		}
+		failed, done = -1, len(es)
+		next, err := completeAndTake(ctx, w.pool, w.sql, jobs, takeBy)
+		if err != nil {
+			done = 0 // not completed: given back, not counted
+		}
+		return next, err
+	}
+	// The handlers' writes, the completions and the take commit together,
+	// or none of them.
+	err = pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		for i, e := range es {
+			if err := start(i); err != nil {
+				return err
+			}
+			if err := sub.HandleTx(withJob(ctx, jobs[i]), tx, e); err != nil {
+				return err
+			}
+		}
+		failed = -1
+		next, err = completeAndTake(ctx, tx, w.sql, jobs, takeBy)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	done = len(jobs)
+	return next, nil
+}
+
+// completeAndTake completes jobs in their chain (ChainComplete) and returns
+// the next jobs of the chain if takeBy took them, none if the next was
+// released (or the chain is empty). A refusal is a *chainRefusal, and
+// nothing is done.
+func completeAndTake(ctx context.Context, db DB, sql *statements.Set, jobs []*rivertype.JobRow, takeBy *string) ([]*rivertype.JobRow, error) {
+	ids, attempts := make([]int64, len(jobs)), make([]int32, len(jobs))
+	for i, j := range jobs {
+		ids[i], attempts[i] = j.ID, int32(j.Attempt)
+	}
+	rows, err := db.Query(ctx, sql.Ordered.ChainComplete, ids, attempts, nilIfEmpty(sql.Schema), takeBy, chainTake, riverMaxAttemptedBy)
+	if err != nil {
+		return nil, fmt.Errorf("events: completing ordered job %d: %w", ids[0], err)
+	}
+	var (
+		outcome string
+		next    []*rivertype.JobRow
+		now     = time.Now()
+	)
+	for rows.Next() {
+		var (
+			id, attempt, maxAttempts *int64
+			args                     []byte
+			tags                     []string
+			queue                    *string
+		)
+		if err := rows.Scan(&outcome, &id, &attempt, &args, &tags, &maxAttempts, &queue); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("events: completing ordered job %d: %w", ids[0], err)
+		}
+		if id != nil {
+			next = append(next, &rivertype.JobRow{ID: *id, Attempt: int(*attempt), AttemptedAt: &now, EncodedArgs: args, Kind: jobs[0].Kind,
+				MaxAttempts: int(*maxAttempts), Queue: *queue, State: rivertype.JobStateRunning, Tags: tags})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("events: completing ordered job %d: %w", ids[0], err)
+	}
+	switch outcome {
+	case "advanced", "completed":
+	default:
+		return nil, &chainRefusal{jobID: ids[0], attempt: jobs[0].Attempt, outcome: outcome}
+	}
+	return next, nil
+}
+
+// handBack gives taken jobs that did not run to the end back to River
+// (ChainHandBack): the one whose handler failed (failed, or nil) with its
+// attempt counted and cause recorded, the others not counted; the chain's
+// head available. A job no longer running in its attempt is left alone.
+func (w *handleWorker) handBack(ctx context.Context, sub *subscription, jobs []*rivertype.JobRow, failed *int64, cause error) {
+	if len(jobs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
+	defer cancel()
+	ids, attempts := make([]int64, len(jobs)), make([]int32, len(jobs))
+	for i, j := range jobs {
+		ids[i], attempts[i] = j.ID, int32(j.Attempt)
+	}
+	attrs := []any{slog.String("subscriber", sub.Name), slog.Int64("job_id", ids[0]), slog.Int("jobs", len(ids)), slog.String("err", cause.Error())}
+	if _, err := w.pool.Exec(ctx, w.sql.Ordered.ChainHandBack, ids, attempts, nilIfEmpty(w.sql.Schema), failed, cause.Error()); err != nil {
+		w.logger.ErrorContext(ctx, "events: ordered jobs run on in their chain failed, and giving them back to River failed too: River rescues them",
+			append(attrs, slog.String("hand_back_err", err.Error()))...)
+		return
+	}
+	w.logger.WarnContext(ctx, "events: an ordered job run on in its chain failed: gave it back to River", attrs...)
 }
 
 // advanceSelfCompleted moves on the chain of a job that its worker

@@ -92,6 +92,10 @@ func TestOrderedWorkerProcess(t *testing.T) {
 	select {} // until killed
 }
 
+// chaosJobTimeout is the clients' JobTimeout: the test's rescuer gives a
+// hung run's job to another worker only after it, as River's does.
+const chaosJobTimeout = 2 * time.Second
+
 // chaosLogApp starts the application_name of the log pools, which the
 // chaos never terminates.
 const chaosLogApp = "ordered-chaos-log"
@@ -113,17 +117,6 @@ type chaosArgs struct {
 
 func (chaosArgs) Kind() string { return "test.ordered_feed" }
 
-// jobKey carries the River job into a handler's context (HandleTx gets only
-// the event), for the run log.
-type jobKey struct{}
-
-// jobInContext is a worker middleware that puts the job in the context.
-type jobInContext struct{ river.MiddlewareDefaults }
-
-func (*jobInContext) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
-	return doInner(context.WithValue(ctx, jobKey{}, job))
-}
-
 // chaosHandlers are the checker's subscribers' handlers, in the test process
 // or in a child.
 type chaosHandlers struct {
@@ -131,7 +124,7 @@ type chaosHandlers struct {
 	proc string
 	// zombie, when set (the test process), decides whether a run hangs as a
 	// zombie, and hangs it.
-	zombie func(ctx context.Context, job *rivertype.JobRow, e Event)
+	zombie func(ctx context.Context, job *rivertype.JobRow, e Event) bool
 }
 
 // fails decides, the same way in every process, whether an attempt fails:
@@ -175,13 +168,14 @@ func work(ctx context.Context) error {
 func (h *chaosHandlers) subscribers() []Subscriber {
 	ledger := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true, InsertOpts: &river.InsertOpts{MaxAttempts: 4},
 		HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
-			job, _ := ctx.Value(jobKey{}).(*rivertype.JobRow)
+			job := JobFromContext(ctx)
 			run, started, err := h.begin(ctx, "ledger", job, e)
 			if err != nil {
 				return err
 			}
-			if h.zombie != nil {
-				h.zombie(ctx, job, e)
+			if h.zombie != nil && h.zombie(ctx, job, e) {
+				// A stuck worker ignores its context to the end.
+				ctx = context.WithoutCancel(ctx)
 			}
 			if err := work(ctx); err != nil {
 				h.end(ctx, run, "cancelled")
@@ -235,8 +229,8 @@ func (h *chaosHandlers) client(t testing.TB, pool *pgxpool.Pool, relay *Relay, i
 		ID: id, Logger: quietLogger(), Workers: workers,
 		Queues:        map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 6}},
 		FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 100 * time.Millisecond,
-		RetryPolicy: immediateRetry{},
-		Middleware:  []rivertype.Middleware{&jobInContext{}, &OrderedMiddleware{}},
+		JobTimeout: chaosJobTimeout, RetryPolicy: immediateRetry{},
+		Middleware: []rivertype.Middleware{&OrderedMiddleware{}},
 	})
 	require.NoError(t, err)
 	return client
@@ -312,10 +306,11 @@ func zombieRun(subject string, n, attempt int) bool {
 }
 
 // maybeZombie hangs a zombie run, ignoring the context, as a stuck worker
-// does, until another run of the job has begun (or ten seconds passed).
-func (c *orderedChaos) maybeZombie(_ context.Context, job *rivertype.JobRow, e Event) {
+// does, until another run of the job has begun (or ten seconds passed),
+// and reports whether it did.
+func (c *orderedChaos) maybeZombie(_ context.Context, job *rivertype.JobRow, e Event) bool {
 	if !zombieRun(e.Subject, chaosN(e), job.Attempt) {
-		return
+		return false
 	}
 	ch := make(chan struct{})
 	c.zmu.Lock()
@@ -326,6 +321,7 @@ func (c *orderedChaos) maybeZombie(_ context.Context, job *rivertype.JobRow, e E
 	case <-ch:
 	case <-time.After(10 * time.Second):
 	}
+	return true
 }
 
 // rescuer plays River's rescuer for the zombies: it gives a hung job to
@@ -346,7 +342,11 @@ func (c *orderedChaos) rescuer(stop <-chan struct{}) {
 		}
 		c.zmu.Lock()
 		for k, ch := range c.zombies {
-			_, _ = c.admin.Exec(ctx, "UPDATE river_job SET state = 'available', attempted_by = NULL WHERE id = $1 AND state = 'running' AND attempt = $2", k[0], k[1])
+			// Only once the run is older than the clients' JobTimeout, as
+			// River's rescuer (RescueStuckJobsAfter is at least JobTimeout).
+			_, _ = c.admin.Exec(ctx, `UPDATE river_job SET state = 'available', attempted_by = NULL
+				WHERE id = $1 AND state = 'running' AND attempt = $2 AND attempted_at < now() - $3::bigint * interval '1 microsecond'`,
+				k[0], k[1], (chaosJobTimeout + chaosJobTimeout/4).Microseconds())
 			var later bool
 			if err := c.admin.QueryRow(ctx, "SELECT attempt > $2 FROM river_job WHERE id = $1", k[0], k[1]).Scan(&later); err == nil && later {
 				close(ch)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/standmeet/events/internal/logging"
 	"github.com/standmeet/events/internal/statements"
@@ -89,6 +90,24 @@ type handleWorker struct {
 	lookup func(name string) *subscription
 }
 
+// jobContextKey carries the River job a handler runs in its context.
+type jobContextKey struct{}
+
+// JobFromContext returns the River job that a Handle or HandleTx handler
+// runs, from the handler's ctx; nil elsewhere. An ordered subscriber's
+// worker runs the jobs waiting behind the one River gave it (see
+// [Subscriber.Ordered]): those jobs are not River's to start, so River's
+// worker middleware sees only the first, and this is how a handler knows
+// which job it runs (its ID, its attempt).
+func JobFromContext(ctx context.Context) *rivertype.JobRow {
+	job, _ := ctx.Value(jobContextKey{}).(*rivertype.JobRow)
+	return job
+}
+
+func withJob(ctx context.Context, job *rivertype.JobRow) context.Context {
+	return context.WithValue(ctx, jobContextKey{}, job)
+}
+
 // unknownSubscriberSnooze is how long a handler job waits when its
 // subscriber is active but unknown in this process: during a rolling deploy,
 // another process (the new release) may know it.
@@ -97,38 +116,28 @@ const unknownSubscriberSnooze = time.Minute
 func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) error {
 	sub := w.lookup(job.Args.Subscriber)
 	// An ordered subscriber's job (tagged so by the relay that inserted it)
-	// completes in its chain: the next job of its subject is released in
-	// the transaction that completes it (see ordered.go).
-	// One the previous release tagged though its event had no subject is
-	// in no chain: its completion finds none and completes it as an
-	// unordered job (advanceChain).
-	ordered := isOrderedJob(job.JobRow)
+	// completes in its chain, and the worker runs on with the jobs waiting
+	// behind it (runChain, ordered.go). One the previous release tagged
+	// though its event had no subject is in no chain: its completion finds
+	// none and completes it as an unordered job.
+	if sub != nil && isOrderedJob(job.JobRow) && (sub.Handle != nil || sub.HandleTx != nil) {
+		return w.runChain(ctx, sub, job.JobRow, job.Args.Event)
+	}
+	ctx = withJob(ctx, job.JobRow)
 	if sub != nil && sub.Handle != nil {
-		err := sub.Handle(ctx, job.Args.Event)
-		switch {
-		case !ordered:
-			return err
-		case err != nil:
-			return settleRefusal(ctx, w.pool.Begin, w.sql, job.JobRow, err)
-		}
-		return completeOrdered(ctx, w.pool.Begin, w.sql, job.JobRow)
+		return sub.Handle(ctx, job.Args.Event)
 	}
 	if sub != nil && sub.HandleTx != nil {
 		// The handler's writes and the job's completion in one transaction:
 		// both commit, or neither (a panic rolls back too, and River
 		// recovers it).
-		// Every run is fenced on its attempt, ordered or not: a run that
-		// outlived its rescue (River gave the job to another worker)
-		// commits nothing.
+		// Every run is fenced on its attempt: a run that outlived its rescue
+		// (River gave the job to another worker) commits nothing.
 		err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 			if err := sub.HandleTx(ctx, tx, job.Args.Event); err != nil {
 				return err
 			}
-			fence := fenceJob
-			if ordered {
-				fence = advanceChain
-			}
-			if err := fence(ctx, tx, w.sql, job.JobRow); err != nil {
+			if err := fenceJob(ctx, tx, w.sql, job.JobRow); err != nil {
 				return err // refused: the handler's writes roll back too
 			}
 			if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {

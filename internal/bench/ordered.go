@@ -21,11 +21,12 @@ import (
 // workload, each figure a ratio to the unordered run of the same size in the
 // same run. Subjects take turns (event i has subject i mod subjects), so
 // with 100 subjects every relay batch holds several events of each subject
-// (their jobs wait behind one another), and with 10,000 most hold one.
+// (their jobs wait behind one another), and with one (a hot subject) every
+// job waits behind the one before it.
 //
 //   - fan-out: one relay drains the backlog into River (an insert-only
 //     client): what placing the jobs in their chains costs the relay;
-//   - handled: the relay and a River client (50 workers, 5 ms fetch
+//   - handled: the relay and a River client (50 workers, 1 ms fetch
 //     cooldown) drain it until every job is completed: what running one
 //     subject at a time costs end to end;
 //   - round trips and rows written per event during "handled": every query,
@@ -36,7 +37,7 @@ import (
 //     commit to the handler's start.
 
 // orderedSizes are the subject counts of the section.
-var orderedSizes = []int{100, 10_000}
+var orderedSizes = []int{100, 1}
 
 // countingTracer counts round trips: queries, batches and copies.
 type countingTracer struct{ n atomic.Int64 }
@@ -121,7 +122,7 @@ func workingClient(pool *pgxpool.Pool, relay *events.Relay) (*river.Client[pgx.T
 	}
 	return river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quiet, Workers: workers,
 		Queues:        map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 50}},
-		FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 100 * time.Millisecond,
+		FetchCooldown: time.Millisecond, FetchPollInterval: 100 * time.Millisecond,
 		Middleware: []rivertype.Middleware{&events.OrderedMiddleware{}}})
 }
 
@@ -370,7 +371,12 @@ func runOrdered(ctx context.Context, h *harness, opts Options, rep *Report) erro
 			h.drop(ctx)
 		}
 		perSec := func(d time.Duration) float64 { return float64(n) / d.Seconds() }
-		name := func(s string) string { return fmt.Sprintf("%s, %d subjects", s, subjects) }
+		name := func(s string) string {
+			if subjects == 1 {
+				return s + ", one hot subject"
+			}
+			return fmt.Sprintf("%s, %d subjects", s, subjects)
+		}
 		rep.add("ordered", name("fan-out, unordered"), perSec(fan[0]), "events/s")
 		rep.add("ordered", name("fan-out, ordered"), perSec(fan[1]), "events/s")
 		rep.add("ordered", name("fan-out, ordered ÷ unordered"), perSec(fan[1])/perSec(fan[0]), "×")

@@ -1,11 +1,13 @@
 package statements
 
 // Ordered is the statements of ordered subscribers' chains (ordered.sql).
-// The chain logic itself lives in SQL functions (migration 008); these call
+// The chain logic itself lives in SQL functions (migrations 008 and 012); these call
 // them, and append what a round's stamp adds.
 type Ordered struct {
 	ChainPrepare, ChainAppend, ChainDefer string
 	ChainAdvance, ChainSweep              string
+	ChainComplete, ChainHandBack          string
+	ChainOutOfTurn                        string
 	ChainRelease, ChainDropEmpty          string
 	ChainRescue                           string
 	ChainResume, ChainSkip                string

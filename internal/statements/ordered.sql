@@ -68,6 +68,56 @@ ON CONFLICT (event_seq, subscriber) DO UPDATE SET deferrals = d.deferrals + 1,
 SELECT outcome, next_job
   FROM /* TEMPLATE: schema */outbox_chain_advance($1::bigint, $2::integer, concat(coalesce($3::text, current_schema()), '.river_insert'));
 
+-- name: ChainComplete
+-- outbox_chain_complete ($1 jobs, the chain's head first, $2 their
+-- attempts, $3 schema or NULL for River's channel, $4 the River client's ID
+-- to take the next jobs by, or NULL to release the next, $5 how many to take
+-- at most, $6 River's cap on attempted_by): the outcome, and the jobs taken.
+SELECT outcome, job_id, attempt, args, tags, max_attempts, queue
+  FROM /* TEMPLATE: schema */outbox_chain_complete($1::bigint[], $2::integer[], concat(coalesce($3::text, current_schema()), '.river_insert'),
+       $4::text, $5::integer, $6::integer);
+
+-- name: ChainOutOfTurn
+-- Whether job $1 is in a chain but not its head: River started it before
+-- its turn (it was given back to River, by River's rescuer or by hand,
+-- while jobs before it still wait).
+SELECT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l
+                 JOIN /* TEMPLATE: schema */outbox_chains c ON c.subscriber = l.subscriber AND c.subject = l.subject
+                WHERE l.job_id = $1 AND c.head_job IS DISTINCT FROM l.job_id);
+
+-- name: ChainHandBack
+-- Gives jobs $1, taken by a completion (ChainComplete) in attempts $2 and
+-- not run to the end, back to River. Job $4 (NULL for none) is the one whose
+-- handler failed, with error $5: its attempt counts, as River counts a
+-- failed attempt (the error recorded; discarded once its attempts are
+-- spent), and, if it is the chain's head, River runs it again at once, with
+-- its own retries from there. The others are as they were before they were
+-- taken, their attempt not counted: the head available, the jobs behind it
+-- pending. River's insert notification on channel
+-- "<$3 or current schema>.river_insert" wakes its producers.
+WITH h AS (
+    SELECT u.id, u.att, u.id = $4 AS failed,
+           EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l
+                     JOIN /* TEMPLATE: schema */outbox_chains c ON c.subscriber = l.subscriber AND c.subject = l.subject
+                    WHERE l.job_id = u.id AND c.head_job = u.id) AS head
+      FROM unnest($1::bigint[], $2::integer[]) AS u(id, att)),
+back AS (
+    UPDATE /* TEMPLATE: schema */river_job AS j
+       SET state = CASE WHEN h.failed AND j.attempt >= j.max_attempts THEN 'discarded'::/* TEMPLATE: schema */river_job_state
+                        WHEN h.head THEN 'available'::/* TEMPLATE: schema */river_job_state
+                        ELSE 'pending'::/* TEMPLATE: schema */river_job_state END,
+           finalized_at = CASE WHEN h.failed AND j.attempt >= j.max_attempts THEN now() ELSE j.finalized_at END,
+           errors = CASE WHEN h.failed THEN array_append(j.errors, jsonb_build_object('at', now(), 'attempt', j.attempt, 'error', $5::text, 'trace', ''))
+                         ELSE j.errors END,
+           attempt = CASE WHEN h.failed THEN j.attempt ELSE j.attempt - 1 END,
+           attempted_at = CASE WHEN h.failed OR j.attempt > 1 THEN j.attempted_at END,
+           attempted_by = CASE WHEN h.failed THEN j.attempted_by ELSE j.attempted_by[1:array_length(j.attempted_by, 1) - 1] END
+      FROM h
+     WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.att
+    RETURNING j.queue, j.state)
+SELECT pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', queue)::text)
+  FROM back WHERE state = 'available';
+
 -- name: ChainSweep
 -- outbox_chain_sweep ($1 subscribers, $2 those that continue past a
 -- discarded head, $3 limit, $4 schema or NULL for River's channel, $5 the
@@ -137,7 +187,19 @@ up AS (
                         ' stopped heartbeating while it ran this ordered job: given back to River'))
       FROM dead d
      WHERE j.id = d.id
-    RETURNING j.id, j.queue, j.state::text AS state, d.client)
+    RETURNING j.id, j.queue, j.state::text AS state, d.client),
+-- The jobs behind such a head that the dead run had taken to run on
+-- (outbox_chain_complete) go back to pending, their attempt not counted:
+-- they follow the head in their turn.
+behind AS (
+    UPDATE /* TEMPLATE: schema */river_job AS j
+       SET state = 'pending'::/* TEMPLATE: schema */river_job_state, attempt = j.attempt - 1,
+           attempted_at = CASE WHEN j.attempt = 1 THEN NULL ELSE j.attempted_at END,
+           attempted_by = j.attempted_by[1:array_length(j.attempted_by, 1) - 1]
+      FROM dead d
+      JOIN /* TEMPLATE: schema */outbox_chain_jobs h ON h.job_id = d.id
+      JOIN /* TEMPLATE: schema */outbox_chain_jobs l ON l.subscriber = h.subscriber AND l.subject = h.subject AND l.job_id <> d.id
+     WHERE j.id = l.job_id AND j.state = 'running' AND j.attempted_by[array_upper(j.attempted_by, 1)] = d.client)
 SELECT up.id, up.state, up.client,
        pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', up.queue)::text)
   FROM up;

@@ -1,0 +1,2 @@
+-- Back to version 011.
+DROP FUNCTION outbox_chain_complete(bigint[], integer[], text, text, integer, integer);

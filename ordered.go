@@ -28,8 +28,9 @@ import (
 // (outbox_chain_advance, migration 008).
 //
 // The order is the order in which relays append jobs to the chain: a round
-// appends while it holds the chain's row lock, in the transaction that
-// stamps the events, and a round never appends an event while an earlier
+// appends in the transaction that stamps the events, under the chain's row
+// lock (taken by the stamp, or, for a coalescing subscriber, by the round's
+// prepare), and a round never appends an event while an earlier
 // event of the subject is still owed to the subscriber elsewhere (not yet
 // fanned out, or an owed pair): it waits briefly for a round that is fanning
 // that event out, and otherwise defers its own (owes it as a pair, retried
@@ -110,7 +111,12 @@ func validateOrdered(s Subscriber, bad func(field, msg string, args ...any) erro
 
 // chainJob is a planned job's place in its chain.
 type chainJob struct {
-	pos int64
+	// late: the chain was not locked by the round's prepare (its subscriber
+	// does not coalesce); the job is inserted pending and appended, and
+	// released if it heads the chain, by the stamp (ChainAppendLate). pos,
+	// head and replaces are then unused.
+	late bool
+	pos  int64
 	// head: the chain was empty, so the job is its head and is inserted
 	// available; every other job of a chain is inserted pending.
 	head bool
@@ -138,6 +144,7 @@ type pairKey struct {
 // chains it appends to, and the pairs it defers.
 type chainPlan struct {
 	sql      *statements.Ordered
+	schema   string
 	deferred map[pairKey]bool
 	defSeqs  []int64
 	defSubs  []string
@@ -151,11 +158,13 @@ func (cp *chainPlan) isDeferred(seq int64, sub string) bool {
 	return cp != nil && cp.deferred[pairKey{seq, sub}]
 }
 
-// orderChains places a round's jobs of ordered subscribers in their chains:
-// it locks the chains (outbox_chain_prepare), marks each job as the head or
-// pending, and takes out of p the jobs that must wait for an earlier event
-// of their subject (still owed elsewhere, or failed in this round): their
-// pairs are deferred. A job of a coalescing subscriber whose chain has a
+// orderChains places a round's jobs of ordered subscribers in their chains
+// (outbox_chain_prepare): it takes out of p the jobs that must wait for an
+// earlier event of their subject (still owed elsewhere, or failed in this
+// round), whose pairs are deferred, and marks the others as late: inserted
+// pending, appended by the stamp, which locks their chains only then
+// (ChainAppendLate). A coalescing subscriber's chains are locked here: each
+// of its jobs is marked as the head or pending, and one whose chain has a
 // pending tail replaces that tail. Without ordered jobs it does nothing and
 // costs nothing.
 func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []claimedRow, p *roundPlan) (*chainPlan, error) {
@@ -193,7 +202,7 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 		subs, subjects, res []string
 		minSeqs, maxSeqs    []int64
 		counts              []int64
-		blocks              []bool
+		blocks, locks       []bool
 		// Never nil: pgx sends a nil slice as NULL, and "seq <> ALL(NULL)"
 		// is NULL, not true.
 		claimed, pairSeqs = []int64{}, []int64{}
@@ -212,6 +221,7 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 		maxSeqs = append(maxSeqs, carried(idx[len(idx)-1]))
 		res = append(res, re)
 		blocks = append(blocks, k.sub.OrderedOnDiscard == OrderedBlock)
+		locks = append(locks, k.sub.Coalesce)
 		counts = append(counts, int64(len(idx)))
 		index[[2]string{k.sub.Name, k.subject}] = k
 	}
@@ -225,11 +235,11 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 		}
 	}
 	rows, err := tx.Query(ctx, sql.ChainPrepare, subs, subjects, minSeqs, maxSeqs, res, blocks, counts, claimed, pairSeqs, pairSubs,
-		int32(orderedWait.Milliseconds()))
+		int32(orderedWait.Milliseconds()), locks)
 	if err != nil {
 		return nil, fmt.Errorf("preparing chains: %w", err)
 	}
-	cp := &chainPlan{sql: sql, deferred: map[pairKey]bool{}}
+	cp := &chainPlan{sql: sql, schema: r.sql.Schema, deferred: map[pairKey]bool{}}
 	seen := 0
 	for rows.Next() {
 		var (
@@ -266,6 +276,10 @@ func (r *Relay) orderChains(ctx context.Context, tx pgx.Tx, l lane, batch []clai
 		}
 		pos := nextPos - int64(len(idx))
 		for n, i := range idx[:cut] {
+			if !k.sub.Coalesce {
+				p.jobs[i].chain = &chainJob{late: true}
+				continue
+			}
 			pos++
 			cj := &chainJob{pos: pos, head: n == 0 && head == nil}
 			// A coalescing subscriber's job takes the pending tail's place
@@ -338,12 +352,42 @@ func (cp *chainPlan) queue(b *pgx.Batch, batch []claimedRow, jobs []plannedJob, 
 		rArgs                          []string
 		chainAt                        = map[[2]string]int{}
 	)
+	var (
+		aSubs, aSubjects, aTypes, aIDs []string
+		aJobs, aSeqs                   []int64
+		late                           = map[[2]string]int{}
+		nSubs, nSubjects               []string
+		nCounts, nFirst, nLast         []int64
+		firstSeq, lastSeq              []int64
+	)
 	for i, j := range jobs {
 		if j.chain == nil || results[i] == nil {
 			continue
 		}
 		e := batch[j.event]
 		id := results[i].Job.ID
+		if j.chain.late {
+			// In seq order within a chain: jobs are planned in the batch's
+			// order, and the SQL numbers them by seq.
+			aSubs, aSubjects, aJobs, aSeqs = append(aSubs, j.sub.Name), append(aSubjects, e.Subject), append(aJobs, id), append(aSeqs, e.Seq)
+			aIDs, aTypes = append(aIDs, e.ID.String()), append(aTypes, e.Type)
+			key := [2]string{j.sub.Name, e.Subject}
+			at, ok := late[key]
+			if !ok {
+				at = len(nSubs)
+				late[key] = at
+				nSubs, nSubjects, nCounts = append(nSubs, j.sub.Name), append(nSubjects, e.Subject), append(nCounts, 0)
+				nFirst, nLast, firstSeq, lastSeq = append(nFirst, id), append(nLast, id), append(firstSeq, e.Seq), append(lastSeq, e.Seq)
+			}
+			nCounts[at]++
+			if e.Seq < firstSeq[at] {
+				nFirst[at], firstSeq[at] = id, e.Seq
+			}
+			if e.Seq > lastSeq[at] {
+				nLast[at], lastSeq[at] = id, e.Seq
+			}
+			continue
+		}
 		lSubs, lSubjects, lPos, lJobs = append(lSubs, j.sub.Name), append(lSubjects, e.Subject), append(lPos, j.chain.pos), append(lJobs, id)
 		lSeqs, lIDs, lTypes = append(lSeqs, e.Seq), append(lIDs, e.ID.String()), append(lTypes, e.Type)
 		key := [2]string{j.sub.Name, e.Subject}
@@ -363,6 +407,9 @@ func (cp *chainPlan) queue(b *pgx.Batch, batch []claimedRow, jobs []plannedJob, 
 	}
 	if len(lJobs) > 0 {
 		b.Queue(cp.sql.ChainAppend, lSubs, lSubjects, lPos, lJobs, lSeqs, lIDs, lTypes, cSubs, cSubjects, cFirst, cLast, rIDs, rArgs)
+	}
+	if len(aJobs) > 0 {
+		b.Queue(cp.sql.ChainAppendLate, nSubs, nSubjects, nCounts, nFirst, nLast, aSubs, aSubjects, aJobs, aSeqs, aIDs, aTypes, nilIfEmpty(cp.schema))
 	}
 	if len(cp.defSeqs) > 0 {
 		b.Queue(cp.sql.ChainDefer, cp.defSeqs, cp.defSubs, deferBase.Microseconds(), deferMax.Microseconds(), cp.defDue)
@@ -482,8 +529,10 @@ const (
 	// producer's maxAttemptedBy, v0.51.2), kept when a completion takes
 	// jobs as River's fetch would.
 	riverMaxAttemptedBy = 100
-	// handBackTimeout bounds giving taken jobs back to River.
+	// handBackTimeout bounds giving taken jobs back to River, retried
+	// every handBackRetry.
 	handBackTimeout = 10 * time.Second
+	handBackRetry   = 100 * time.Millisecond
 )
 
 // runChain runs job, an ordered Handle or HandleTx subscriber's that River
@@ -597,9 +646,7 @@ func (w *handleWorker) runBatch(ctx context.Context, sub *subscription, jobs []*
 			}
 			w.handBack(ctx, sub, jobs[done:], failedID, err)
 			if done > 0 {
-				if _, cerr := completeAndTake(ctx, w.pool, w.sql, jobs[:done], nil); cerr != nil {
-					w.logger.ErrorContext(ctx, "events: completing ordered jobs run on in their chain failed", slog.String("err", cerr.Error()))
-				}
+				w.completeRan(ctx, jobs[:done])
 			}
 		}()
 	}
@@ -687,6 +734,30 @@ func completeAndTake(ctx context.Context, db DB, sql *statements.Set, jobs []*ri
 	return next, nil
 }
 
+// completeRan completes, after a later job of their batch failed, the
+// taken jobs whose handlers succeeded (releasing the next), retried like
+// handBack.
+func (w *handleWorker) completeRan(ctx context.Context, jobs []*rivertype.JobRow) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
+	defer cancel()
+	for {
+		_, err := completeAndTake(ctx, w.pool, w.sql, jobs, nil)
+		var ref *chainRefusal
+		if err == nil || errors.As(err, &ref) {
+			return
+		}
+		t := time.NewTimer(handBackRetry)
+		select {
+		case <-t.C:
+			continue
+		case <-ctx.Done():
+		}
+		t.Stop()
+		w.logger.ErrorContext(ctx, "events: completing ordered jobs run on in their chain failed", slog.String("err", err.Error()))
+		return
+	}
+}
+
 // handBack gives taken jobs that did not run to the end back to River
 // (ChainHandBack): the one whose handler failed (failed, or nil) with its
 // attempt counted and cause recorded, the others not counted; the chain's
@@ -702,7 +773,21 @@ func (w *handleWorker) handBack(ctx context.Context, sub *subscription, jobs []*
 		ids[i], attempts[i] = j.ID, int32(j.Attempt)
 	}
 	attrs := []any{slog.String("subscriber", sub.Name), slog.Int64("job_id", ids[0]), slog.Int("jobs", len(ids)), slog.String("err", cause.Error())}
-	if _, err := w.pool.Exec(ctx, w.sql.Ordered.ChainHandBack, ids, attempts, nilIfEmpty(w.sql.Schema), failed, cause.Error()); err != nil {
+	// Retried until it is done or handBackTimeout passes (it changes only
+	// jobs still running in their attempt): taken jobs that stay running
+	// under a live client wait for River's rescuer.
+	for {
+		_, err := w.pool.Exec(ctx, w.sql.Ordered.ChainHandBack, ids, attempts, nilIfEmpty(w.sql.Schema), failed, cause.Error())
+		if err == nil {
+			break
+		}
+		t := time.NewTimer(handBackRetry)
+		select {
+		case <-t.C:
+			continue
+		case <-ctx.Done():
+		}
+		t.Stop()
 		w.logger.ErrorContext(ctx, "events: ordered jobs run on in their chain failed, and giving them back to River failed too: River rescues them",
 			append(attrs, slog.String("hand_back_err", err.Error()))...)
 		return

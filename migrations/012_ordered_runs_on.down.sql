@@ -1,5 +1,6 @@
 -- Back to version 011.
 DROP FUNCTION outbox_chain_complete(bigint[], integer[], text, text, integer, integer);
+DROP FUNCTION outbox_chain_prepare(text[], text[], bigint[], bigint[], text[], boolean[], bigint[], bigint[], bigint[], text[], integer, boolean[]);
 
 -- outbox_chain_sweep as 008 made it.
 CREATE OR REPLACE FUNCTION outbox_chain_sweep(subs text[], continue_subs text[], lim integer, p_channel text, lock_class integer)

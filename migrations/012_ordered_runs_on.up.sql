@@ -175,3 +175,52 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- outbox_chain_prepare, a 12-argument overload: as 011's, but a chain whose
+-- lock is false is not locked (nor created) here. Its round inserts every
+-- job of it pending and locks the chain only in its stamp, to append them
+-- (the ChainAppendLate statement): a chain's row is then locked for the
+-- stamp, not for the whole round, so the workers that complete its head
+-- (which lock it too) do not wait for every round in flight. The order
+-- between rounds does not need the lock: a round waits for (or defers
+-- behind) a round that fans out an earlier event of the chain, on the
+-- event's row. A coalescing subscriber's chains are locked here still: its
+-- job may replace the pending tail instead of being inserted.
+CREATE FUNCTION outbox_chain_prepare(subs text[], subjects text[], min_seqs bigint[], max_seqs bigint[], res text[], blocks boolean[],
+    counts bigint[], claimed bigint[], pair_seqs bigint[], pair_subs text[], wait_ms integer, locks boolean[])
+RETURNS TABLE (subscriber text, subject text, head_job bigint, tail_job bigint, next_pos bigint, blocked boolean,
+    blocker_seq bigint, blocker_due timestamptz, tail_kind text, tail_seq bigint)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    seqs bigint[];
+    old_timeout text;
+BEGIN
+    SELECT array_agg(b.blocker_seq) INTO seqs
+      FROM outbox_chain_blockers(subs, subjects, min_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
+     WHERE b.blocker_seq IS NOT NULL;
+    IF seqs IS NOT NULL AND wait_ms > 0 THEN
+        old_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+            PERFORM 1 FROM outbox_events WHERE seq = ANY(seqs) FOR KEY SHARE;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL; -- still held: the blocker stays a blocker
+        END;
+    END IF;
+    RETURN QUERY
+    WITH up AS (
+        INSERT INTO outbox_chains AS c (subscriber, subject, next_pos)
+        SELECT u.sub, u.subj, u.n FROM unnest(subs, subjects, counts, locks) AS u(sub, subj, n, lk) WHERE u.lk ORDER BY u.sub, u.subj
+        ON CONFLICT ON CONSTRAINT outbox_chains_pkey DO UPDATE SET next_pos = c.next_pos + EXCLUDED.next_pos
+        RETURNING c.subscriber, c.subject, c.head_job, c.tail_job, c.next_pos, c.blocked_at IS NOT NULL AS blocked)
+    SELECT b.subscriber, b.subject, up.head_job, up.tail_job, coalesce(up.next_pos, 0::bigint), coalesce(up.blocked, false),
+        b.blocker_seq, b.blocker_due,
+        (SELECT j.kind FROM river_job j WHERE j.id = up.tail_job AND up.tail_job IS DISTINCT FROM up.head_job AND j.state = 'pending'),
+        (SELECT l.event_seq FROM outbox_chain_jobs l WHERE l.job_id = up.tail_job)
+      FROM outbox_chain_blockers(subs, subjects, max_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
+      LEFT JOIN up ON b.subscriber = up.subscriber AND b.subject = up.subject;
+END
+$$;

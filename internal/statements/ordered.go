@@ -5,6 +5,7 @@ package statements
 // them, and append what a round's stamp adds.
 type Ordered struct {
 	ChainPrepare, ChainAppend, ChainDefer string
+	ChainAppendLate                       string
 	ChainAdvance, ChainSweep              string
 	ChainComplete, ChainHandBack          string
 	ChainOutOfTurn                        string

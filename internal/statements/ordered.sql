@@ -8,15 +8,49 @@
 -- current_schema() for the search_path, and ".river_insert".
 
 -- name: ChainPrepare
--- Locks (creating if need be) the chains a round appends to and reports,
--- for each, the earliest event of its subject still owed to the subscriber
--- elsewhere (and when it is due), after waiting at most $11 ms for such an
--- event below the round's first of the chain that another round is fanning
--- out: outbox_chain_prepare's arguments, in order ($3 the chains' first
--- seqs, $4 their last).
+-- Reports, for each chain a round appends to, the earliest event of its
+-- subject still owed to the subscriber elsewhere (and when it is due),
+-- after waiting at most $11 ms for such an event below the round's first of
+-- the chain that another round is fanning out, and locks (creating if need
+-- be) the chains whose $12 is true (a coalescing subscriber's; the others
+-- are locked by ChainAppendLate): outbox_chain_prepare's arguments, in
+-- order ($3 the chains' first seqs, $4 their last).
 SELECT subscriber, subject, head_job, tail_job, next_pos, blocked, blocker_seq, blocker_due, tail_kind, tail_seq
   FROM /* TEMPLATE: schema */outbox_chain_prepare($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::boolean[],
-       $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::integer);
+       $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::integer, $12::boolean[]);
+
+-- name: ChainAppendLate
+-- Sent with the round's stamp: appends jobs inserted pending to chains that
+-- ChainPrepare did not lock. It locks (creating if need be) the chains ($1
+-- subscribers, $2 subjects, $3 how many jobs each, $4 the first job, $5 the
+-- last), hands out their positions, links the jobs ($6 subscribers, $7
+-- subjects, $8 job IDs, $9 event seqs, $10 event IDs, $11 event types; in
+-- seq order within a chain), and releases the first job of each chain that
+-- was empty: it is the head. River's insert notification on channel
+-- "<$12 or current schema>.river_insert" wakes its producers.
+WITH up AS (
+    INSERT INTO /* TEMPLATE: schema */outbox_chains AS c (subscriber, subject, next_pos, head_job, tail_job)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) AS u ORDER BY 1, 2
+    ON CONFLICT ON CONSTRAINT outbox_chains_pkey DO UPDATE
+       SET next_pos = c.next_pos + EXCLUDED.next_pos, head_job = coalesce(c.head_job, EXCLUDED.head_job), tail_job = EXCLUDED.tail_job
+    RETURNING c.subscriber, c.subject, c.next_pos, c.head_job),
+links AS (
+    SELECT u.*, count(*) OVER (PARTITION BY u.sub, u.subj) AS n,
+           row_number() OVER (PARTITION BY u.sub, u.subj ORDER BY u.seq) AS rn
+      FROM unnest($6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::text[]::uuid[], $11::text[]) AS u(sub, subj, job, seq, id, typ)),
+ins AS (
+    INSERT INTO /* TEMPLATE: schema */outbox_chain_jobs (subscriber, subject, pos, job_id, event_seq, event_id, event_type)
+    SELECT l.sub, l.subj, up.next_pos - l.n + l.rn, l.job, l.seq, l.id, l.typ
+      FROM links l JOIN up ON up.subscriber = l.sub AND up.subject = l.subj),
+rel AS (
+    UPDATE /* TEMPLATE: schema */river_job AS j
+       SET state = CASE WHEN j.scheduled_at > now() THEN 'scheduled'::/* TEMPLATE: schema */river_job_state
+                        ELSE 'available'::/* TEMPLATE: schema */river_job_state END
+      FROM up JOIN unnest($1::text[], $2::text[], $4::bigint[]) AS f(sub, subj, first_job) ON f.sub = up.subscriber AND f.subj = up.subject
+     WHERE up.head_job = f.first_job AND j.id = f.first_job AND j.state = 'pending'
+    RETURNING j.queue)
+SELECT pg_notify(concat(coalesce($12::text, current_schema()), '.river_insert'), json_build_object('queue', q.queue)::text)
+  FROM (SELECT DISTINCT queue FROM rel) q;
 
 -- name: ChainAppend
 -- Sent with the round's stamp: links ($1 subscribers, $2 subjects, $3

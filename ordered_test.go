@@ -1329,3 +1329,23 @@ func TestOrderedHungLiveWorkerKeepsItsJob(t *testing.T) {
 	require.Equal(t, "running", state, "a live worker's job was taken from it")
 	require.Equal(t, 1, attempt)
 }
+
+// The head of a chain that was empty is released by the round's stamp as
+// available, for River's next fetch: not scheduled (River's scheduler would
+// move it only seconds later), though River stamps the job with its own
+// clock, later than the round's transaction began.
+func TestOrderedHeadOfAnEmptyChainIsAvailableAtOnce(t *testing.T) {
+	t.Parallel()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	ledger := mapSub("ledger", false, "**")
+	ledger.Ordered = true
+	startNode(t, url, nodeOpts{noWork: true}, ledger)
+	es := recordEach(t, pool, Event{Type: "x", Subject: "a"}, Event{Type: "x", Subject: "b"})
+	waitFannedOut(t, pool, 30*time.Second)
+	rows, err := pool.Query(context.Background(), "SELECT state::text FROM river_job ORDER BY id")
+	require.NoError(t, err)
+	states, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"available", "available"}, states, "the heads of %d events' chains", len(es))
+}

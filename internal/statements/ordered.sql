@@ -43,8 +43,11 @@ ins AS (
     SELECT l.sub, l.subj, up.next_pos - l.n + l.rn, l.job, l.seq, l.id, l.typ
       FROM links l JOIN up ON up.subscriber = l.sub AND up.subject = l.subj),
 rel AS (
+    -- clock_timestamp(), not now(): River gives the job the inserting
+    -- client's clock, later than this transaction's start; a job a host
+    -- scheduled for later stays scheduled.
     UPDATE /* TEMPLATE: schema */river_job AS j
-       SET state = CASE WHEN j.scheduled_at > now() THEN 'scheduled'::/* TEMPLATE: schema */river_job_state
+       SET state = CASE WHEN j.scheduled_at > clock_timestamp() THEN 'scheduled'::/* TEMPLATE: schema */river_job_state
                         ELSE 'available'::/* TEMPLATE: schema */river_job_state END
       FROM up JOIN unnest($1::text[], $2::text[], $4::bigint[]) AS f(sub, subj, first_job) ON f.sub = up.subscriber AND f.subj = up.subject
      WHERE up.head_job = f.first_job AND j.id = f.first_job AND j.state = 'pending'

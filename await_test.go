@@ -303,12 +303,14 @@ func TestAwaiterKicksTheRelays(t *testing.T) {
 		e, err = Outbox{NotifyInterval: NotifyNever}.Record(ctx, tx, Event{Type: "quiet.commit"})
 		return err
 	}))
+	// Without the awaiter's kick the relay would look only at its next
+	// hourly poll: any receipt within 30 s was kicked, and only a stall
+	// misses that bound.
 	start := time.Now()
-	receipts, err := a.AwaitFanout(within(t, 5*time.Second), e.ID)
+	receipts, err := a.AwaitFanout(within(t, 30*time.Second), e.ID)
 	require.NoError(t, err)
 	require.Contains(t, receipts[0].Fanout, "audit")
 	t.Logf("receipt in %v", time.Since(start))
-	require.Less(t, time.Since(start), time.Second)
 }
 
 // The awaiter kicks the relays at once only when a transaction of this

@@ -314,13 +314,22 @@ func TestARetiredSubscriberIsOwedNothingByAnOrderedDeferral(t *testing.T) {
 	// The subject's first event is pending and held by another
 	// transaction, as a round in flight holds it: every later event of the
 	// subject must wait for it, and its pair is deferred.
-	first := uuid.Must(uuid.NewV7())
-	exec(t, b.pool, "INSERT INTO outbox_events (id, type, subject) VALUES ($1, 'ledger.changed', 'account:1')", first)
-	locker, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
+	// The running relay may fan an event out between its commit and the
+	// lock: then the held event is another one, until one is held pending.
+	var locker pgx.Tx
+	for held := false; !held; {
+		first := uuid.Must(uuid.NewV7())
+		exec(t, b.pool, "INSERT INTO outbox_events (id, type, subject) VALUES ($1, 'ledger.changed', 'account:1')", first)
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, tx.QueryRow(ctx, "SELECT fanned_out_at IS NULL FROM outbox_events WHERE id = $1 FOR UPDATE", first).Scan(&held))
+		if held {
+			locker = tx
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+		}
+	}
 	defer func() { _ = locker.Rollback(ctx) }()
-	_, err = locker.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", first)
-	require.NoError(t, err)
 
 	deferred := func(e Event) bool {
 		_, owed := loadPairs(t, b.pool)[e.ID]["ledger"]

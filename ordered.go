@@ -694,10 +694,7 @@ func (w *handleWorker) runBatch(ctx context.Context, sub *subscription, jobs []*
 // released (or the chain is empty). A refusal is a *chainRefusal, and
 // nothing is done.
 func completeAndTake(ctx context.Context, db DB, sql *statements.Set, jobs []*rivertype.JobRow, takeBy *string) ([]*rivertype.JobRow, error) {
-	ids, attempts := make([]int64, len(jobs)), make([]int32, len(jobs))
-	for i, j := range jobs {
-		ids[i], attempts[i] = j.ID, int32(j.Attempt)
-	}
+	ids, attempts := idsAndAttempts(jobs)
 	rows, err := db.Query(ctx, sql.Ordered.ChainComplete, ids, attempts, nilIfEmpty(sql.Schema), takeBy, chainTake, riverMaxAttemptedBy)
 	if err != nil {
 		return nil, fmt.Errorf("events: completing ordered job %d: %w", ids[0], err)
@@ -738,24 +735,47 @@ func completeAndTake(ctx context.Context, db DB, sql *statements.Set, jobs []*ri
 // taken jobs whose handlers succeeded (releasing the next), retried like
 // handBack.
 func (w *handleWorker) completeRan(ctx context.Context, jobs []*rivertype.JobRow) {
+	err := retryBriefly(ctx, func(ctx context.Context) error {
+		_, err := completeAndTake(ctx, w.pool, w.sql, jobs, nil)
+		if ref := (*chainRefusal)(nil); errors.As(err, &ref) {
+			return nil // not ours to complete any more
+		}
+		return err
+	})
+	if err != nil {
+		w.logger.ErrorContext(ctx, "events: completing ordered jobs run on in their chain failed", slog.String("err", err.Error()))
+	}
+}
+
+// retryBriefly runs f until it succeeds or handBackTimeout passes (even
+// once ctx is cancelled: what it does must not be left half done), every
+// handBackRetry, and returns its last error. f must be idempotent.
+func retryBriefly(ctx context.Context, f func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
 	defer cancel()
 	for {
-		_, err := completeAndTake(ctx, w.pool, w.sql, jobs, nil)
-		var ref *chainRefusal
-		if err == nil || errors.As(err, &ref) {
-			return
+		err := f(ctx)
+		if err == nil {
+			return nil
 		}
 		t := time.NewTimer(handBackRetry)
 		select {
 		case <-t.C:
-			continue
 		case <-ctx.Done():
+			t.Stop()
+			return err
 		}
-		t.Stop()
-		w.logger.ErrorContext(ctx, "events: completing ordered jobs run on in their chain failed", slog.String("err", err.Error()))
-		return
 	}
+}
+
+// idsAndAttempts returns jobs' IDs and attempts, as the chain statements
+// take them.
+func idsAndAttempts(jobs []*rivertype.JobRow) ([]int64, []int32) {
+	ids, attempts := make([]int64, len(jobs)), make([]int32, len(jobs))
+	for i, j := range jobs {
+		ids[i], attempts[i] = j.ID, int32(j.Attempt)
+	}
+	return ids, attempts
 }
 
 // handBack gives taken jobs that did not run to the end back to River
@@ -766,28 +786,14 @@ func (w *handleWorker) handBack(ctx context.Context, sub *subscription, jobs []*
 	if len(jobs) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
-	defer cancel()
-	ids, attempts := make([]int64, len(jobs)), make([]int32, len(jobs))
-	for i, j := range jobs {
-		ids[i], attempts[i] = j.ID, int32(j.Attempt)
-	}
+	ids, attempts := idsAndAttempts(jobs)
 	attrs := []any{slog.String("subscriber", sub.Name), slog.Int64("job_id", ids[0]), slog.Int("jobs", len(ids)), slog.String("err", cause.Error())}
-	// Retried until it is done or handBackTimeout passes (it changes only
-	// jobs still running in their attempt): taken jobs that stay running
-	// under a live client wait for River's rescuer.
-	for {
+	// It changes only jobs still running in their attempt. Taken jobs left
+	// running under a live client would wait for River's rescuer.
+	if err := retryBriefly(ctx, func(ctx context.Context) error {
 		_, err := w.pool.Exec(ctx, w.sql.Ordered.ChainHandBack, ids, attempts, nilIfEmpty(w.sql.Schema), failed, cause.Error())
-		if err == nil {
-			break
-		}
-		t := time.NewTimer(handBackRetry)
-		select {
-		case <-t.C:
-			continue
-		case <-ctx.Done():
-		}
-		t.Stop()
+		return err
+	}); err != nil {
 		w.logger.ErrorContext(ctx, "events: ordered jobs run on in their chain failed, and giving them back to River failed too: River rescues them",
 			append(attrs, slog.String("hand_back_err", err.Error()))...)
 		return

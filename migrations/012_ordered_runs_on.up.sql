@@ -21,7 +21,7 @@
 --
 -- Then, with p_take_by given (the River client's ID), up to p_take of the
 -- chain's next jobs are taken, in chain order and as long as each is
--- pending and due: made running in their next attempt by p_take_by, as
+-- pending, due and of p_jobs' kind: made running in their next attempt by p_take_by, as
 -- River's fetch makes a job running (JobGetAvailable: attempt,
 -- attempted_at, attempted_by trimmed to p_max_attempted_by), and returned
 -- for the caller to run, the head first. Otherwise the next job is released
@@ -90,10 +90,13 @@ BEGIN
             SELECT k.job_id, k.pos FROM outbox_chain_jobs k
              WHERE k.subscriber = l.subscriber AND k.subject = l.subject ORDER BY k.pos LIMIT p_take),
         run AS (
-            -- The prefix of them that is pending and due: a job that is not
-            -- (cancelled by hand, scheduled for later) ends the take.
+            -- The prefix of them that is pending, due and of the completed
+            -- jobs' kind: a job that is not (cancelled by hand, scheduled
+            -- for later, inserted by a release whose subscriber mapped its
+            -- events to jobs of its own) ends the take.
             SELECT nx.job_id, nx.pos,
-                   bool_and(j.state = 'pending' AND j.scheduled_at <= clock_timestamp()) OVER (ORDER BY nx.pos) AS ok
+                   bool_and(j.state = 'pending' AND j.scheduled_at <= clock_timestamp()
+                            AND j.kind = (SELECT h.kind FROM river_job h WHERE h.id = p_jobs[1])) OVER (ORDER BY nx.pos) AS ok
               FROM nx JOIN river_job j ON j.id = nx.job_id),
         tk AS (
             UPDATE river_job j

@@ -1349,3 +1349,58 @@ func TestOrderedHeadOfAnEmptyChainIsAvailableAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"available", "available"}, states, "the heads of %d events' chains", len(es))
 }
+
+// A worker runs on in its chain: the completion of a subject's head takes
+// the jobs waiting behind it, and the worker runs them at once, in order,
+// without River fetching each after the one before it completed — so a
+// taken job began (was taken) before the job ahead of it was completed.
+// JobFromContext names, for each run, the job whose event the handler got.
+func TestOrderedWorkerRunsOnInItsChain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var (
+		mu    sync.Mutex
+		order []uuid.UUID
+		jobOf = map[uuid.UUID]int64{}
+	)
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true, Handle: func(ctx context.Context, e Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, e.ID)
+		if job := JobFromContext(ctx); job != nil {
+			jobOf[e.ID] = job.ID
+		}
+		return nil
+	}}
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	var es []Event
+	for range 6 {
+		es = append(es, Event{Type: "x", Subject: "account:1"})
+	}
+	es = recordEach(t, pool, es...) // before the relay starts: one chain, a head and five behind it
+	startNode(t, url, nodeOpts{}, sub)
+	require.Eventually(t, func() bool {
+		var left bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM river_job WHERE state <> 'completed') OR NOT EXISTS (SELECT 1 FROM river_job)").Scan(&left))
+		return !left
+	}, 30*time.Second, 10*time.Millisecond, "the subject's jobs never all completed")
+
+	mu.Lock()
+	defer mu.Unlock()
+	want := make([]uuid.UUID, len(es))
+	for i, e := range es {
+		want[i] = e.ID
+	}
+	require.Equal(t, want, order, "handled out of order")
+	for _, e := range es {
+		var id uuid.UUID
+		require.NoError(t, pool.QueryRow(ctx, "SELECT (args->'event'->>'id')::uuid FROM river_job WHERE id = $1", jobOf[e.ID]).Scan(&id))
+		require.Equal(t, e.ID, id, "JobFromContext named another job than the event's")
+	}
+	var ranOn bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (
+		SELECT 1 FROM river_job j JOIN river_job prev ON prev.id = (SELECT max(p.id) FROM river_job p WHERE p.id < j.id)
+		 WHERE j.attempted_at < prev.finalized_at)`).Scan(&ranOn))
+	require.True(t, ranOn, "every job was fetched after the one before it completed: the worker did not run on")
+}

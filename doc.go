@@ -78,6 +78,9 @@
 // subject whose head's job River discards is blocked until
 // [Outbox.ResumeChain] or [Outbox.SkipChain], or goes on
 // ([OrderedContinue]). Map subscribers' workers need [OrderedMiddleware].
+// A Handle or HandleTx worker runs on with the jobs waiting behind the one
+// River gave it, past River's worker middleware: [JobFromContext] names the
+// job a handler runs.
 //
 // # Guarantees
 //

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,9 +15,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
-	"github.com/standmeet/events/internal/testdb"
-
 	"github.com/standmeet/events/internal/listener"
+	"github.com/standmeet/events/internal/testdb"
 )
 
 func startAwaiter(t *testing.T, b *testBundle, cfg *AwaiterConfig) *Awaiter {
@@ -372,4 +373,77 @@ func TestAwaiterKicksAtOnceOnlyAfterAThrottledNotification(t *testing.T) {
 	quiet := out
 	quiet.NotifyInterval = NotifyNever // refused: the commit did not notify
 	require.Less(t, kickIn(patient, quiet), 5*time.Second, "did not kick at once after a refused notification")
+}
+
+// The awaiter's re-read bounds a receipt even while its listening connection
+// is silently dead and not yet noticed: within PollInterval.
+func TestReceiptDuringASilentOutageComesWithinThePollInterval(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	u, err := url.Parse(b.url)
+	require.NoError(t, err)
+	proxy := newBlackholeProxy(t, u.Host)
+	a := startAwaiter(t, b, &AwaiterConfig{Listener: ListenerConfig{
+		Connect: proxy.connectVia(t, b.url, "awaiter_via_proxy"),
+		// The ping would take an hour to notice: only the re-read helps.
+		PingInterval: time.Hour, PollInterval: 200 * time.Millisecond,
+	}})
+	b.start(t)
+	b.settle(t)
+	requireClosed(t, a.Ready(), "awaiter ready")
+	proxy.Blackhole()
+	e := b.record(t, Event{Type: "during.silence"})[0]
+	start := time.Now()
+	receipts, err := a.AwaitFanout(within(t, 5*time.Second), e.ID)
+	require.NoError(t, err)
+	require.Len(t, receipts, 1)
+	took := time.Since(start)
+	t.Logf("receipt on a dead listening connection in %v", took)
+	require.Less(t, took, time.Second)
+}
+
+// Receipts per subscriber: AwaitFanout answers at fan-out and names the
+// pairs still owed; AwaitDelivery waits until a named subscriber's pair is
+// delivered, or reports it poisoned, or answers at once for a subscriber the
+// event does not match.
+func TestReceiptsPerSubscriber(t *testing.T) {
+	t.Parallel()
+	var flakyCalls atomic.Int32
+	flaky := Subscriber{Name: "flaky", Types: []string{"order.*"},
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			if flakyCalls.Add(1) <= 2 {
+				return nil, nil, errors.New("warming up")
+			}
+			return testArgs{EventID: e.ID}, nil, nil
+		}}
+	broken := Subscriber{Name: "broken", Types: []string{"order.*"},
+		Map: func(context.Context, Event) (river.JobArgs, *river.InsertOpts, error) {
+			return nil, nil, errors.New("never")
+		}}
+	b := setup(t, setupOpts{config: &RelayConfig{MaxAttempts: 3, RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond}},
+		flaky, broken, mapSub("fast", false, "**"))
+	a := startAwaiter(t, b, nil)
+	b.start(t)
+	e := b.record(t, Event{Type: "order.placed"})[0]
+
+	rcpt, err := a.AwaitFanout(within(t, 10*time.Second), e.ID)
+	require.NoError(t, err)
+	require.Contains(t, rcpt[0].Fanout, "fast")
+	require.Equal(t, []string{"broken", "flaky"}, rcpt[0].Owed, "answered at fan-out, before the retries")
+
+	rcpt, err = a.AwaitDelivery(within(t, 10*time.Second), "flaky", e.ID)
+	require.NoError(t, err)
+	require.NotZero(t, rcpt[0].Fanout["flaky"], "waited for the retry that delivered it")
+	require.EqualValues(t, 3, flakyCalls.Load())
+
+	_, err = a.AwaitDelivery(within(t, 10*time.Second), "broken", e.ID)
+	var pe *PoisonedError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, "broken", pe.Subscriber)
+	require.Contains(t, pe.LastError, "never")
+
+	note := b.record(t, Event{Type: "note.changed"})[0]
+	rcpt, err = a.AwaitDelivery(within(t, 10*time.Second), "flaky", note.ID)
+	require.NoError(t, err, "flaky does not take notes: nothing to wait for")
+	require.NotContains(t, rcpt[0].Fanout, "flaky")
 }

@@ -2,14 +2,23 @@ package events
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -142,4 +151,391 @@ func watchFunctionsNotify(t *testing.T, pool *pgxpool.Pool, schema string) (own,
 		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 		WHERE p.proname LIKE 'outbox_watch%' AND n.nspname = $1`, schema).Scan(&own, &generic, &ownFunctions))
 	return own, generic, ownFunctions
+}
+
+// Migration 010's DO block writes its regular expressions as ordinary
+// string literals with backslashes ('…outbox_notify\(\);'). A session with
+// standard_conforming_strings off (a legacy database or role setting, or a
+// migration tool's session) reads '\(' as '(', so the expressions match
+// nothing, and the up migration "succeeds" while every watch's own function
+// keeps notifying. (Dollar-quoted or E-prefixed literals read the same either way;
+// the library's Literal already guards against this setting.)
+func TestReview21Migration10QuietsOwnFunctionsWithStandardConformingStringsOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	v10 := migration10(t)
+	createNotes(t, pool, 1)
+	require.NoError(t, outbox.InstallWatch(ctx, pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
+	_, err := pool.Exec(ctx, v10.down)
+	require.NoError(t, err)
+	notifying, _, _ := watchFunctionsNotify(t, pool, "public")
+	require.True(t, notifying, "precondition: version 9's function notifies")
+
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL standard_conforming_strings = off"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, v10.up)
+		return err
+	}), "migration 10's up with standard_conforming_strings off")
+	notifying, generic, _ := watchFunctionsNotify(t, pool, "public")
+	require.False(t, generic, "the generic function is rewritten whatever the setting")
+	require.False(t, notifying, "with standard_conforming_strings off, migration 10 leaves every watch's own function notifying")
+}
+
+// Guard (passes): migration 010 both ways in a named schema that needs
+// quoting, run as Migrate runs it (search_path set to the schema): the
+// own functions qualify outbox_notify() with the quoted schema.
+func TestReview21Migration10InAMixedCaseSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const schema = "Billing_EU"
+	pool := testdb.Pool(t, testdb.EmptyURL(t))
+	o := Outbox{Schema: schema}
+	require.NoError(t, o.Migrate(ctx, pool))
+	v10 := migration10(t)
+	_, err := pool.Exec(ctx, "CREATE TABLE corpus_notes (id int PRIMARY KEY, title text NOT NULL); INSERT INTO corpus_notes VALUES (1, 't')")
+	require.NoError(t, err)
+	require.NoError(t, o.InstallWatch(ctx, pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
+	run := func(file string) {
+		t.Helper()
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT set_config('search_path', $1, true)", pgx.Identifier{schema}.Sanitize()); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, file)
+			return err
+		}))
+	}
+	notifying, _, n := watchFunctionsNotify(t, pool, schema)
+	require.Equal(t, 1, n)
+	require.False(t, notifying)
+	run(v10.down)
+	notifying, _, _ = watchFunctionsNotify(t, pool, schema)
+	require.True(t, notifying, "the down migration puts the notification back")
+	_, err = pool.Exec(ctx, "UPDATE corpus_notes SET title = title || '!'")
+	require.NoError(t, err, "the function the down migration wrote runs")
+	run(v10.up)
+	notifying, _, _ = watchFunctionsNotify(t, pool, schema)
+	require.False(t, notifying, "the up migration takes it out")
+	_, err = pool.Exec(ctx, "UPDATE corpus_notes SET title = title || '!'")
+	require.NoError(t, err)
+	var events int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "Billing_EU".outbox_events WHERE type = 'note.changed'`).Scan(&events))
+	require.Equal(t, 2, events)
+}
+
+// Guard (passes): migration 010's DO block skips a watch function owned by
+// a role the migrating role does not act as, instead of failing the
+// migration, and still quiets the ones it owns.
+func TestReview21Migration10SkipsAnotherRolesWatchFunction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	v10 := migration10(t)
+	createNotes(t, pool, 2)
+	exec(t, pool, "CREATE TABLE corpus_other (id int PRIMARY KEY, title text NOT NULL)")
+	require.NoError(t, outbox.InstallWatch(ctx, pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
+	require.NoError(t, outbox.InstallWatch(ctx, pool, Watch{Table: "corpus_other", Types: map[Op]string{OpInsert: "other.created"}}))
+	_, err := pool.Exec(ctx, v10.down)
+	require.NoError(t, err)
+
+	// Roles are cluster-wide: names of this test's own.
+	migrator := pgx.Identifier{"migrator_" + uuid.NewString()[:8]}.Sanitize()
+	stranger := pgx.Identifier{"stranger_" + uuid.NewString()[:8]}.Sanitize()
+	for _, role := range []string{migrator, stranger} {
+		exec(t, pool, "CREATE ROLE "+role+" NOLOGIN")
+	}
+	t.Cleanup(func() {
+		for _, role := range []string{migrator, stranger} {
+			_, _ = pool.Exec(context.Background(), "REASSIGN OWNED BY "+role+" TO CURRENT_USER")
+			_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
+			_, _ = pool.Exec(context.Background(), "DROP ROLE "+role)
+		}
+	})
+	exec(t, pool, "GRANT CREATE, USAGE ON SCHEMA public TO "+migrator)
+	exec(t, pool, "ALTER FUNCTION outbox_watch() OWNER TO "+migrator)
+	var strangers, mine string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT p.oid::regprocedure::text FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+		WHERE t.tgrelid = 'corpus_other'::regclass`).Scan(&strangers))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT p.oid::regprocedure::text FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+		WHERE t.tgrelid = 'corpus_notes'::regclass`).Scan(&mine))
+	exec(t, pool, "ALTER FUNCTION "+strangers+" OWNER TO "+stranger)
+	exec(t, pool, "ALTER FUNCTION "+mine+" OWNER TO "+migrator)
+
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+migrator); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, v10.up)
+		return err
+	}), "migration 10 as a role that does not own every watch function")
+	quiet := func(fn string) bool {
+		var q bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT prosrc !~ 'outbox_notify' FROM pg_proc WHERE oid = $1::regprocedure", fn).Scan(&q))
+		return q
+	}
+	require.True(t, quiet(mine), "the migrating role's own function is quieted")
+	require.False(t, quiet(strangers), "another role's function is left as it was")
+	require.True(t, quiet("outbox_watch()"))
+	exec(t, pool, "UPDATE corpus_notes SET title = title || '!'")
+	exec(t, pool, "INSERT INTO corpus_other VALUES (1, 'x')")
+	require.Len(t, eventsOfType(t, pool, "note.changed"), 2)
+	require.Len(t, eventsOfType(t, pool, "other.created"), 1)
+}
+
+// A host role with the privileges 0.1.0 needed for the SQL write paths
+// (INSERT and SELECT on outbox_events, SELECT and UPDATE on outbox_settings)
+// keeps writing after Migrate: the migration must not make the host's own
+// transactions fail. Migration 004's throttle reads and sets the sequence
+// outbox_notify_slot inside the host's transaction, as the host's role, and
+// nothing grants that role the sequence: every outbox_record() and every
+// write to a watched table fails with "permission denied for sequence".
+func TestLeastPrivilegedHostRoleKeepsWritingAfterMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	pool := testdb.Pool(t, url)
+	require.NoError(t, migrate(ctx, pool, outbox, previousRelease))
+
+	role := fmt.Sprintf("host_app_%d", time.Now().UnixNano())
+	ident := pgx.Identifier{role}.Sanitize()
+	exec(t, pool, "CREATE ROLE "+ident+" NOLOGIN")
+	t.Cleanup(func() {
+		// Roles are cluster-wide: remove this one's grants, then the role.
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+ident)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE "+ident)
+	})
+	exec(t, pool, "GRANT INSERT, SELECT ON outbox_events TO "+ident)
+	exec(t, pool, "GRANT SELECT, UPDATE ON outbox_settings TO "+ident)
+	exec(t, pool, "CREATE TABLE orders (id int PRIMARY KEY, note text NOT NULL DEFAULT '')")
+	exec(t, pool, "GRANT SELECT, INSERT, UPDATE ON orders TO "+ident)
+
+	asHost := func(f func(tx pgx.Tx) error) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+ident); err != nil {
+				return err
+			}
+			return f(tx)
+		})
+	}
+	sqlRecord := func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT outbox_record('order.placed', 'order:1')")
+		return err
+	}
+	require.NoError(t, asHost(sqlRecord), "the previous release: the host role records from SQL")
+
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	require.NoError(t, outbox.InstallWatch(ctx, pool, Watch{Table: "orders", Types: map[Op]string{OpInsert: "order.created"}}))
+
+	require.NoError(t, asHost(sqlRecord), "after Migrate: outbox_record() as the host role")
+	require.NoError(t, asHost(func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO orders (id) VALUES (1)")
+		return err
+	}), "after Migrate: a write to a watched table as the host role")
+	require.NoError(t, asHost(func(tx pgx.Tx) error {
+		_, err := Record(ctx, tx, Event{Type: "order.placed"})
+		return err
+	}), "after Migrate: Record as the host role")
+}
+
+// Migration 006 carries 0.1.0's catch_up lists over into owed pairs, and a
+// catch-up that 0.1.0 poisoned into a poisoned pair of an event no longer
+// poisoned as a whole.
+func TestMigrationCarriesCatchUpListsOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.EmptyURL(t))
+	require.NoError(t, migrate(ctx, pool, outbox, 4))
+	exec(t, pool, `INSERT INTO outbox_subscribers (name) VALUES ('x'), ('y'), ('old')`)
+	exec(t, pool, `UPDATE outbox_subscribers SET retired_at = now() WHERE name = 'old'`)
+	exec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, catch_up) VALUES
+		('0194f1c6-7d6a-7000-8000-000000000001', 'a', now(), '{"x": 1}', ARRAY['y', 'old']),
+		('0194f1c6-7d6a-7000-8000-000000000002', 'a', now(), '{"x": 2}', NULL)`)
+	exec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, catch_up, attempts, last_error, poisoned_at) VALUES
+		('0194f1c6-7d6a-7000-8000-000000000003', 'a', now(), '{"x": 3}', ARRAY['y'], 5, 'y failed', now())`)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	pairs := loadPairs(t, pool)
+	require.Len(t, pairs, 2)
+	require.Equal(t, pairRow{}, pairs[uuid.MustParse("0194f1c6-7d6a-7000-8000-000000000001")]["y"])
+	require.Equal(t, pairRow{Attempts: 5, LastError: "y failed", Errors: 1, Poisoned: true},
+		pairs[uuid.MustParse("0194f1c6-7d6a-7000-8000-000000000003")]["y"])
+	rows := loadRows(t, pool)
+	for _, r := range rows {
+		require.False(t, r.Poisoned, "event %s is fanned out: only its pair is poisoned", r.ID)
+	}
+	var lists int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE catch_up IS NOT NULL").Scan(&lists))
+	require.Zero(t, lists)
+}
+
+// Every statement of the query layer prepares on a migrated database — the
+// tables, columns, functions and types it names exist as it names them —
+// in the search_path's schema and in a named one. In the named schema the
+// search_path holds none of the library's or River's tables, so a name the
+// layer failed to qualify does not prepare either.
+func TestEveryStatementPreparesInTheSearchPathAndInANamedSchema(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []string{"", "tenant_q"} {
+		t.Run("schema="+schema, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.Pool(t, testdb.EmptyURL(t))
+			require.NoError(t, Outbox{Schema: schema}.Migrate(ctx, pool))
+			set, err := statements.For(schema)
+			require.NoError(t, err)
+			conn, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer conn.Release()
+			prepared := 0
+			var walk func(v reflect.Value)
+			walk = func(v reflect.Value) {
+				for i := range v.NumField() {
+					f := v.Type().Field(i)
+					switch {
+					case f.Tag.Get("sql") == "-":
+					case f.Type.Kind() == reflect.Struct:
+						walk(v.Field(i))
+					case strings.Contains(v.Field(i).String(), "TEMPLATE"):
+						// Call-time DDL (watch triggers, CREATE SCHEMA): the
+						// watch and migrate tests run it.
+					default:
+						_, err := conn.Conn().Prepare(ctx, "layer_"+f.Name, v.Field(i).String())
+						require.NoError(t, err, "%s does not prepare in schema %q", f.Name, schema)
+						prepared++
+					}
+				}
+			}
+			walk(reflect.ValueOf(set).Elem())
+			require.Greater(t, prepared, 90)
+		})
+	}
+}
+
+// previousRelease is the library's schema version of the last release
+// (0.1.0): upgrades start from it.
+const previousRelease = 3
+
+// The previous release's binaries keep working on the migrated schema, so a
+// deploy can migrate first and roll out after: every statement 0.1.0 sends
+// (kept in testdata, as that release built them) still prepares — its
+// tables, columns and functions all exist with the types it expects — and
+// its write path still records.
+func TestPreviousReleaseStatementsWorkOnTheMigratedSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	raw, err := os.ReadFile("testdata/v0.1.0_statements.json")
+	require.NoError(t, err)
+	var stmts map[string]string
+	require.NoError(t, json.Unmarshal(raw, &stmts))
+	names := make([]string, 0, len(stmts))
+	for name := range stmts {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	conn, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	prepared := 0
+	for _, name := range names {
+		if slices.Contains([]string{"Schema", "ChannelEvents", "ChannelFanned", "WatchFunction"}, name) {
+			continue
+		}
+		_, err := conn.Conn().Prepare(ctx, "v010_"+strings.ReplaceAll(name, ".", "_"), stmts[name])
+		require.NoError(t, err, "0.1.0's %s no longer prepares on the migrated schema", name)
+		prepared++
+	}
+	require.Greater(t, prepared, 30)
+	// And 0.1.0's Record, run as it ran it.
+	var seq int64
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, stmts["RecordNotify"], "0194f1c6-7d6a-7000-8000-000000000001", "old.release", "", "{}", nil, "").Scan(&seq, new(time.Time))
+	}))
+	require.Positive(t, seq)
+}
+
+// Migrate from the previous release runs while writers record: on a table of
+// a million rows, with 16 writers, no Record waits on the migration for more
+// than an instant. (0.1.0's own migration held the table's lock while it
+// built an index: writers stalled for a second and more.)
+func TestMigrateFromThePreviousReleaseWhileWritersRecord(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("loads a million rows: run without -short (CI does)")
+	}
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.EmptyURL(t))
+	require.NoError(t, migrate(ctx, pool, outbox, previousRelease))
+	exec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, created_at)
+		SELECT gen_random_uuid(), 'bulk', now() - g * interval '1 second', '{}', now() - interval '1 day'
+		  FROM generate_series(1, 1000000) g`)
+	exec(t, pool, "ANALYZE outbox_events")
+
+	var (
+		mu                 sync.Mutex
+		before, during     time.Duration // longest Record + commit, before and while Migrate runs
+		migrating, stopped = make(chan struct{}), make(chan struct{})
+		wg                 sync.WaitGroup
+		recorded           int
+	)
+	for range 16 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stopped:
+					return
+				default:
+				}
+				inMigration := false
+				select {
+				case <-migrating:
+					inMigration = true
+				default:
+				}
+				start := time.Now()
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					// 0.1.0's columns only: the writer is the previous
+					// release, still running while the schema moves on.
+					_, err := tx.Exec(ctx, "INSERT INTO outbox_events (id, type) VALUES (gen_random_uuid(), 'during.migration')")
+					return err
+				})
+				took := time.Since(start)
+				mu.Lock()
+				recorded++
+				if inMigration {
+					during = max(during, took)
+				} else {
+					before = max(before, took)
+				}
+				mu.Unlock()
+				if err != nil {
+					t.Errorf("a writer failed during the migration: %v", err)
+					return
+				}
+			}
+		})
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return recorded }
+	// A stretch of writes before, as the baseline.
+	require.Eventually(t, func() bool { return count() >= 500 }, 30*time.Second, time.Millisecond)
+	close(migrating)
+	start := time.Now()
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	took := time.Since(start)
+	// And writes right after it.
+	after := count()
+	require.Eventually(t, func() bool { return count() >= after+200 }, 30*time.Second, time.Millisecond)
+	close(stopped)
+	wg.Wait()
+	var version int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT max(version) FROM outbox_migration").Scan(&version))
+	files, err := loadMigrations()
+	require.NoError(t, err)
+	require.Equal(t, files[len(files)-1].version, version)
+	t.Logf("Migrate from %d took %v; %d transactions; longest write before %v, during and after %v",
+		previousRelease, took, recorded, before, during)
+	require.Less(t, during, max(500*time.Millisecond, 3*before),
+		"a writer stalled behind the migration")
 }

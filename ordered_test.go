@@ -1404,3 +1404,45 @@ func TestOrderedWorkerRunsOnInItsChain(t *testing.T) {
 		 WHERE j.attempted_at < prev.finalized_at)`).Scan(&ranOn))
 	require.True(t, ranOn, "every job was fetched after the one before it completed: the worker did not run on")
 }
+
+// 3. Kind() of an ordered, coalescing subscriber's args is called by the
+// relay (orderChains) to decide whether to replace the pending tail.
+func TestReviewPanicOrderedCoalesceKind(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, reviewSub("chain", true, true), mapSub("audit", false, "**"))
+	orderedCoalescePending(t, b)
+	es := b.record(t, reviewEvent("s", "kind"), reviewEvent("other", ""))
+	_, err := fanOutTxOnce(t, b)
+	require.NoError(t, err)
+	rows, pairs := loadRows(t, b.pool), loadPairs(t, b.pool)
+	require.Contains(t, pairs[es[0].ID]["chain"].LastError, "Kind panicked")
+	require.Contains(t, rows[es[1].ID].Fanout, "chain")
+}
+
+// 4. MarshalJSON of a job that replaces a pending tail is called by the
+// relay (chainPlan.queue, json.Marshal): River never sees that job.
+func TestReviewPanicOrderedCoalesceMarshal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, reviewSub("chain", true, true), mapSub("audit", false, "**"))
+	orderedCoalescePending(t, b)
+	b.record(t, reviewEvent("s", "marshal"), reviewEvent("other", ""))
+	_, err := fanOutTxOnce(t, b)
+	// As when MarshalJSON returns an error: FanOutTx, which retries nothing
+	// job by job, fails the call with an error that says why.
+	require.ErrorContains(t, err, "MarshalJSON panicked")
+}
+
+// orderedCoalescePending builds a chain whose head is not done and whose
+// tail is pending, so the next event's job replaces the tail.
+func orderedCoalescePending(t *testing.T, b *testBundle) {
+	t.Helper()
+	for i := range 2 {
+		b.record(t, reviewEvent("s", ""))
+		n, err := fanOutTxOnce(t, b)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "round %d", i)
+	}
+	var pending int
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM river_job WHERE state = 'pending'").Scan(&pending))
+	require.Equal(t, 1, pending, "the chain has a pending tail")
+}

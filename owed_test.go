@@ -2,7 +2,10 @@ package events
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -347,4 +350,120 @@ func TestARetiredSubscriberIsOwedNothingByAnOrderedDeferral(t *testing.T) {
 	st, err := outbox.Stats(ctx, b.pool)
 	require.NoError(t, err)
 	require.Zero(t, st.Owed, "Stats counts a pair owed to the retired subscriber")
+}
+
+// A rolling deploy: relay A (the old release) knows {x}, relay B (the new
+// one) knows {x, y}; both fan out while 2,000 events are recorded, then A
+// stops. Every event recorded after B started has exactly one y job, named by
+// its fanout, whichever relay claimed it; x got exactly one job each.
+func TestRollingDeployNewSubscriberGetsEveryEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	oldRelease := setup(t, setupOpts{}, mapSub("x", false, "**"))
+	oldRelease.start(t)
+	before := oldRelease.record(t, Event{Type: "order.placed"}, Event{Type: "order.placed"})
+	waitFannedOut(t, oldRelease.pool, 10*time.Second)
+
+	newRelease := setup(t, setupOpts{url: oldRelease.url}, mapSub("x", false, "**"), mapSub("y", false, "order.*"))
+	newRelease.start(t)
+
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 25 {
+				es := make([]Event, 20)
+				for k := range es {
+					typ := "order.placed"
+					if k%5 == 0 {
+						typ = "note.changed" // y does not match these
+					}
+					es[k] = Event{Type: typ, Subject: fmt.Sprintf("s-%d-%d", w, i)}
+				}
+				oldRelease.record(t, es...)
+			}
+		}()
+	}
+	wg.Wait()
+	waitFannedOut(t, oldRelease.pool, 30*time.Second)
+	require.NoError(t, oldRelease.relay.Stop(ctx))
+
+	require.Eventually(t, func() bool { return catchUpPending(t, newRelease) == 0 }, 30*time.Second, 10*time.Millisecond,
+		"the new release never caught up")
+
+	rows := loadRows(t, newRelease.pool)
+	jobs := loadJobs(t, newRelease.pool)
+	jobsOf := map[string]map[uuid.UUID][]int64{"x": {}, "y": {}}
+	for id, j := range jobs {
+		jobsOf[j.Subscriber][j.EventID] = append(jobsOf[j.Subscriber][j.EventID], id)
+	}
+	caughtUp := 0
+	for id, r := range rows {
+		require.True(t, r.FannedOut)
+		require.Equal(t, []int64{r.Fanout["x"]}, jobsOf["x"][id], "event %s: x must have exactly the job its fanout names", id)
+		if id == before[0].ID || id == before[1].ID {
+			require.NotContains(t, r.Fanout, "y", "events fanned out before y existed do not reach it")
+			continue
+		}
+		if r.Type != "order.placed" {
+			require.NotContains(t, r.Fanout, "y")
+			require.Empty(t, jobsOf["y"][id])
+			continue
+		}
+		require.Contains(t, r.Fanout, "y", "event %s never reached the new subscriber", id)
+		require.Equal(t, []int64{r.Fanout["y"]}, jobsOf["y"][id], "event %s: y must have exactly the job its fanout names", id)
+		caughtUp++
+	}
+	require.Equal(t, 1600, caughtUp)
+	t.Logf("%d events, %d jobs", len(rows), len(jobs))
+}
+
+// An old-style catch_up list, written by a relay of 0.1.0 during a rolling
+// deploy (with 0.1.0's own stamp statement), is served by a relay of this
+// version that knows the subscriber: exactly one job, fanout extended, the
+// list cleared; names it lists that are retired are dropped.
+func TestAnOldReleasesCatchUpListIsServed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	raw, err := os.ReadFile("testdata/v0.1.0_statements.json")
+	require.NoError(t, err)
+	var old map[string]string
+	require.NoError(t, json.Unmarshal(raw, &old))
+
+	b := setup(t, setupOpts{}, mapSub("x", false, "**"), mapSub("y", false, "order.*"))
+	// The registry as the deploy left it: y registered by the new release,
+	// z by one since retired.
+	registerOther(t, b, mapSub("y", false, "order.*"))
+	registerOther(t, b, mapSub("z", false, "**"))
+	require.NoError(t, outbox.RetireSubscriber(ctx, b.pool, "z"))
+	es := b.record(t, Event{Type: "order.placed"}, Event{Type: "note.changed"})
+	// An old relay knowing only x claims and stamps them: catch_up = {y}.
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, old["ClaimBatch"], 10); err != nil {
+			return err
+		}
+		var seqs []int64
+		for _, e := range es {
+			seqs = append(seqs, e.Seq)
+		}
+		_, err := tx.Exec(ctx, old["Stamp"], seqs, []string{`{"x":1}`, `{"x":2}`}, []string{"x"})
+		return err
+	}))
+	_, err = b.pool.Exec(ctx, "UPDATE outbox_events SET catch_up = catch_up || ARRAY['z'] WHERE seq = $1", es[0].Seq)
+	require.NoError(t, err)
+	require.Equal(t, 2, owedCount(t, b.pool), "0.1.0 wrote catch_up lists")
+
+	b.start(t)
+	waitDelivered(t, b.pool, 10*time.Second)
+	rows := loadRows(t, b.pool)
+	jobs := loadJobs(t, b.pool)
+	require.Len(t, jobs, 1, "one job: y's, for the order event")
+	for _, j := range jobs {
+		require.Equal(t, "y", j.Subscriber)
+		require.Equal(t, es[0].ID, j.EventID)
+		require.Equal(t, map[string]int64{"x": 1, "y": j.ID}, rows[es[0].ID].Fanout)
+	}
+	require.Equal(t, map[string]int64{"x": 2}, rows[es[1].ID].Fanout, "y's types do not match the note")
+	require.Empty(t, loadPairs(t, b.pool))
 }

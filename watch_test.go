@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -361,4 +363,190 @@ func TestScopeFromAWatchAndFromRecord(t *testing.T) {
 	var ve *ValidationError
 	require.ErrorAs(t, err, &ve)
 	require.Equal(t, "Scope", ve.Field)
+}
+
+// InstallWatch's go doc: "Installing the same spec again changes nothing",
+// whatever the watch's literals hold (here a prefix reading like a notify
+// call).
+func TestReview22InstallWatchOfAnUnchangedWatchWritesNothingWhateverItsPrefix(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	createNotes(t, pool, 1)
+	w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"},
+		SubjectPrefix: "urn:x-hooks:outbox_notify():"}
+	require.NoError(t, outbox.InstallWatch(ctx, pool, w))
+	xmin := func() string {
+		var x string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT p.xmin::text FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+			WHERE t.tgrelid = 'corpus_notes'::regclass`).Scan(&x))
+		return x
+	}
+	before := xmin()
+	require.NoError(t, outbox.InstallWatch(ctx, pool, w))
+	require.Equal(t, before, xmin(),
+		"InstallWatch of an unchanged watch rewrote its function: a SubjectPrefix holding \"outbox_notify()\" reads as a notifying body")
+}
+
+// Processes installing one watch at once (pods starting together) never
+// fail: the first install (without lockWatch they all found no triggers,
+// all created the same own function, and all but one failed on pg_proc's
+// unique index, 23505), and an install of a watch already up to date, which
+// writes nothing.
+func TestReview22ConcurrentInstallWatches(t *testing.T) {
+	t.Parallel()
+	for _, first := range []bool{true, false} {
+		name := map[bool]string{true: "first install", false: "up to date"}[first]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.New(t)
+			createNotes(t, pool, 1)
+			w := Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}
+			require.NoError(t, outbox.InstallWatch(ctx, pool, w))
+			for round := range 20 {
+				if first {
+					require.NoError(t, outbox.RemoveWatch(ctx, pool, "", "corpus_notes", ""))
+				}
+				const n = 8
+				errs := make(chan error, n)
+				start := make(chan struct{})
+				for range n {
+					go func() {
+						<-start
+						errs <- outbox.InstallWatch(ctx, pool, w)
+					}()
+				}
+				close(start)
+				for range n {
+					require.NoError(t, <-errs, "round %d: one of %d InstallWatch calls at once failed", round, n)
+				}
+			}
+		})
+	}
+}
+
+// A watched table written by 16 concurrent transactions sends no
+// notification, even with the SQL throttle at 0 (every outbox_record()
+// notifies then), and every event is fanned out: the relay finds the rows by
+// its re-checks and polls.
+func TestWatchedTableWritesSendNoNotification(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	createNotes(t, b.pool, 16)
+	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
+	exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '0'")
+	// The generic trigger function too, as a role that may not create
+	// functions in the outbox's schema installs it.
+	exec(t, b.pool, `CREATE TABLE corpus_generic (id int PRIMARY KEY, title text NOT NULL);
+		INSERT INTO corpus_generic SELECT g, 't' FROM generate_series(1, 16) g;
+		CREATE TRIGGER outbox_watch_events_update AFTER UPDATE ON corpus_generic FOR EACH ROW
+		  EXECUTE FUNCTION outbox_watch('generic.changed', 'generic:', 'id', 'none', '', '')`)
+
+	conn, err := pgx.Connect(ctx, b.url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "LISTEN "+ChannelEvents)
+	require.NoError(t, err)
+
+	b.start(t)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, "UPDATE corpus_notes SET title = title || '!' WHERE id = $1", i+1); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, "UPDATE corpus_generic SET title = title || '!' WHERE id = $1", i+1)
+				return err
+			}))
+		}()
+	}
+	close(start)
+	wg.Wait()
+	waitFannedOut(t, b.pool, 10*time.Second)
+	require.Len(t, eventsOfType(t, b.pool, "note.changed"), 16)
+	require.Len(t, eventsOfType(t, b.pool, "generic.changed"), 16)
+
+	// Control: the listener hears what outbox_record() sends.
+	exec(t, b.pool, "SELECT outbox_record('control')")
+	notifications := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		notifications++
+	}
+	require.Equal(t, 1, notifications, "16 watched-table transactions and one outbox_record(): only outbox_record() notifies")
+}
+
+// A watch's DDL is what 0.1.0 generated, byte for byte: its fingerprint
+// (each trigger's comment) is a hash of it, and a changed fingerprint makes
+// the next InstallWatch of every installed watch drop and re-create its
+// triggers, which takes an ACCESS EXCLUSIVE lock on the host's table.
+func TestWatchDDLKeepsTheFingerprintsOfInstalledWatches(t *testing.T) {
+	named, err := statements.For("My_Schema")
+	require.NoError(t, err)
+	w := Watch{Name: "x", Types: map[Op]string{OpUpdate: "a.c"}, Columns: []string{"t", "B"},
+		SubjectPrefix: `n:'\`, Payload: PayloadColumns, PayloadColumns: []string{"t"}, ScopePrefix: "s", ScopeColumn: "sc"}
+	ddls, err := w.triggerDDL(named, `"public"."tab"`, "id")
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"outbox_watch_x_update": `CREATE TRIGGER "outbox_watch_x_update" AFTER UPDATE OF "t", "B" ON "public"."tab"` +
+		` FOR EACH ROW WHEN (OLD."t" IS DISTINCT FROM NEW."t" OR OLD."B" IS DISTINCT FROM NEW."B")` +
+		` EXECUTE FUNCTION "My_Schema"."outbox_watch"('a.c', E'n:''\\', 'id', 'columns', 's', 'sc', 't')`}, ddls)
+
+	bare, err := statements.For("")
+	require.NoError(t, err)
+	w = Watch{Name: "y", Types: map[Op]string{OpUpdate: "a.c", OpDelete: "a.d"}}
+	ddls, err = w.triggerDDL(bare, `"public"."tab"`, "")
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{
+		"outbox_watch_y_update": `CREATE TRIGGER "outbox_watch_y_update" AFTER UPDATE ON "public"."tab" FOR EACH ROW` +
+			` WHEN (OLD.* IS DISTINCT FROM NEW.*) EXECUTE FUNCTION outbox_watch('a.c', '', '', '', '', '')`,
+		"outbox_watch_y_delete": `CREATE TRIGGER "outbox_watch_y_delete" AFTER DELETE ON "public"."tab" FOR EACH ROW` +
+			` EXECUTE FUNCTION outbox_watch('a.d', '', '', '', '', '')`,
+	}, ddls)
+	require.Equal(t, "standmeet/events watch 1b9cdd26f3f10f37b6b30543e3ebf4b0", watchFingerprint(ddls))
+}
+
+// The version-7 UUID is defined once, in outbox_uuidv7 (migration 003):
+// since migration 007 the watch trigger calls it instead of writing its
+// bytes out again, and its IDs are version 7, sorted by time, as
+// outbox_record's are.
+func TestWatchTriggerMakesItsIDsWithOutboxUUIDv7(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	var watchSrc, uuidSrc string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT prosrc FROM pg_proc WHERE oid = 'outbox_watch()'::regprocedure").Scan(&watchSrc))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT prosrc FROM pg_proc WHERE oid = 'outbox_uuidv7()'::regprocedure").Scan(&uuidSrc))
+	require.Contains(t, watchSrc, "outbox_uuidv7()")
+	require.NotContains(t, watchSrc, "int8send", "the trigger builds a UUID of its own again")
+	require.Contains(t, uuidSrc, "int8send")
+
+	exec(t, pool, "CREATE TABLE notes_v7 (id int PRIMARY KEY)")
+	require.NoError(t, Outbox{}.InstallWatch(ctx, pool, Watch{Table: "notes_v7", Types: map[Op]string{OpInsert: "note.created"}}))
+	exec(t, pool, "INSERT INTO notes_v7 SELECT g FROM generate_series(1, 50) g")
+	rows, err := pool.Query(ctx, "SELECT id FROM outbox_events WHERE type = 'note.created' ORDER BY seq")
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	require.Len(t, ids, 50)
+	for i, id := range ids {
+		require.Equal(t, uuid.Version(7), id.Version(), "%s", id)
+		require.Equal(t, uuid.RFC4122, id.Variant(), "%s", id)
+		if i > 0 {
+			require.Negative(t, bytes.Compare(ids[i-1][:], id[:]), "IDs made one after another must sort: %s then %s", ids[i-1], id)
+		}
+	}
+	sec, nsec := ids[len(ids)-1].Time().UnixTime()
+	require.WithinDuration(t, time.Now(), time.Unix(sec, nsec), 5*time.Second)
 }

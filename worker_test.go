@@ -2,11 +2,16 @@ package events
 
 import (
 	"context"
+	"errors"
+	"os"
+	osexec "os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
@@ -148,4 +153,290 @@ func TestHandleTxZombieOfAnUnorderedSubscriberIsFenced(t *testing.T) {
 	_, state, attempt := jobOf(t, pool, "ledger", e.ID)
 	require.Equal(t, "completed", state, "the zombie's refusal disturbed the job River completed")
 	require.Equal(t, 2, attempt)
+}
+
+// A process's River client works Handle jobs (left from an earlier run, say)
+// while its relay's Start waits on the registry: the worker's lookup of the
+// subscriber must not wait for Start.
+func TestHandleJobsRunWhileTheRelayStartWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	handled := make(chan struct{}, 1)
+	b := setup(t, setupOpts{work: true}, Subscriber{Name: "mail", Types: []string{"**"}, Handle: func(context.Context, Event) error {
+		handled <- struct{}{}
+		return nil
+	}})
+	locker, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer locker.Rollback(ctx)
+	_, err = locker.Exec(ctx, "LOCK TABLE outbox_subscribers IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	startCtx, cancelStart := context.WithCancel(ctx)
+	defer cancelStart()
+	started := make(chan error, 1)
+	go func() { started <- b.relay.Start(startCtx, b.client) }()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&n))
+		return n > 0
+	}, 10*time.Second, 5*time.Millisecond, "Start never waited on the registry")
+
+	_, err = b.client.Insert(ctx, HandleArgs{Subscriber: "mail", Event: Event{Type: "a"}}, nil)
+	require.NoError(t, err)
+	select {
+	case <-handled:
+	case <-time.After(5 * time.Second):
+		t.Error("the Handle job waited for the relay's Start")
+	}
+	cancelStart()
+	require.Error(t, <-started)
+}
+
+// A process that registers its Handle subscribers both on its relay and with
+// Outbox.AddWorkers, into the same river.Workers, is told what to do: River
+// takes one worker per kind, so the second set would never be looked up.
+func TestAddWorkersTwiceSaysWhy(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, Subscriber{Name: "mail", Types: []string{"**"}, Handle: func(context.Context, Event) error { return nil }})
+	workers := river.NewWorkers()
+	require.NoError(t, b.relay.AddWorkers(workers))
+	err := outbox.AddWorkers(workers, b.pool, Subscriber{Name: "ledger", Types: []string{"**"}, Handle: func(context.Context, Event) error { return nil }})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `"events.handle"`)
+	require.Contains(t, err.Error(), "Relay.AddWorkers")
+	require.Contains(t, err.Error(), "Outbox.AddWorkers")
+}
+
+// A worker-only process whose Outbox names another schema than its River
+// client (nothing checks them against each other there: no relay) must not
+// take a job of a subscriber it does not know for retired — the registry it
+// would read is not the one the job's relay wrote — and cancel it for good
+// during a rolling deploy. The job fails, saying why, and is retried.
+func TestAWorkerOfAnotherSchemaThanItsClientCancelsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.URL(t)) // the search_path's outbox is migrated too
+	billing := Outbox{Schema: "billing"}
+	require.NoError(t, billing.Migrate(ctx, pool))
+	// The relay's process, in billing, registers "mail".
+	relay, err := NewRelay(pool, &RelayConfig{Outbox: billing, Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, relay.Subscribe(Subscriber{Name: "mail", Types: []string{"**"}, Handle: func(context.Context, Event) error { return nil }}))
+	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: "billing", Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, relay.Start(ctx, inserter))
+	require.NoError(t, relay.Stop(ctx))
+
+	// The worker's process: an older release that does not know "mail", its
+	// Outbox left at the zero value while its River client works billing.
+	workers := river.NewWorkers()
+	require.NoError(t, Outbox{}.AddWorkers(workers, pool))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: "billing", Logger: quietLogger(), Workers: workers,
+		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}, FetchPollInterval: 50 * time.Millisecond, FetchCooldown: 10 * time.Millisecond})
+	require.NoError(t, err)
+	res, err := inserter.Insert(ctx, HandleArgs{Subscriber: "mail", Event: Event{Type: "a"}}, nil)
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, client.Stop(context.WithoutCancel(ctx))) })
+
+	var state string
+	require.Eventually(t, func() bool {
+		var attempted bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT state::text, attempted_at IS NOT NULL FROM billing.river_job WHERE id = $1", res.Job.ID).Scan(&state, &attempted))
+		return attempted && state != "running"
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NotEqual(t, "cancelled", state, "the job of a live subscriber was cancelled for good")
+	var errs []byte
+	require.NoError(t, pool.QueryRow(ctx, "SELECT coalesce(errors::text, '') FROM billing.river_job WHERE id = $1", res.Job.ID).Scan(&errs))
+	require.Contains(t, string(errs), "schema", "the failure names the mismatch")
+}
+
+// Jobs of a Handle subscriber that no process knows end cleanly: cancelled
+// once it is retired, snoozed (not failed, not retried for days) while it is
+// active, since another release may know it.
+func TestHandleJobsOfAnUnknownSubscriber(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{work: true})
+	_, err := registerSubscribers(ctx, b.pool, defaultSQL(t), []string{"active-elsewhere", "removed"})
+	require.NoError(t, err)
+	require.NoError(t, outbox.RetireSubscriber(ctx, b.pool, "removed"))
+	var ids [2]int64
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for i, name := range []string{"active-elsewhere", "removed"} {
+			res, err := b.client.InsertTx(ctx, tx, HandleArgs{Subscriber: name, Event: Event{ID: uuid.Must(uuid.NewV7()), Type: "a"}}, nil)
+			if err != nil {
+				return err
+			}
+			ids[i] = res.Job.ID
+		}
+		return nil
+	}))
+	state := func(id int64) (string, int) {
+		var s string
+		var attempt int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT state, attempt FROM river_job WHERE id = $1", id).Scan(&s, &attempt))
+		return s, attempt
+	}
+	require.Eventually(t, func() bool { s, _ := state(ids[1]); return s == "cancelled" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { s, _ := state(ids[0]); return s == "scheduled" }, 10*time.Second, 10*time.Millisecond)
+	var snoozes int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT coalesce((metadata->>'snoozes')::int, 0) FROM river_job WHERE id = $1", ids[0]).Scan(&snoozes))
+	require.Equal(t, 1, snoozes, "snoozed, not failed")
+}
+
+// HandleTx: the handler's writes and its job's completion commit together.
+// 200 events, the handler failing or panicking after its write now and then:
+// every event's effect exists exactly once, and every job is completed.
+func TestHandleTxCommitsEffectAndCompletionTogether(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var attempts atomic.Int32
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, InsertOpts: &river.InsertOpts{MaxAttempts: 50},
+		HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
+			n := attempts.Add(1)
+			if _, err := tx.Exec(ctx, "INSERT INTO handled (event_id) VALUES ($1)", e.ID); err != nil {
+				return err
+			}
+			switch n % 7 {
+			case 1:
+				return errors.New("downstream said no, after the write")
+			case 3:
+				panic("handler bug, after the write")
+			}
+			return nil
+		}}
+	b := setup(t, setupOpts{work: true, retryPolicy: immediateRetry{}}, sub)
+	exec(t, b.pool, "CREATE TABLE handled (event_id uuid NOT NULL)")
+	b.start(t)
+	es := make([]Event, 200)
+	for i := range es {
+		es[i] = Event{Type: "entry.posted"}
+	}
+	es = b.record(t, es...)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'events.handle' AND state = 'completed'").Scan(&n))
+		return n == 200
+	}, 60*time.Second, 20*time.Millisecond, "every handler job completes")
+	require.Greater(t, attempts.Load(), int32(200), "some attempts failed after writing")
+	rows, err := b.pool.Query(ctx, "SELECT event_id, count(*) FROM handled GROUP BY event_id")
+	require.NoError(t, err)
+	effects := map[uuid.UUID]int{}
+	for rows.Next() {
+		var (
+			id uuid.UUID
+			n  int
+		)
+		require.NoError(t, rows.Scan(&id, &n))
+		effects[id] = n
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, effects, 200)
+	for _, e := range es {
+		require.Equal(t, 1, effects[e.ID], "event %s: its effect, once", e.ID)
+	}
+	_, err = newSubscription(Subscriber{Name: "x", Types: []string{"a"}, Handle: func(context.Context, Event) error { return nil },
+		HandleTx: func(context.Context, pgx.Tx, Event) error { return nil }})
+	require.ErrorIs(t, err, ErrInvalidSubscriber)
+}
+
+// handleTxChildEnv names the database a HandleTx worker child process works
+// on; see TestHandleTxWorkerProcess.
+const handleTxChildEnv = "EVENTS_HANDLETX_CHILD_URL"
+
+// handleTxSubscriber writes one effect row per attempt and lingers a little
+// before its transaction commits, widening the window a kill can land in.
+func handleTxSubscriber() Subscriber {
+	return Subscriber{Name: "ledger", Types: []string{"**"}, InsertOpts: &river.InsertOpts{MaxAttempts: 100},
+		HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO handled (event_id) VALUES ($1)", e.ID); err != nil {
+				return err
+			}
+			time.Sleep(time.Duration(10+e.Seq%20) * time.Millisecond)
+			return nil
+		}}
+}
+
+// TestHandleTxWorkerProcess is not a test of its own: run by
+// TestHandleTxEffectsExactlyOnceThroughKills as a child process, it works
+// handler jobs until it is killed.
+func TestHandleTxWorkerProcess(t *testing.T) {
+	url := os.Getenv(handleTxChildEnv)
+	if url == "" {
+		return // only as a child process
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	relay, err := NewRelay(pool, &RelayConfig{Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, relay.Subscribe(handleTxSubscriber()))
+	workers := river.NewWorkers()
+	require.NoError(t, relay.AddWorkers(workers))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger(), Workers: workers,
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 8}},
+		FetchPollInterval: 20 * time.Millisecond, FetchCooldown: 5 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	select {} // until killed
+}
+
+// HandleTx: 200 events whose handler jobs are worked by a child process that
+// is SIGKILLed at random and restarted: each handler effect exists if and
+// only if its job completed, and exactly once. (A handler that committed its
+// writes and left the completion to River would run again after a kill
+// between the two, and write twice.)
+func TestHandleTxEffectsExactlyOnceThroughKills(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, handleTxSubscriber())
+	exec(t, b.pool, "CREATE TABLE handled (event_id uuid NOT NULL)")
+	b.start(t)
+	es := make([]Event, 200)
+	for i := range es {
+		es[i] = Event{Type: "entry.posted"}
+	}
+	es = b.record(t, es...)
+	waitFannedOut(t, b.pool, 10*time.Second)
+	completed := func() int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'events.handle' AND state = 'completed'").Scan(&n))
+		return n
+	}
+	kills := 0
+	deadline := time.Now().Add(90 * time.Second)
+	for completed() < 200 {
+		require.True(t, time.Now().Before(deadline), "the handler jobs never all completed (%d kills)", kills)
+		cmd := osexec.Command(os.Args[0], "-test.run=^TestHandleTxWorkerProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(), handleTxChildEnv+"="+b.url)
+		require.NoError(t, cmd.Start())
+		lifetime := time.Duration(100+int(time.Now().UnixNano()%300)) * time.Millisecond
+		if kills >= 8 {
+			lifetime = 3 * time.Second // let it finish
+		}
+		time.Sleep(lifetime) // a random moment to kill at, not a stand-in for a condition
+		require.NoError(t, cmd.Process.Kill())
+		_ = cmd.Wait()
+		kills++
+		// What River's rescuer does, after RescueStuckJobsAfter, to jobs a
+		// dead process left running: they run again.
+		exec(t, b.pool, "UPDATE river_job SET state = 'available', attempted_by = NULL WHERE state = 'running' AND kind = 'events.handle'")
+	}
+	rows, err := b.pool.Query(ctx, "SELECT event_id, count(*) FROM handled GROUP BY event_id")
+	require.NoError(t, err)
+	effects := map[uuid.UUID]int{}
+	for rows.Next() {
+		var (
+			id uuid.UUID
+			n  int
+		)
+		require.NoError(t, rows.Scan(&id, &n))
+		effects[id] = n
+	}
+	require.NoError(t, rows.Err())
+	for _, e := range es {
+		require.Equal(t, 1, effects[e.ID], "event %s: its effect, once (%d kills)", e.ID, kills)
+	}
+	t.Logf("%d kills", kills)
 }

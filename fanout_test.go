@@ -95,3 +95,74 @@ func TestReview18bStampBatchFailureRollsBackWhole(t *testing.T) {
 		}
 	}
 }
+
+// 5. FanOutTx, a recovered panic (MarshalJSON inside River): the host's tx
+// is still usable, and what the call did to the other events.
+func TestReviewPanicFanOutTxLeavesHostTxUsable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, reviewSub("marshals", false, false), mapSub("audit", false, "**"))
+	b.record(t, reviewEvent("ok", ""), reviewEvent("boom", "marshal"), reviewEvent("ok2", ""))
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "CREATE TEMP TABLE host_work (x int)")
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO host_work VALUES (1)")
+	require.NoError(t, err)
+	_, err = b.relay.FanOutTx(ctx, tx, b.client)
+	require.ErrorContains(t, err, "MarshalJSON panicked")
+	var x int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT x FROM host_work").Scan(&x), "the host's tx is usable")
+	require.Equal(t, 1, x)
+	var jobs int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&jobs))
+	require.Zero(t, jobs, "the failed call's jobs were rolled back")
+	require.NoError(t, tx.Commit(ctx))
+}
+
+// FanOutTx borrows the relay for one call: a Stop racing it has no run to
+// stop and must leave it alone, and a Start racing it gets ErrStarted or
+// wins. Neither panics nor races (run with -race).
+func TestFanOutTxRacingStop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	b.record(t, Event{Type: "a"})
+	for i := range 200 {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		fanned := make(chan error, 1)
+		go func() {
+			_, err := b.relay.FanOutTx(ctx, tx, b.client)
+			fanned <- err
+		}()
+		started := false
+		if i%4 == 3 {
+			err := b.relay.Start(ctx, b.client)
+			if err != nil {
+				require.ErrorIs(t, err, ErrStarted, "loop %d", i)
+			}
+			started = err == nil
+		}
+		// Stop again and again until FanOutTx returns, so that Stops land
+		// all through the call.
+		for err = nil; ; {
+			require.NoError(t, b.relay.Stop(ctx), "loop %d", i)
+			select {
+			case err = <-fanned:
+			default:
+				continue
+			}
+			break
+		}
+		if started {
+			if err != nil {
+				require.ErrorIs(t, err, ErrStarted, "loop %d", i)
+			}
+		} else {
+			require.NoError(t, err, "loop %d", i)
+		}
+		require.NoError(t, tx.Rollback(ctx))
+	}
+}

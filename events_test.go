@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,24 +17,32 @@ import (
 	"github.com/standmeet/events/internal/testdb"
 )
 
-// poolInMode opens a pool to url whose queries run in mode.
-func poolInMode(t *testing.T, url string, mode pgx.QueryExecMode) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	cfg.ConnConfig.DefaultQueryExecMode = mode
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+// A named schema whose name needs quoting (upper case) works like a
+// lower-case one: every statement, the channels, the watch triggers.
+func TestReview20MixedCaseSchemaEndToEnd(t *testing.T) {
+	t.Parallel()
+	exerciseAll(t, testdb.Pool(t, testdb.EmptyURL(t)), "Billing_EU", ListenerConfig{PollInterval: time.Hour})
 }
 
-var execModes = map[string]pgx.QueryExecMode{
-	"cache statement": pgx.QueryExecModeCacheStatement,
-	"cache describe":  pgx.QueryExecModeCacheDescribe,
-	"describe exec":   pgx.QueryExecModeDescribeExec,
-	"exec":            pgx.QueryExecModeExec,
-	"simple protocol": pgx.QueryExecModeSimpleProtocol,
+// The Outbox accepts exactly the schema names a River client accepts: one
+// Migrate creates but no River client can use (River keeps 63 bytes for
+// "<schema>.<its longest channel>") is refused up front, not after the
+// schema is created.
+func TestOutboxSchemaLengthIsRiversLimit(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t, testdb.URL(t))
+	for _, n := range []int{46, 47, 63} {
+		schema := "s" + strings.Repeat("x", n-1)
+		_, riverErr := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: schema, Logger: quietLogger()})
+		err := Outbox{Schema: schema}.Validate()
+		if riverErr != nil {
+			require.ErrorIs(t, err, ErrInvalidConfig, "%d bytes: River refuses it (%v), the Outbox must too", n, riverErr)
+		} else {
+			require.NoError(t, err, "%d bytes", n)
+		}
+	}
+	// A schema at River's limit works end to end, its channels hashed.
+	exerciseAll(t, testdb.Pool(t, testdb.EmptyURL(t)), "S"+strings.Repeat("x", 45), ListenerConfig{PollInterval: time.Hour})
 }
 
 // Every public function works in every pgx query exec mode (the usual
@@ -46,6 +55,85 @@ func TestEveryFunctionInEveryQueryExecMode(t *testing.T) {
 			exerciseAll(t, poolInMode(t, testdb.EmptyURL(t), mode), "", ListenerConfig{PollInterval: 50 * time.Millisecond})
 		})
 	}
+}
+
+// The quickstart's flow, and every public function, through a real PgBouncer
+// in transaction pooling mode, with the exec modes used behind it (PgBouncer
+// 1.18 keeps no prepared statements in this mode), and the relay and awaiter
+// either polling only or listening on a direct connection.
+func TestThroughPgBouncerInTransactionMode(t *testing.T) {
+	t.Parallel()
+	bouncer := testdb.PgBouncer(t)
+	for name, mode := range map[string]pgx.QueryExecMode{"exec": pgx.QueryExecModeExec, "simple protocol": pgx.QueryExecModeSimpleProtocol} {
+		t.Run(name+", poll only", func(t *testing.T) {
+			t.Parallel()
+			pool := poolInMode(t, bouncer.URL(testdb.EmptyURL(t)), mode)
+			requireThroughBouncer(t, pool)
+			exerciseAll(t, pool, "", ListenerConfig{PollOnly: true, PollInterval: 50 * time.Millisecond})
+		})
+		t.Run(name+", listening directly", func(t *testing.T) {
+			t.Parallel()
+			direct := testdb.EmptyURL(t)
+			pool := poolInMode(t, bouncer.URL(direct), mode)
+			requireThroughBouncer(t, pool)
+			exerciseAll(t, pool, "app", ListenerConfig{PollInterval: time.Hour,
+				Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, direct) }})
+		})
+	}
+}
+
+// Raising outbox_settings.notify_interval (the README's knob) must not
+// silence the SQL paths' notifications: the throttle allows one per
+// interval, not none. The slot number is the time divided by the interval,
+// so going from 1 ms to 1 s makes every new slot a thousand times smaller
+// than the one last taken, and outbox_notify() never notifies again (for
+// about fifty thousand years).
+func TestRaisingTheNotifyIntervalKeepsSQLNotificationsComing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '1 millisecond'")
+	exec(t, b.pool, "SELECT outbox_record('warm.up')")
+	exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '1 second'")
+
+	conn := listenEvents(t, b.url)
+	got := false
+	deadline := time.Now().Add(5 * time.Second) // five whole intervals
+	for !got && time.Now().Before(deadline) {
+		_, err := b.pool.Exec(ctx, "SELECT outbox_record('after.the.change')")
+		require.NoError(t, err)
+		got = notified(conn, 100*time.Millisecond)
+	}
+	require.True(t, got, "no SQL-side notification in five intervals of 1 s after notify_interval went from 1 ms to 1 s")
+}
+
+// With the SQL throttle at 0, every writing transaction notifies (the
+// setting is honoured both ways).
+func TestSQLThrottleZeroNotifiesEveryTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	exec(t, b.pool, "UPDATE outbox_settings SET notify_interval = '0'")
+	conn, err := pgx.Connect(ctx, b.url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "LISTEN "+ChannelEvents)
+	require.NoError(t, err)
+	for range 3 {
+		exec(t, b.pool, "SELECT outbox_record('a')")
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		require.NoError(t, err)
+	}
+}
+
+var execModes = map[string]pgx.QueryExecMode{
+	"cache statement": pgx.QueryExecModeCacheStatement,
+	"cache describe":  pgx.QueryExecModeCacheDescribe,
+	"describe exec":   pgx.QueryExecModeDescribeExec,
+	"exec":            pgx.QueryExecModeExec,
+	"simple protocol": pgx.QueryExecModeSimpleProtocol,
 }
 
 // exerciseAll runs the quickstart's flow and every public function on pool,
@@ -196,31 +284,6 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 	require.Len(t, subs, 3)
 	require.NoError(t, o.RetireSubscriber(ctx, pool, "broken"))
 	require.NoError(t, o.RemoveWatch(ctx, pool, "", "watched", ""))
-}
-
-// The quickstart's flow, and every public function, through a real PgBouncer
-// in transaction pooling mode, with the exec modes used behind it (PgBouncer
-// 1.18 keeps no prepared statements in this mode), and the relay and awaiter
-// either polling only or listening on a direct connection.
-func TestThroughPgBouncerInTransactionMode(t *testing.T) {
-	t.Parallel()
-	bouncer := testdb.PgBouncer(t)
-	for name, mode := range map[string]pgx.QueryExecMode{"exec": pgx.QueryExecModeExec, "simple protocol": pgx.QueryExecModeSimpleProtocol} {
-		t.Run(name+", poll only", func(t *testing.T) {
-			t.Parallel()
-			pool := poolInMode(t, bouncer.URL(testdb.EmptyURL(t)), mode)
-			requireThroughBouncer(t, pool)
-			exerciseAll(t, pool, "", ListenerConfig{PollOnly: true, PollInterval: 50 * time.Millisecond})
-		})
-		t.Run(name+", listening directly", func(t *testing.T) {
-			t.Parallel()
-			direct := testdb.EmptyURL(t)
-			pool := poolInMode(t, bouncer.URL(direct), mode)
-			requireThroughBouncer(t, pool)
-			exerciseAll(t, pool, "app", ListenerConfig{PollInterval: time.Hour,
-				Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, direct) }})
-		})
-	}
 }
 
 // requireThroughBouncer checks that pool reaches PostgreSQL through a proxy:

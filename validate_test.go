@@ -10,13 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/standmeet/events/internal/glob"
 	"github.com/standmeet/events/internal/testdb"
-)
-
-var (
-	fuzzPoolOnce sync.Once
-	fuzzPool     *pgxpool.Pool
 )
 
 // FuzzValidate checks that Validate never panics, and that whatever it accepts
@@ -75,44 +69,7 @@ func FuzzValidate(f *testing.F) {
 	})
 }
 
-// FuzzGlobMatch checks that pattern compilation never panics and that
-// matching agrees with a few laws: a literal pattern matches exactly itself,
-// "**" matches every type, and "*" stands for exactly one segment.
-func FuzzGlobMatch(f *testing.F) {
-	for _, seed := range [][2]string{
-		{"corpus.note.*", "corpus.note.changed"},
-		{"supplier.**", "supplier"},
-		{"**.deleted", "a.b.deleted"},
-		{"a.**.z", "a.z"},
-		{"*", "a.b"},
-		{"a..b", "a.b"},
-		{"note*", "note"},
-	} {
-		f.Add(seed[0], seed[1])
-	}
-	f.Fuzz(func(t *testing.T, pattern, typ string) {
-		p, err := glob.Compile(pattern)
-		if ValidateType(typ) != nil {
-			return
-		}
-		all, _ := glob.Compile("**")
-		if !all.Match(typ) {
-			t.Fatalf("** does not match %q", typ)
-		}
-		lit, err2 := glob.Compile(typ)
-		if err2 != nil || !lit.Match(typ) {
-			t.Fatalf("the literal pattern %q does not match itself: %v", typ, err2)
-		}
-		if err != nil {
-			return
-		}
-		matched := p.Match(typ)
-		if !strings.Contains(pattern, "*") && matched != (pattern == typ) {
-			t.Fatalf("literal pattern %q vs %q: match %v", pattern, typ, matched)
-		}
-		one, _ := glob.Compile(strings.Repeat("*.", strings.Count(typ, ".")) + "*")
-		if !one.Match(typ) {
-			t.Fatalf("one * per segment does not match %q", typ)
-		}
-	})
-}
+var (
+	fuzzPoolOnce sync.Once
+	fuzzPool     *pgxpool.Pool
+)

@@ -18,7 +18,7 @@ import (
 	"github.com/standmeet/events/internal/testdb"
 )
 
-// 6. An insert middleware that panics on River's error (a "strict"
+// An insert middleware that panics on River's error (a "strict"
 // middleware) when PostgreSQL refuses one row (jsonb cannot hold \u0000):
 // the panic value carries the *pgconn.PgError but %v drops it, and the
 // round's transaction is aborted, so isRowFault's probe fails: the row is

@@ -96,7 +96,7 @@ func TestReview18bStampBatchFailureRollsBackWhole(t *testing.T) {
 	}
 }
 
-// 5. FanOutTx, a recovered panic (MarshalJSON inside River): the host's tx
+// FanOutTx, a recovered panic (MarshalJSON inside River): the host's tx
 // is still usable, and what the call did to the other events.
 func TestReviewPanicFanOutTxLeavesHostTxUsable(t *testing.T) {
 	t.Parallel()

@@ -1405,7 +1405,7 @@ func TestOrderedWorkerRunsOnInItsChain(t *testing.T) {
 	require.True(t, ranOn, "every job was fetched after the one before it completed: the worker did not run on")
 }
 
-// 3. Kind() of an ordered, coalescing subscriber's args is called by the
+// Kind() of an ordered, coalescing subscriber's args is called by the
 // relay (orderChains) to decide whether to replace the pending tail.
 func TestReviewPanicOrderedCoalesceKind(t *testing.T) {
 	t.Parallel()
@@ -1419,7 +1419,7 @@ func TestReviewPanicOrderedCoalesceKind(t *testing.T) {
 	require.Contains(t, rows[es[1].ID].Fanout, "chain")
 }
 
-// 4. MarshalJSON of a job that replaces a pending tail is called by the
+// MarshalJSON of a job that replaces a pending tail is called by the
 // relay (chainPlan.queue, json.Marshal): River never sees that job.
 func TestReviewPanicOrderedCoalesceMarshal(t *testing.T) {
 	t.Parallel()

@@ -50,7 +50,7 @@ func TestJobArgsPanickingAreChargedToTheirPair(t *testing.T) {
 	}
 }
 
-// 2. InsertOpts() is called by the relay itself (plan.go insertOpts) to
+// InsertOpts() is called by the relay itself (plan.go insertOpts) to
 // build InsertManyParams, before insertMany's recover is in place.
 func TestReviewPanicInsertOptsInFanOutTx(t *testing.T) {
 	t.Parallel()

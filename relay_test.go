@@ -696,11 +696,11 @@ func TestStopDuringAStartBlockedOnRegistration(t *testing.T) {
 	requireClosed(t, b.relay.Ready(), "relay ready after the interrupted Start")
 }
 
-// Guard (the converse of TestReview21ALockedPendingRow…): while another
-// session holds a pending row locked, so that every look leads to a claim
-// of nothing, rows that keep arriving quietly (one every 10 ms, as trigger
-// rows do) are still found by the re-checks: a claim that finds rows starts
-// them over.
+// Guard (the converse of TestTheRechecksSlowDownWhenIdle's locked row):
+// while another session holds a pending row locked, so that every look leads
+// to a claim of nothing, rows that keep arriving quietly (one every 10 ms, as
+// trigger rows do) are still found by the re-checks: a claim that finds rows
+// starts them over.
 func TestReview22ALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -1,11 +1,14 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -229,4 +232,18 @@ func TestSealedValueIsBoundToItsEndpoint(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.wh.openSecrets(&got, time.Now())
 	require.ErrorIs(t, err, ErrUnsealing)
+}
+
+// A Key's bytes do not leave through JSON (a host logging its Config with
+// slog's JSON handler, or dumping it).
+func TestKeyBytesDoNotLeak(t *testing.T) {
+	k := testKey("k1")
+	cfg := Config{Keys: []Key{k}}
+	raw := base64.StdEncoding.EncodeToString(k.Key)
+	j, err := json.Marshal(cfg)
+	require.NoError(t, err)
+	require.NotContains(t, string(j), raw, "json.Marshal(Config)")
+	var logged bytes.Buffer
+	slog.New(slog.NewJSONHandler(&logged, nil)).Info("config", "webhook", cfg)
+	require.NotContains(t, logged.String(), raw, "slog JSON handler")
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -72,5 +73,43 @@ func TestPortPolicy(t *testing.T) {
 	b.record(t, events.Event{Type: "a"})
 	a := b.attempts(t, ep.ID, 1)[0]
 	require.Equal(t, "forbidden_address", a.ErrorClass, a.Error)
+	require.Zero(t, calls.Load())
+}
+
+// IPv4-translated addresses (::ffff:0:a.b.c.d, RFC 2765's SIIT) are an
+// IPv6 transition form a translator turns into the IPv4 address inside,
+// where the guard cannot see: refused like ::/96, 2002::/16 and the rest.
+func TestGuardRefusesIPv4Translated(t *testing.T) {
+	for _, s := range []string{"::ffff:0:7f00:1", "::ffff:0:a9fe:a9fe", "::ffff:0:a00:1", "::ffff:0:5db8:d822"} {
+		require.ErrorIs(t, CheckAddress(netip.MustParseAddr(s)), ErrForbiddenAddress, s)
+		_, err := guard{}.validateURL("http://[" + s + "]/")
+		require.ErrorIs(t, err, ErrForbiddenAddress, s)
+	}
+}
+
+// A URL spelled as a number that got into the table (written before this
+// check existed) is refused at dial time, without asking the resolver,
+// which would read 127.1 as 127.0.0.1.
+func TestNumericHostIsNotResolved(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil) // loopback allowed: only the spelling is refused
+	var calls, lookups atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { calls.Add(1) }))
+	defer srv.Close()
+	b.wh.lookup = func(context.Context, string) ([]netip.Addr, error) {
+		lookups.Add(1) // what the system resolver would answer
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	ep, err := b.wh.Create(ctx, EndpointParams{URL: srv.URL, Types: []string{"**"}})
+	require.NoError(t, err)
+	u, _ := url.Parse(srv.URL)
+	_, err = b.pool.Exec(ctx, "UPDATE webhook_endpoints SET url = $2 WHERE id = $1", ep.ID,
+		"http://"+strings.Replace(u.Host, "127.0.0.1", "127.1", 1)+"/")
+	require.NoError(t, err)
+	b.record(t, events.Event{Type: "a"})
+	a := b.attempts(t, ep.ID, 1)[0]
+	require.Equal(t, "forbidden_address", a.ErrorClass, a.Error)
+	require.Zero(t, lookups.Load(), "never handed to the resolver")
 	require.Zero(t, calls.Load())
 }

@@ -536,3 +536,29 @@ func TestEndpointAPI(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 	require.ErrorIs(t, b.wh.Delete(ctx, ep.ID), ErrNotFound)
 }
+
+// A refused config field is an *events.ValidationError naming it, as in
+// the root package.
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	for _, c := range []struct {
+		cfg   *Config
+		field string
+	}{
+		{&Config{MaxResponseBytes: -1}, "MaxResponseBytes"},
+		{&Config{BreakerInterval: -1}, "BreakerInterval"},
+		{&Config{AllowedPorts: []int{443, 0}}, "AllowedPorts[1]"},
+		{&Config{Keys: []Key{{ID: "k", Key: []byte("short")}}}, "Keys[0].Key"},
+		{&Config{Keys: []Key{{ID: "bad id", Key: make([]byte, 32)}}}, "Keys[0].ID"},
+		{&Config{Outbox: events.Outbox{Schema: "a-b"}}, "Outbox.Schema"},
+	} {
+		_, err := New(pool, c.cfg)
+		var ve *events.ValidationError
+		require.ErrorAs(t, err, &ve, c.field)
+		require.ErrorIs(t, err, events.ErrInvalidConfig, c.field)
+		require.Equal(t, c.field, ve.Field)
+	}
+	_, err := New(nil, nil)
+	require.ErrorIs(t, err, events.ErrInvalidConfig)
+}

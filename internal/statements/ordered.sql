@@ -6,6 +6,11 @@
 -- Where River's insert notification is sent, River's channel is named as
 -- River names it (riverpgxv5's PGNotifyMany): the schema, or
 -- current_schema() for the search_path, and ".river_insert".
+--
+-- A river_job row these join to by ID is checked with state::text, not
+-- state: River's jobs are seldom pending, so the statistics say a handful
+-- are, and the planner would scan every pending job through River's index
+-- on state, once per row joined (migration 013 says more).
 
 -- name: ChainPrepare
 -- Reports, for each chain a round appends to, the earliest event of its
@@ -50,7 +55,7 @@ rel AS (
        SET state = CASE WHEN j.scheduled_at > clock_timestamp() THEN 'scheduled'::/* TEMPLATE: schema */river_job_state
                         ELSE 'available'::/* TEMPLATE: schema */river_job_state END
       FROM up JOIN unnest($1::text[], $2::text[], $4::bigint[]) AS f(sub, subj, first_job) ON f.sub = up.subscriber AND f.subj = up.subject
-     WHERE up.head_job = f.first_job AND j.id = f.first_job AND j.state = 'pending'
+     WHERE up.head_job = f.first_job AND j.id = f.first_job AND j.state::text = 'pending'
     RETURNING j.queue)
 SELECT pg_notify(concat(coalesce($12::text, current_schema()), '.river_insert'), json_build_object('queue', q.queue)::text)
   FROM (SELECT DISTINCT queue FROM rel) q;
@@ -73,7 +78,7 @@ heads AS (
 replaced AS (
     UPDATE /* TEMPLATE: schema */river_job AS j SET args = u.args::jsonb
       FROM unnest($12::bigint[], $13::text[]) AS u(id, args)
-     WHERE j.id = u.id AND j.state = 'pending')
+     WHERE j.id = u.id AND j.state::text = 'pending')
 SELECT 1;
 
 -- name: ChainDefer
@@ -150,7 +155,7 @@ back AS (
            attempted_at = CASE WHEN h.failed OR j.attempt > 1 THEN j.attempted_at END,
            attempted_by = CASE WHEN h.failed THEN j.attempted_by ELSE j.attempted_by[1:array_length(j.attempted_by, 1) - 1] END
       FROM h
-     WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.att
+     WHERE j.id = h.id AND j.state::text = 'running' AND j.attempt = h.att
     RETURNING j.queue, j.state)
 SELECT pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', queue)::text)
   FROM back WHERE state = 'available';
@@ -179,7 +184,7 @@ r AS (
     UPDATE /* TEMPLATE: schema */river_job
        SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::/* TEMPLATE: schema */river_job_state
                         ELSE 'available'::/* TEMPLATE: schema */river_job_state END
-     WHERE id IN (SELECT job_id FROM l) AND state = 'pending'
+     WHERE id IN (SELECT job_id FROM l) AND state::text = 'pending'
     RETURNING queue)
 SELECT (SELECT count(*) FROM l),
        (SELECT count(pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', q.queue)::text))

@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/standmeet/events/internal/groupbatch"
 	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 )
@@ -573,7 +574,16 @@ func (w *handleWorker) runChain(ctx context.Context, sub *subscription, job *riv
 	// A job River started before its turn (given back to River while jobs
 	// before it wait) waits for it without running its handler.
 	var early bool
-	if err := w.pool.QueryRow(ctx, w.sql.Ordered.ChainOutOfTurn, job.ID).Scan(&early); err != nil {
+	if err := w.chains.Do(ctx, &groupbatch.Item{Key: chainKeyOf(sub, e), SQL: w.sql.Ordered.ChainOutOfTurn, Args: []any{job.ID},
+		Scan: func(rows pgx.Rows) error {
+			early = false
+			for rows.Next() {
+				if err := rows.Scan(&early); err != nil {
+					return err
+				}
+			}
+			return nil
+		}}); err != nil {
 		return fmt.Errorf("events: ordered job %d: %w", job.ID, err)
 	}
 	if early {
@@ -646,7 +656,7 @@ func (w *handleWorker) runBatch(ctx context.Context, sub *subscription, jobs []*
 			}
 			w.handBack(ctx, sub, jobs[done:], failedID, err)
 			if done > 0 {
-				w.completeRan(ctx, jobs[:done])
+				w.completeRan(ctx, chainKeyOf(sub, es[0]), jobs[:done])
 			}
 		}()
 	}
@@ -661,7 +671,7 @@ func (w *handleWorker) runBatch(ctx context.Context, sub *subscription, jobs []*
 			}
 		}
 		failed, done = -1, len(es)
-		next, err := completeAndTake(ctx, w.pool, w.sql, jobs, takeBy)
+		next, err := completeAndTake(ctx, w.chains.Do, w.sql, chainKeyOf(sub, es[0]), jobs, takeBy)
 		if err != nil {
 			done = 0 // not completed: given back, not counted
 		}
@@ -679,7 +689,7 @@ func (w *handleWorker) runBatch(ctx context.Context, sub *subscription, jobs []*
 			}
 		}
 		failed = -1
-		next, err = completeAndTake(ctx, tx, w.sql, jobs, takeBy)
+		next, err = completeAndTake(ctx, alone(tx), w.sql, chainKeyOf(sub, es[0]), jobs, takeBy)
 		return err
 	})
 	if err != nil {
@@ -689,38 +699,38 @@ func (w *handleWorker) runBatch(ctx context.Context, sub *subscription, jobs []*
 	return next, nil
 }
 
-// completeAndTake completes jobs in their chain (ChainComplete) and returns
-// the next jobs of the chain if takeBy took them, none if the next was
-// released (or the chain is empty). A refusal is a *chainRefusal, and
-// nothing is done.
-func completeAndTake(ctx context.Context, db DB, sql *statements.Set, jobs []*rivertype.JobRow, takeBy *string) ([]*rivertype.JobRow, error) {
+// completeAndTake completes jobs, of the chain key, in their chain
+// (ChainComplete) by run, and returns the next jobs of the chain if takeBy
+// took them, none if the next was released (or the chain is empty). A
+// refusal is a *chainRefusal, and nothing is done.
+func completeAndTake(ctx context.Context, run runStatement, sql *statements.Set, key string, jobs []*rivertype.JobRow, takeBy *string) ([]*rivertype.JobRow, error) {
 	ids, attempts := idsAndAttempts(jobs)
-	rows, err := db.Query(ctx, sql.Ordered.ChainComplete, ids, attempts, nilIfEmpty(sql.Schema), takeBy, chainTake, riverMaxAttemptedBy)
-	if err != nil {
-		return nil, fmt.Errorf("events: completing ordered job %d: %w", ids[0], err)
-	}
 	var (
 		outcome string
 		next    []*rivertype.JobRow
-		now     = time.Now()
 	)
-	for rows.Next() {
-		var (
-			id, attempt, maxAttempts *int64
-			args                     []byte
-			tags                     []string
-			queue                    *string
-		)
-		if err := rows.Scan(&outcome, &id, &attempt, &args, &tags, &maxAttempts, &queue); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("events: completing ordered job %d: %w", ids[0], err)
+	scan := func(rows pgx.Rows) error {
+		outcome, next = "", nil
+		now := time.Now()
+		for rows.Next() {
+			var (
+				id, attempt, maxAttempts *int64
+				args                     []byte
+				tags                     []string
+				queue                    *string
+			)
+			if err := rows.Scan(&outcome, &id, &attempt, &args, &tags, &maxAttempts, &queue); err != nil {
+				return err
+			}
+			if id != nil {
+				next = append(next, &rivertype.JobRow{ID: *id, Attempt: int(*attempt), AttemptedAt: &now, EncodedArgs: args, Kind: jobs[0].Kind,
+					MaxAttempts: int(*maxAttempts), Queue: *queue, State: rivertype.JobStateRunning, Tags: tags})
+			}
 		}
-		if id != nil {
-			next = append(next, &rivertype.JobRow{ID: *id, Attempt: int(*attempt), AttemptedAt: &now, EncodedArgs: args, Kind: jobs[0].Kind,
-				MaxAttempts: int(*maxAttempts), Queue: *queue, State: rivertype.JobStateRunning, Tags: tags})
-		}
+		return nil
 	}
-	if err := rows.Err(); err != nil {
+	if err := run(ctx, &groupbatch.Item{Key: key, SQL: sql.Ordered.ChainComplete,
+		Args: []any{ids, attempts, nilIfEmpty(sql.Schema), takeBy, chainTake, riverMaxAttemptedBy}, Scan: scan}); err != nil {
 		return nil, fmt.Errorf("events: completing ordered job %d: %w", ids[0], err)
 	}
 	switch outcome {
@@ -731,12 +741,27 @@ func completeAndTake(ctx context.Context, db DB, sql *statements.Set, jobs []*ri
 	return next, nil
 }
 
+// runStatement runs a chain statement: alone, or batched with other
+// workers' (handleWorker.chains).
+type runStatement func(context.Context, *groupbatch.Item) error
+
+// alone runs a chain statement alone on q (a HandleTx handler's
+// transaction, whose writes commit with it).
+func alone(q groupbatch.Querier) runStatement {
+	return func(ctx context.Context, it *groupbatch.Item) error { return groupbatch.Run(ctx, q, it) }
+}
+
+// chainOf is the key that orders, in a batch of chain statements, the
+// statements of e's chain for sub: by subscriber, then subject, as a
+// relay's stamp locks the chains it appends to.
+func chainKeyOf(sub *subscription, e Event) string { return sub.Name + "\x00" + e.Subject }
+
 // completeRan completes, after a later job of their batch failed, the
 // taken jobs whose handlers succeeded (releasing the next), retried like
 // handBack.
-func (w *handleWorker) completeRan(ctx context.Context, jobs []*rivertype.JobRow) {
+func (w *handleWorker) completeRan(ctx context.Context, key string, jobs []*rivertype.JobRow) {
 	err := retryBriefly(ctx, func(ctx context.Context) error {
-		_, err := completeAndTake(ctx, w.pool, w.sql, jobs, nil)
+		_, err := completeAndTake(ctx, w.chains.Do, w.sql, key, jobs, nil)
 		if ref := (*chainRefusal)(nil); errors.As(err, &ref) {
 			return nil // not ours to complete any more
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/standmeet/events/internal/groupbatch"
 	"github.com/standmeet/events/internal/logging"
 	"github.com/standmeet/events/internal/statements"
 )
@@ -32,7 +33,7 @@ func (HandleArgs) Kind() string { return "events.handle" }
 // the River client. It is [Outbox.AddWorkers] with the relay's pool and
 // subscribers (those subscribed later too).
 func (r *Relay) AddWorkers(workers *river.Workers) error {
-	return addHandleWorker(workers, &handleWorker{pool: r.pool, sql: r.sql, logger: r.logger, lookup: r.subscription})
+	return addHandleWorker(workers, newHandleWorker(r.pool, r.sql, r.logger, r.subscription))
 }
 
 // AddWorkers registers into workers the worker of the jobs of the Handle
@@ -65,7 +66,7 @@ func (o Outbox) AddWorkers(workers *river.Workers, pool *pgxpool.Pool, subscribe
 		byName[s.Name] = sub
 	}
 	lookup := func(name string) *subscription { return byName[name] }
-	return addHandleWorker(workers, &handleWorker{pool: pool, sql: sql, logger: logging.Default(), lookup: lookup})
+	return addHandleWorker(workers, newHandleWorker(pool, sql, logging.Default(), lookup))
 }
 
 func addHandleWorker(workers *river.Workers, w *handleWorker) error {
@@ -88,6 +89,21 @@ type handleWorker struct {
 	sql    *statements.Set
 	logger *slog.Logger
 	lookup func(name string) *subscription
+	// chains batches the chain statements (completions, turn checks) of
+	// the workers running ordered Handle jobs at the same moment.
+	chains *groupbatch.Batcher
+}
+
+// Chain statements batched together: at most chainBatchMax, each batch
+// within chainBatchTimeout.
+const (
+	chainBatchMax     = 100
+	chainBatchTimeout = 30 * time.Second
+)
+
+func newHandleWorker(pool *pgxpool.Pool, sql *statements.Set, logger *slog.Logger, lookup func(string) *subscription) *handleWorker {
+	return &handleWorker{pool: pool, sql: sql, logger: logger, lookup: lookup,
+		chains: groupbatch.New(pool, chainBatchMax, chainBatchTimeout)}
 }
 
 // jobContextKey carries the River job a handler runs in its context.

@@ -751,10 +751,18 @@ func alone(q groupbatch.Querier) runStatement {
 	return func(ctx context.Context, it *groupbatch.Item) error { return groupbatch.Run(ctx, q, it) }
 }
 
-// chainOf is the key that orders, in a batch of chain statements, the
-// statements of e's chain for sub: by subscriber, then subject, as a
-// relay's stamp locks the chains it appends to.
-func chainKeyOf(sub *subscription, e Event) string { return sub.Name + "\x00" + e.Subject }
+// chainKeyOf is the key that orders, in a batch of chain statements, the
+// statements of e's chain for sub, so that a batch locks chains in the
+// order a relay's round does: a coalescing subscriber's first (its
+// prepare locks them), then the others (its stamp), each by subscriber,
+// then subject.
+func chainKeyOf(sub *subscription, e Event) string {
+	group := "1"
+	if sub.Coalesce {
+		group = "0"
+	}
+	return group + sub.Name + "\x00" + e.Subject
+}
 
 // completeRan completes, after a later job of their batch failed, the
 // taken jobs whose handlers succeeded (releasing the next), retried like

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/groupbatch"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -1499,4 +1500,123 @@ func TestOrderedCompletionFindsItsJobsByID(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, taken, chainTake)
 	require.Equal(t, before, scans(), "the completion went through another index of river_job than its primary key")
+}
+
+// A batch of chain statements (handleWorker.chains) locks its chains in
+// key order, byte order of "subscriber\x00subject", holding each until the
+// whole batch commits. A relay's round does not lock them in that order: it
+// locks a coalescing subscriber's chains first (ChainPrepare, $12), and the
+// other chains only with its stamp (ChainAppendLate), each group in the
+// database's collation. A batch holding a plain subscriber's chain and then
+// waiting for a coalescing subscriber's chain, while a round holds that one
+// (prepared) and waits for the plain one (its stamp), is a deadlock:
+// PostgreSQL aborts the round (or the batch, which then runs its items
+// alone), after deadlock_timeout. Before the batcher each completion locked
+// one chain in a transaction of its own, and could not deadlock so.
+func TestOrderedBatchAndARelaysRoundLockChainsInOneOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	handle := func(context.Context, Event) error { return nil }
+	b := setup(t, setupOpts{},
+		Subscriber{Name: "a", Types: []string{"a"}, Ordered: true, Handle: handle},
+		Subscriber{Name: "z", Types: []string{"z"}, Ordered: true, Coalesce: true, Handle: handle})
+	b.record(t, Event{Type: "a", Subject: "s"}, Event{Type: "z", Subject: "s"})
+	_, err := fanOutTxOnce(t, b)
+	require.NoError(t, err)
+	// Both chains' heads run, as River runs them.
+	heads := map[string]*rivertype.JobRow{}
+	rows, err := b.pool.Query(ctx, `UPDATE river_job j SET state = 'running', attempt = 1, attempted_at = now()
+		FROM outbox_chains c WHERE j.id = c.head_job RETURNING c.subscriber, j.id, j.kind, j.attempt`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var (
+			sub string
+			j   rivertype.JobRow
+		)
+		require.NoError(t, rows.Scan(&sub, &j.ID, &j.Kind, &j.Attempt))
+		heads[sub] = &j
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, heads, 2)
+	// The next round's events: one more job on each chain.
+	b.record(t, Event{Type: "a", Subject: "s"}, Event{Type: "z", Subject: "s"})
+
+	// Gates the test opens: advisory locks 1 (a batch in flight, so that
+	// the next statements go together) and 2 (the next batch, between its
+	// two chains).
+	gate, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer gate.Release()
+	_, err = gate.Exec(ctx, "SELECT pg_advisory_lock(1), pg_advisory_lock(2)")
+	require.NoError(t, err)
+	waitsOnGate := func(key int) func() bool {
+		return func() bool {
+			var n int
+			err := b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND NOT granted", key).Scan(&n)
+			return err == nil && n > 0
+		}
+	}
+	drain := func(rows pgx.Rows) error {
+		for rows.Next() {
+		}
+		return nil
+	}
+	w := newHandleWorker(b.pool, b.relay.sql, quietLogger(), b.relay.subscription)
+	var (
+		wg                   sync.WaitGroup
+		leadErr, gateErr     error
+		errA, errZ, roundErr error
+		complete             = func(name string) error {
+			_, err := completeAndTake(ctx, w.chains.Do, b.relay.sql, chainKeyOf(b.relay.subscription(name), Event{Subject: "s"}),
+				[]*rivertype.JobRow{heads[name]}, nil)
+			return err
+		}
+	)
+	wg.Go(func() {
+		leadErr = w.chains.Do(ctx, &groupbatch.Item{SQL: "SELECT pg_advisory_xact_lock(1)::text", Scan: drain})
+	})
+	require.Eventually(t, waitsOnGate(1), 10*time.Second, 5*time.Millisecond)
+	wg.Go(func() { errA = complete("a") })
+	wg.Go(func() { errZ = complete("z") })
+	// Sorts between the two chains: holds the next batch with chain (a, s)
+	// locked. The batch's transaction leaves finding the deadlock to the
+	// round (deadlock_timeout is local to the transaction).
+	wg.Go(func() {
+		gateErr = w.chains.Do(ctx, &groupbatch.Item{Key: "m",
+			SQL: "SELECT pg_advisory_xact_lock(2)::text, set_config('deadlock_timeout', '1min', true)", Scan: drain})
+	})
+	time.Sleep(300 * time.Millisecond) // the three queue behind the batch in flight
+	_, err = gate.Exec(ctx, "SELECT pg_advisory_unlock(1)")
+	require.NoError(t, err)
+	require.Eventually(t, waitsOnGate(2), 10*time.Second, 5*time.Millisecond)
+
+	// The round: its prepare locks chain (z, s), a coalescing subscriber's;
+	// its stamp then waits for chain (a, s), which the batch holds.
+	roundDone := make(chan struct{})
+	wg.Go(func() {
+		defer close(roundDone)
+		roundErr = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			_, err := b.relay.FanOutTx(ctx, tx, b.client)
+			return err
+		})
+	})
+	require.Eventually(t, func() bool {
+		select {
+		case <-roundDone: // it did not have to wait
+			return true
+		default:
+		}
+		var n int
+		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')`).Scan(&n)
+		return err == nil && n > 0
+	}, 10*time.Second, time.Millisecond, "the round neither waited for a chain nor finished")
+	_, err = gate.Exec(ctx, "SELECT pg_advisory_unlock(2)")
+	require.NoError(t, err)
+	wg.Wait()
+	require.NoError(t, leadErr)
+	require.NoError(t, gateErr)
+	require.NoError(t, errA)
+	require.NoError(t, errZ)
+	require.NoError(t, roundErr, "the relay's round deadlocked with a batch of chain completions")
 }

@@ -94,16 +94,17 @@ type handleWorker struct {
 	chains *groupbatch.Batcher
 }
 
-// Chain statements batched together: at most chainBatchMax, each batch
-// within chainBatchTimeout.
+// Chain statements batched together: at most chainBatchMax per batch,
+// chainBatchLanes batches at once, each within chainBatchTimeout.
 const (
 	chainBatchMax     = 100
+	chainBatchLanes   = 1
 	chainBatchTimeout = 30 * time.Second
 )
 
 func newHandleWorker(pool *pgxpool.Pool, sql *statements.Set, logger *slog.Logger, lookup func(string) *subscription) *handleWorker {
 	return &handleWorker{pool: pool, sql: sql, logger: logger, lookup: lookup,
-		chains: groupbatch.New(pool, chainBatchMax, chainBatchTimeout)}
+		chains: groupbatch.New(pool, chainBatchMax, chainBatchLanes, chainBatchTimeout)}
 }
 
 // jobContextKey carries the River job a handler runs in its context.

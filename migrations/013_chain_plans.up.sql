@@ -6,7 +6,13 @@
 -- 23,000 pages (18 ms) to take 21 jobs. state::text matches no index, so
 -- the jobs are looked up by primary key, whatever the statistics say.
 --
--- Online: a function only.
+-- outbox_chain_prepare (the 12-argument overload of 012) locks a coalescing
+-- subscriber's chains in byte order ("C"), not the database's collation: a
+-- worker process sends its chains' completions in one transaction, which
+-- locks them in that order (chainKeyOf, ordered.go), and two orders of the
+-- same rows can deadlock.
+--
+-- Online: functions only.
 CREATE OR REPLACE FUNCTION outbox_chain_complete(p_jobs bigint[], p_attempts integer[], p_channel text, p_take_by text, p_take integer,
     p_max_attempted_by integer)
 RETURNS TABLE (outcome text, job_id bigint, attempt integer, args jsonb, tags text[], max_attempts integer, queue text)
@@ -98,5 +104,44 @@ BEGIN
         PERFORM pg_notify(p_channel, json_build_object('queue', q)::text);
     END IF;
     RETURN QUERY SELECT 'advanced'::text, NULL::bigint, NULL::integer, NULL::jsonb, NULL::text[], NULL::integer, NULL::text;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_chain_prepare(subs text[], subjects text[], min_seqs bigint[], max_seqs bigint[], res text[], blocks boolean[],
+    counts bigint[], claimed bigint[], pair_seqs bigint[], pair_subs text[], wait_ms integer, locks boolean[])
+RETURNS TABLE (subscriber text, subject text, head_job bigint, tail_job bigint, next_pos bigint, blocked boolean,
+    blocker_seq bigint, blocker_due timestamptz, tail_kind text, tail_seq bigint)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    seqs bigint[];
+    old_timeout text;
+BEGIN
+    SELECT array_agg(b.blocker_seq) INTO seqs
+      FROM outbox_chain_blockers(subs, subjects, min_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
+     WHERE b.blocker_seq IS NOT NULL;
+    IF seqs IS NOT NULL AND wait_ms > 0 THEN
+        old_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+            PERFORM 1 FROM outbox_events WHERE seq = ANY(seqs) FOR KEY SHARE;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL; -- still held: the blocker stays a blocker
+        END;
+    END IF;
+    RETURN QUERY
+    WITH up AS (
+        INSERT INTO outbox_chains AS c (subscriber, subject, next_pos)
+        SELECT u.sub, u.subj, u.n FROM unnest(subs, subjects, counts, locks) AS u(sub, subj, n, lk) WHERE u.lk ORDER BY u.sub COLLATE "C", u.subj COLLATE "C"
+        ON CONFLICT ON CONSTRAINT outbox_chains_pkey DO UPDATE SET next_pos = c.next_pos + EXCLUDED.next_pos
+        RETURNING c.subscriber, c.subject, c.head_job, c.tail_job, c.next_pos, c.blocked_at IS NOT NULL AS blocked)
+    SELECT b.subscriber, b.subject, up.head_job, up.tail_job, coalesce(up.next_pos, 0::bigint), coalesce(up.blocked, false),
+        b.blocker_seq, b.blocker_due,
+        (SELECT j.kind FROM river_job j WHERE j.id = up.tail_job AND up.tail_job IS DISTINCT FROM up.head_job AND j.state = 'pending'),
+        (SELECT l.event_seq FROM outbox_chain_jobs l WHERE l.job_id = up.tail_job)
+      FROM outbox_chain_blockers(subs, subjects, max_seqs, res, blocks, claimed, pair_seqs, pair_subs) b
+      LEFT JOIN up ON b.subscriber = up.subscriber AND b.subject = up.subject;
 END
 $$;

@@ -338,6 +338,37 @@ func TestLeastPrivilegedHostRoleKeepsWritingAfterMigrate(t *testing.T) {
 		_, err := Record(ctx, tx, Event{Type: "order.placed"})
 		return err
 	}), "after Migrate: Record as the host role")
+
+	// Under SERIALIZABLE events are noted in a temporary table (migration
+	// 014): with the TEMPORARY privilege PUBLIC has by default, and without
+	// it (nothing noted: RecordedInTx reads the outbox).
+	serializable := func(f func(tx pgx.Tx) error) error {
+		return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+ident); err != nil {
+				return err
+			}
+			return f(tx)
+		})
+	}
+	recordAndList := func(tx pgx.Tx) error {
+		if _, err := Record(ctx, tx, Event{Type: "order.placed"}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id) VALUES ((SELECT max(id) + 1 FROM orders))"); err != nil {
+			return err
+		}
+		made, err := RecordedInTx(ctx, tx)
+		if err == nil && len(made) != 2 {
+			err = fmt.Errorf("RecordedInTx returned %d events, want 2", len(made))
+		}
+		return err
+	}
+	require.NoError(t, serializable(recordAndList), "SERIALIZABLE, as the host role")
+	var db string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_database()").Scan(&db))
+	exec(t, pool, "REVOKE TEMPORARY ON DATABASE "+pgx.Identifier{db}.Sanitize()+" FROM PUBLIC")
+	pool.Reset() // sessions that made the temporary table already
+	require.NoError(t, serializable(recordAndList), "SERIALIZABLE, as a host role that may not make temporary tables")
 }
 
 // Migration 006 carries 0.1.0's catch_up lists over into owed pairs, and a

@@ -131,12 +131,15 @@ func prepare(e *Event) error {
 // (see [Outbox.InstallWatch]) — oldest first. It is how a writer learns the IDs of
 // events its triggers made, to wait for them with [Awaiter.AwaitFanout]
 // after commit. It reads only pending rows, through the relay's index.
-//
-// Under SERIALIZABLE, that read takes predicate locks on the pending index,
-// so two concurrent transactions that both call RecordedInTx may fail with a
-// serialization failure (40001), as any two serializable transactions that
-// read what the other writes may; Record and RecordMany return the IDs
-// without it.
+// Under SERIALIZABLE it raises no serialization failure of its own: there,
+// every event a transaction records is also noted in a temporary table of
+// the session (created on first use, emptied at commit; temporary tables
+// take no predicate locks), and RecordedInTx reads that instead. Such a
+// transaction cannot be prepared (PREPARE TRANSACTION refuses temporary
+// objects). A role without the TEMPORARY privilege on the database notes
+// nothing, and there two transactions that both call RecordedInTx may fail
+// with a serialization failure (40001), as any two serializable
+// transactions that read what the other writes may.
 func RecordedInTx(ctx context.Context, tx pgx.Tx) ([]Event, error) {
 	return Outbox{}.RecordedInTx(ctx, tx)
 }

@@ -260,6 +260,17 @@ func TestEveryWritePathAtEveryIsolationLevel(t *testing.T) {
 			_, err := tx.Exec(ctx, "UPDATE corpus_notes SET title = title || '!' WHERE id = $1", row)
 			return err
 		}},
+		// A writer that learns the IDs its triggers made, for receipts.
+		{"watch trigger and RecordedInTx", func(ctx context.Context, tx pgx.Tx, row int) error {
+			if _, err := tx.Exec(ctx, "UPDATE corpus_notes SET title = title || '!' WHERE id = $1", row); err != nil {
+				return err
+			}
+			made, err := RecordedInTx(ctx, tx)
+			if err == nil && len(made) != 1 {
+				err = fmt.Errorf("RecordedInTx returned %d events, want 1", len(made))
+			}
+			return err
+		}},
 	}
 	levels := []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable}
 	for _, level := range levels {
@@ -341,5 +352,96 @@ func TestEveryWritePathAtEveryIsolationLevel(t *testing.T) {
 				require.Equal(t, committed.Load()*perTx, n, "every committed event is fanned out")
 			})
 		}
+	}
+}
+
+// RecordedInTx returns, at every isolation level, every event its
+// transaction recorded (Record, RecordMany, outbox_record, a watch trigger),
+// in order, a rolled-back savepoint's excepted; and the next transaction of
+// the same session only its own. Under SERIALIZABLE it reads them from the
+// session's temporary table (migration 014); in a named schema too.
+func TestRecordedInTxAtEveryIsolationLevel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	named := Outbox{Schema: "Ledger_Outbox"}
+	require.NoError(t, named.Migrate(ctx, pool))
+	createNotes(t, pool, 3)
+	require.NoError(t, outbox.InstallWatch(ctx, pool, Watch{Table: "corpus_notes", Types: map[Op]string{OpUpdate: "note.changed"}}))
+	for _, level := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(level), func(t *testing.T) {
+			conn, err := pool.Acquire(ctx) // one session for both transactions
+			require.NoError(t, err)
+			defer conn.Release()
+			var want []uuid.UUID
+			var got, gotNamed, second []Event
+			require.NoError(t, pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: level}, func(tx pgx.Tx) error {
+				one, err := Record(ctx, tx, Event{Type: "note.changed", Subject: "note:1"})
+				if err != nil {
+					return err
+				}
+				many, err := RecordMany(ctx, tx, []Event{{Type: "a"}, {Type: "b"}})
+				if err != nil {
+					return err
+				}
+				var sqlID uuid.UUID
+				if err := tx.QueryRow(ctx, "SELECT outbox_record('c')").Scan(&sqlID); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, "UPDATE corpus_notes SET title = title || '!' WHERE id = 2"); err != nil {
+					return err
+				}
+				// Recorded in a savepoint rolled back: not the transaction's.
+				sp, err := tx.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				if _, err := Record(ctx, sp, Event{Type: "gone"}); err != nil {
+					return err
+				}
+				if err := sp.Rollback(ctx); err != nil {
+					return err
+				}
+				other, err := named.Record(ctx, tx, Event{Type: "elsewhere"})
+				if err != nil {
+					return err
+				}
+				want = []uuid.UUID{one.ID, many[0].ID, many[1].ID, sqlID}
+				if got, err = RecordedInTx(ctx, tx); err != nil {
+					return err
+				}
+				if gotNamed, err = named.RecordedInTx(ctx, tx); err != nil {
+					return err
+				}
+				if len(gotNamed) != 1 || gotNamed[0].ID != other.ID {
+					return fmt.Errorf("the named schema's RecordedInTx returned %v, want only %s", gotNamed, other.ID)
+				}
+				return nil
+			}))
+			require.Len(t, got, 5, "%v", got)
+			for i, id := range want {
+				require.Equal(t, id, got[i].ID, "event %d", i)
+			}
+			require.Equal(t, "note.changed", got[4].Type, "the watch trigger's event")
+			require.Equal(t, "note:1", got[0].Subject)
+			require.JSONEq(t, "{}", string(got[1].Payload))
+			require.NoError(t, pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: level}, func(tx pgx.Tx) error {
+				e, err := Record(ctx, tx, Event{Type: "next"})
+				if err != nil {
+					return err
+				}
+				if second, err = RecordedInTx(ctx, tx); err != nil {
+					return err
+				}
+				if len(second) != 1 || second[0].ID != e.ID {
+					return fmt.Errorf("the next transaction's RecordedInTx returned %d events, want only its own", len(second))
+				}
+				return nil
+			}))
+			var noted bool
+			require.NoError(t, conn.QueryRow(ctx, "SELECT to_regclass('pg_temp.outbox_recorded') IS NOT NULL").Scan(&noted))
+			require.Equal(t, level == pgx.Serializable, noted, "the session noted events only under SERIALIZABLE")
+		})
 	}
 }

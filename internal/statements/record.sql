@@ -39,8 +39,7 @@ ins AS (
 SELECT ins.id, ins.seq, ins.created_at FROM ins CROSS JOIN notify;
 
 -- name: RecordedInTx
--- The transaction's own pending rows, through the relay's index.
-SELECT seq, id, type, subject, scope, payload, created_at
-  FROM /* TEMPLATE: schema */outbox_events
- WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND xact_id = pg_current_xact_id_if_assigned()
- ORDER BY seq;
+-- The transaction's own events (migration 014): under SERIALIZABLE from the
+-- session's temporary notes, which take no predicate locks; otherwise its
+-- pending rows, through the relay's index.
+SELECT seq, id, type, subject, scope, payload, created_at FROM /* TEMPLATE: schema */outbox_recorded_in_tx();

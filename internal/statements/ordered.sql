@@ -36,7 +36,7 @@ SELECT subscriber, subject, head_job, tail_job, next_pos, blocked, blocker_seq, 
 WITH up AS (
     INSERT INTO /* TEMPLATE: schema */outbox_chains AS c (subscriber, subject, next_pos, head_job, tail_job)
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) AS u(sub, subj, n, first_job, last_job)
-     ORDER BY u.sub COLLATE "C", u.subj COLLATE "C" -- the order of a batch of completions (chainKeyOf)
+     ORDER BY convert_to(u.sub, 'UTF8'), convert_to(u.subj, 'UTF8') -- byte order, as a batch of completions (chainKeyOf)
     ON CONFLICT (subscriber, subject) DO UPDATE
        SET next_pos = c.next_pos + EXCLUDED.next_pos, head_job = coalesce(c.head_job, EXCLUDED.head_job), tail_job = EXCLUDED.tail_job
     RETURNING c.subscriber, c.subject, c.next_pos, c.head_job),

@@ -100,6 +100,10 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 	require.Len(t, d.Errors, 5)
 	require.EqualValues(t, 5, badCalls.Load(), "attempts")
 
+	// OnPoison runs after the round that poisoned the pair has committed,
+	// outside it: on a busy machine, after the pair reads poisoned.
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(alerts) > 0 }, 30*time.Second, 5*time.Millisecond,
+		"OnPoison never ran")
 	mu.Lock()
 	require.Equal(t, 99, othersAtCall[2], "every other pair had its job before the bad one's second attempt")
 	require.Equal(t, []time.Duration{20 * time.Millisecond, 40 * time.Millisecond, 70 * time.Millisecond, 70 * time.Millisecond, 70 * time.Millisecond}, delays)
@@ -149,6 +153,9 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 	for pair, n := range perPair {
 		require.Equal(t, 1, n, "jobs for %s", pair)
 	}
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(alerts) >= 2 }, 30*time.Second, 5*time.Millisecond,
+		"OnPoison never ran for the second poisoning")
+	b.waitIdle(t)
 	mu.Lock()
 	require.Len(t, alerts, 2, "the alert fires once per poisoning")
 	mu.Unlock()

@@ -222,8 +222,9 @@ func freshBehindBacklog(t *testing.T, rounds int) {
 
 // The rows the server reads per delivered pair do not grow with the
 // backlog: draining N and 4N owed pairs reads about as many rows per pair
-// (pg_stat_database's tuples returned and fetched, which do not depend on
-// the machine's speed). Before, every round's claim read and sorted every
+// (the rows and index entries read from the library's tables, which do
+// not depend on the machine's speed; the catalogs' and River's do, through
+// connections opened and maintenance run on a timer). Before, every round's claim read and sorted every
 // due pair: four times the backlog read about four times as many rows per
 // pair.
 func TestAnOwedDrainReadsAsManyRowsPerPairWhateverTheBacklog(t *testing.T) {
@@ -232,7 +233,10 @@ func TestAnOwedDrainReadsAsManyRowsPerPairWhateverTheBacklog(t *testing.T) {
 	small := owedDrainRowsPerPair(t, n)
 	large := owedDrainRowsPerPair(t, 4*n)
 	t.Logf("rows read per delivered pair: %.1f for %d pairs, %.1f for %d", small, n, large, 4*n)
-	require.Less(t, large, 1.5*small, "rows read per pair grow with the backlog: %.1f for %d pairs, %.1f for %d", small, n, large, 4*n)
+	// Reading every due pair per round gave about 4x; what is left of the
+	// rows that grow with time rather than with work (the relay's looks,
+	// River's maintenance) stays well below 2x on a busy machine.
+	require.Less(t, large, 2*small, "rows read per pair grow with the backlog: %.1f for %d pairs, %.1f for %d", small, n, large, 4*n)
 }
 
 // owedDrainRowsPerPair owes n pairs to a paused subscriber on a database of
@@ -263,8 +267,9 @@ func owedDrainRowsPerPair(t *testing.T, n int) float64 {
 		require.NoError(t, err)
 		defer conn.Close(ctx)
 		var rows int64
-		require.NoError(t, conn.QueryRow(ctx,
-			"SELECT tup_returned + tup_fetched FROM pg_stat_database WHERE datname = current_database()").Scan(&rows))
+		require.NoError(t, conn.QueryRow(ctx, `
+			SELECT coalesce((SELECT sum(seq_tup_read) FROM pg_stat_user_tables WHERE relname LIKE 'outbox\_%'), 0)
+			     + coalesce((SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname LIKE 'outbox\_%'), 0)`).Scan(&rows))
 		return rows
 	}
 	before := rowsRead()
@@ -276,12 +281,15 @@ func owedDrainRowsPerPair(t *testing.T, n int) float64 {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		d.waitIdle(t)
-		var owed int
-		require.NoError(t, drain.QueryRow(ctx, "SELECT count(*) FROM outbox_deliveries").Scan(&owed))
-		if owed == 0 {
+		// EXISTS reads one row: a count here would read every pair still
+		// owed at each look, and the looks grow with the drain's time,
+		// which a busy machine stretches.
+		var owed bool
+		require.NoError(t, drain.QueryRow(ctx, "SELECT EXISTS (SELECT FROM outbox_deliveries)").Scan(&owed))
+		if !owed {
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "%d of %d pairs still owed", owed, n)
+		require.True(t, time.Now().Before(deadline), "pairs still owed of %d after 2 minutes", n)
 	}
 	require.NoError(t, d.relay.Stop(ctx))
 	drain.Close()

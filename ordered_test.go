@@ -1620,3 +1620,95 @@ func TestOrderedBatchAndARelaysRoundLockChainsInOneOrder(t *testing.T) {
 	require.NoError(t, errZ)
 	require.NoError(t, roundErr, "the relay's round deadlocked with a batch of chain completions")
 }
+
+// kindArgs are the jobs of a release that mapped an ordered subscriber's
+// events to jobs of its own (Map); see TestOrderedWorkerTakesOnlyJobsOfItsKind.
+type kindArgs struct {
+	EventID uuid.UUID `json:"event_id"`
+}
+
+func (kindArgs) Kind() string { return "test.ordered_kind" }
+
+// A worker runs on in its chain only through jobs of its own kind: where a
+// chain goes on with jobs that a release of the subscriber with Map
+// inserted (a deploy that moved it from Handle to a worker of its own), the
+// handler worker's take stops, and River gives those jobs to their worker,
+// which runs them through OrderedMiddleware in chain order. Without the
+// take's kind condition (outbox_chain_complete), the handler worker took
+// them, could not read them as its own jobs, and gave them back to River
+// with a warning.
+func TestOrderedWorkerTakesOnlyJobsOfItsKind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	var (
+		mu      sync.Mutex
+		handled []uuid.UUID // by the Handle release, then by the Map release's worker
+		ran     []string
+	)
+	handle := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true, Handle: func(_ context.Context, e Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		handled, ran = append(handled, e.ID), append(ran, "handle")
+		return nil
+	}}
+	mapped := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true, Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+		return kindArgs{EventID: e.ID}, nil, nil
+	}}
+	kindWorker := func(w *river.Workers) {
+		river.AddWorker(w, river.WorkFunc(func(_ context.Context, job *river.Job[kindArgs]) error {
+			mu.Lock()
+			defer mu.Unlock()
+			handled, ran = append(handled, job.Args.EventID), append(ran, "mapped")
+			return nil
+		}))
+	}
+	fanned := func(n int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			var left, jobs int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL),
+				(SELECT count(*) FROM river_job)`).Scan(&left, &jobs))
+			return left == 0 && jobs == n
+		}, 30*time.Second, 10*time.Millisecond, "the events were never fanned out")
+	}
+
+	// The chain of one subject: three handler jobs, then two jobs of the
+	// Map release, each fanned out by an insert-only node of its release.
+	first := startNode(t, url, nodeOpts{noWork: true}, handle)
+	es := recordEach(t, pool, Event{Type: "a", Subject: "s"}, Event{Type: "a", Subject: "s"}, Event{Type: "a", Subject: "s"})
+	fanned(3)
+	first.stop(t)
+	second := startNode(t, url, nodeOpts{noWork: true}, mapped)
+	es = append(es, recordEach(t, pool, Event{Type: "a", Subject: "s"}, Event{Type: "a", Subject: "s"})...)
+	fanned(5)
+	second.stop(t)
+
+	// A node that works both kinds, its relay on the Handle release.
+	logs := &syncBuffer{}
+	startNode(t, url, nodeOpts{workers: kindWorker,
+		config: &RelayConfig{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}}, handle)
+	require.Eventually(t, func() bool {
+		var left bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM river_job WHERE state <> 'completed')").Scan(&left))
+		return !left
+	}, 30*time.Second, 10*time.Millisecond, "the subject's jobs never all completed")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, ids(es), handled, "handled out of chain order")
+	require.Equal(t, []string{"handle", "handle", "handle", "mapped", "mapped"}, ran, "a job ran on a worker of another kind")
+	require.NotContains(t, logs.String(), "gave it back to River", "the handler worker took jobs of another kind")
+	var errs int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE cardinality(errors) > 0").Scan(&errs))
+	require.Zero(t, errs, "a job failed an attempt")
+	var ranOn bool
+	// The second and third handler jobs were taken together by the first's
+	// completion: the third began before the second was completed.
+	require.NoError(t, pool.QueryRow(ctx, `SELECT j3.attempted_at < j2.finalized_at FROM river_job j2, river_job j3
+		WHERE j2.kind = 'events.handle' AND j3.kind = 'events.handle'
+		  AND j2.id = (SELECT min(id) FROM river_job WHERE id > (SELECT min(id) FROM river_job))
+		  AND j3.id = (SELECT min(id) FROM river_job WHERE id > j2.id)`).Scan(&ranOn))
+	require.True(t, ranOn, "the handler worker did not run on in its chain: the test shows nothing")
+}

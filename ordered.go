@@ -993,7 +993,7 @@ func (r *Relay) orderedSubs() (subs, cont []string) {
 // also releases the chains that a release which ordered them left to the
 // run's unordered subscribers (releaseChains), at once and then at every
 // sweep (while a rolling deploy lasts, the previous release's relays may
-// still append).
+// still append), and the chains of retired subscribers (releaseRetiredChains).
 func (r *Relay) chainSweeper(ctx context.Context) {
 	subs, cont := r.orderedSubs()
 	var unordered []string
@@ -1007,9 +1007,12 @@ func (r *Relay) chainSweeper(ctx context.Context) {
 	}
 	startstop.Every(ctx, r.run.Stopping(), 0, orderedSweepInterval, func() {
 		if len(unordered) > 0 {
-			if err := r.releaseChains(ctx, unordered); err != nil && ctx.Err() == nil && !r.stopping() {
+			if err := r.releaseChains(ctx, unordered, "events: released the waiting jobs of subscribers that this release does not order (Ordered was turned off)"); err != nil && ctx.Err() == nil && !r.stopping() {
 				r.logger.WarnContext(ctx, "events: releasing the chains of unordered subscribers failed", slog.String("err", err.Error()))
 			}
+		}
+		if err := r.releaseRetiredChains(ctx); err != nil && ctx.Err() == nil && !r.stopping() {
+			r.logger.WarnContext(ctx, "events: releasing the chains of retired subscribers failed", slog.String("err", err.Error()))
 		}
 		if len(subs) == 0 {
 			return
@@ -1057,13 +1060,30 @@ func (r *Relay) rescueHeads(ctx context.Context, subs []string) error {
 	return rows.Err()
 }
 
-// releaseChains releases the chains of subscribers subs, which this run
-// serves unordered: a release with Ordered set left them (Ordered was
-// turned off since). Their waiting jobs are made available and run as any
-// job of the subscriber; a job that the ordered release tagged completes
-// as an unordered one (its chain is gone). Without this its jobs would wait
+// releaseRetiredChains releases the chains of retired subscribers, which no
+// relay orders any more: retiring is final, and a retired subscriber's
+// chain would otherwise hold its waiting jobs for good behind a head that
+// its worker cancelled (a Handle job of a retired subscriber ends
+// cancelled; a Map job runs as any job of its kind).
+func (r *Relay) releaseRetiredChains(ctx context.Context) error {
+	var retired []string
+	if err := r.pool.QueryRow(ctx, r.sql.Ordered.ChainRetired).Scan(&retired); err != nil {
+		return err
+	}
+	if len(retired) == 0 {
+		return nil
+	}
+	return r.releaseChains(ctx, retired, "events: released the chains of retired subscribers")
+}
+
+// releaseChains releases the chains of subscribers subs, and logs done if
+// it released any: subscribers this run serves unordered (a release with
+// Ordered set left them; Ordered was turned off since), or retired ones.
+// Their waiting jobs are made available and run as any job of the
+// subscriber; a job that the ordered release tagged completes as an
+// unordered one (its chain is gone). Without this its jobs would wait
 // behind their heads for good.
-func (r *Relay) releaseChains(ctx context.Context, subs []string) error {
+func (r *Relay) releaseChains(ctx context.Context, subs []string, done string) error {
 	released := int64(0)
 	for !r.stopping() && ctx.Err() == nil {
 		// One round trip a sweep: the batch runs as one implicit
@@ -1085,8 +1105,7 @@ func (r *Relay) releaseChains(ctx context.Context, subs []string) error {
 		}
 	}
 	if released > 0 {
-		r.logger.WarnContext(ctx, "events: released the waiting jobs of subscribers that this release does not order (Ordered was turned off)",
-			slog.Any("subscribers", subs), slog.Int64("jobs", released))
+		r.logger.WarnContext(ctx, done, slog.Any("subscribers", subs), slog.Int64("jobs", released))
 	}
 	return nil
 }

@@ -1712,3 +1712,34 @@ func TestOrderedWorkerTakesOnlyJobsOfItsKind(t *testing.T) {
 		  AND j3.id = (SELECT min(id) FROM river_job WHERE id > j2.id)`).Scan(&ranOn))
 	require.True(t, ranOn, "the handler worker did not run on in its chain: the test shows nothing")
 }
+
+// A retired ordered subscriber's chains are released, not held for good:
+// its Handle jobs waiting behind the head end as every job of a retired
+// subscriber does (cancelled by the worker), and the chain goes, though
+// the release running now does not have the subscriber at all. Before,
+// the head ended cancelled and the jobs behind it stayed pending for good,
+// the chain listed but not blocked, nothing logged.
+func TestOrderedRetiredSubscribersChainsAreReleased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	ledger := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true, Handle: func(context.Context, Event) error { return nil }}
+	audit := Subscriber{Name: "audit", Types: []string{"audit.*"}, Handle: func(context.Context, Event) error { return nil }}
+	old := startNode(t, url, nodeOpts{noWork: true}, ledger, audit)
+	recordEach(t, pool, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"})
+	waitFannedOut(t, pool, 10*time.Second)
+	old.stop(t)
+	require.NoError(t, Outbox{}.RetireSubscriber(ctx, pool, "ledger"))
+
+	startNode(t, url, nodeOpts{}, audit) // the release without ledger
+	require.Eventually(t, func() bool {
+		var chains, left int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_chains),
+			(SELECT count(*) FROM river_job WHERE state <> 'cancelled')`).Scan(&chains, &left))
+		return chains == 0 && left == 0
+	}, 30*time.Second, 10*time.Millisecond, "the retired subscriber's chain holds its jobs")
+	res, err := Outbox{}.ListChains(ctx, pool, ListChainsParams{})
+	require.NoError(t, err)
+	require.Empty(t, res.Chains)
+}

@@ -67,8 +67,9 @@ func registerSubscribers(ctx context.Context, db DB, sql *statements.Set, names 
 // RetireSubscriber retires a subscriber for good: relays started afterwards
 // do not fan out to it even if they still have it, no pair is owed to it any
 // more (its owed and poisoned pairs are deleted, in batches of 1,000, after
-// the retirement commits; no stamp in flight can write it back), and its
-// pending Handle jobs end as cancelled. Relays already running keep
+// the retirement commits; no stamp in flight can write it back), its
+// pending Handle jobs end as cancelled, and the relays' sweep releases its
+// ordered chains. Relays already running keep
 // delivering new events to it until they restart, but owe it nothing. With
 // db a transaction, all of it happens in that transaction.
 //

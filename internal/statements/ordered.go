@@ -10,6 +10,7 @@ type Ordered struct {
 	ChainComplete, ChainHandBack          string
 	ChainOutOfTurn                        string
 	ChainRelease, ChainDropEmpty          string
+	ChainRetired                          string
 	ChainRescue                           string
 	ChainResume, ChainSkip                string
 	ListChains, JobState, JobFence        string

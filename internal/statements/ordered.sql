@@ -191,6 +191,17 @@ SELECT (SELECT count(*) FROM l),
        (SELECT count(pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', q.queue)::text))
           FROM (SELECT DISTINCT queue FROM r) q);
 
+-- name: ChainRetired
+-- The retired subscribers that still have chains. Retiring is final: every
+-- relay's sweep releases their chains (ChainRelease), whichever release
+-- appended to them, before or after the retirement (relays that were
+-- running then still deliver to it until they restart). outbox_subscribers
+-- is small; each retired name is one probe of outbox_chains' key.
+SELECT coalesce(array_agg(s.name ORDER BY s.name), '{}')
+  FROM /* TEMPLATE: schema */outbox_subscribers s
+ WHERE s.retired_at IS NOT NULL
+   AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chains c WHERE c.subscriber = s.name);
+
 -- name: ChainRescue
 -- Gives back to River the heads of the chains of subscribers $1 that run on
 -- a River client whose process died: every relay row of that client (the

@@ -1381,11 +1381,7 @@ func TestOrderedWorkerRunsOnInItsChain(t *testing.T) {
 	}
 	es = recordEach(t, pool, es...) // before the relay starts: one chain, a head and five behind it
 	startNode(t, url, nodeOpts{}, sub)
-	require.Eventually(t, func() bool {
-		var left bool
-		require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM river_job WHERE state <> 'completed') OR NOT EXISTS (SELECT 1 FROM river_job)").Scan(&left))
-		return !left
-	}, 30*time.Second, 10*time.Millisecond, "the subject's jobs never all completed")
+	waitJobsCompleted(t, pool)
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -1689,11 +1685,7 @@ func TestOrderedWorkerTakesOnlyJobsOfItsKind(t *testing.T) {
 	logs := &syncBuffer{}
 	startNode(t, url, nodeOpts{workers: kindWorker,
 		config: &RelayConfig{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}}, handle)
-	require.Eventually(t, func() bool {
-		var left bool
-		require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM river_job WHERE state <> 'completed')").Scan(&left))
-		return !left
-	}, 30*time.Second, 10*time.Millisecond, "the subject's jobs never all completed")
+	waitJobsCompleted(t, pool)
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -1742,4 +1734,16 @@ func TestOrderedRetiredSubscribersChainsAreReleased(t *testing.T) {
 	res, err := Outbox{}.ListChains(ctx, pool, ListChainsParams{})
 	require.NoError(t, err)
 	require.Empty(t, res.Chains)
+}
+
+// waitJobsCompleted waits until there are River jobs and all of them are
+// completed.
+func waitJobsCompleted(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var left bool
+		require.NoError(t, pool.QueryRow(context.Background(),
+			"SELECT EXISTS (SELECT 1 FROM river_job WHERE state <> 'completed') OR NOT EXISTS (SELECT 1 FROM river_job)").Scan(&left))
+		return !left
+	}, 30*time.Second, 10*time.Millisecond, "the subject's jobs never all completed")
 }

@@ -10,8 +10,8 @@ import (
 // is one short statement over a range of the primary key.
 const backfillRange = 5000
 
-// BackfillResult is what [Outbox.Backfill] did.
-type BackfillResult struct {
+// BackfillSubscriberResult is what [Outbox.BackfillSubscriber] did.
+type BackfillSubscriberResult struct {
 	// Owed counts the pairs it wrote: events now owed to the subscriber,
 	// delivered by the relays that have it.
 	Owed int64
@@ -33,17 +33,17 @@ type BackfillResult struct {
 // finished, it finds nothing more to owe. The subscriber must be active and
 // registered by a relay of this version (its types are needed): otherwise
 // the error wraps [ErrUnknownSubscriber]. Progress shows as
-// [OutboxStats.Owed] and in [Outbox.ListSubscribers].
-func (o Outbox) Backfill(ctx context.Context, db DB, subscriber string, since time.Time) (BackfillResult, error) {
+// [Stats.Owed] and in [Outbox.ListSubscribers].
+func (o Outbox) BackfillSubscriber(ctx context.Context, db DB, subscriber string, since time.Time) (BackfillSubscriberResult, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
-		return BackfillResult{}, err
+		return BackfillSubscriberResult{}, err
 	}
 	since = since.Truncate(time.Microsecond) // as PostgreSQL stores it, so a resume matches
 	var (
 		found, typed bool
 		from, last   int64
-		res          BackfillResult
+		res          BackfillSubscriberResult
 	)
 	if err := db.QueryRow(ctx, sql.BackfillStart, subscriber, since).Scan(&found, &typed, &from, &last); err != nil {
 		return res, fmt.Errorf("events: backfill %q: %w", subscriber, err)

@@ -54,17 +54,17 @@ func TestBackfillOwesEachMatchingEventOnce(t *testing.T) {
 			}
 		}
 	})
-	res, err := outbox.Backfill(ctx, old.pool, "y", since)
+	res, err := outbox.BackfillSubscriber(ctx, old.pool, "y", since)
 	close(stop)
 	writers.Wait()
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, res.Owed, int64(5000), "the 5,000 order events recorded before y existed")
 	waitDelivered(t, old.pool, 60*time.Second)
 
-	again, err := outbox.Backfill(ctx, old.pool, "y", since)
+	again, err := outbox.BackfillSubscriber(ctx, old.pool, "y", since)
 	require.NoError(t, err)
 	require.Zero(t, again.Owed, "nothing more to owe")
-	_, err = outbox.Backfill(ctx, old.pool, "nobody", since)
+	_, err = outbox.BackfillSubscriber(ctx, old.pool, "nobody", since)
 	require.ErrorIs(t, err, ErrUnknownSubscriber)
 	subs, err := outbox.ListSubscribers(ctx, old.pool)
 	require.NoError(t, err)

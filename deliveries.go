@@ -98,7 +98,7 @@ func (r *Relay) alertPair(ctx context.Context, f pairFailure) {
 }
 
 // DeliveryInfo is an (event, subscriber) pair still owed or poisoned, as
-// [Outbox.ListDeliveries] and [Outbox.Inspect] report it. Pairs delivered have no state
+// [Outbox.ListDeliveries] and [Outbox.GetEvent] report it. Pairs delivered have no state
 // of their own: the event's Fanout names their job.
 type DeliveryInfo struct {
 	// EventID, Seq, Type and Subject are the event's.

@@ -29,7 +29,7 @@
 //	if err := outbox.Migrate(ctx, pool); err != nil { … }
 //	relay, err := events.NewRelay(pool, &events.RelayConfig{Outbox: outbox})
 //	…
-//	st, err := outbox.Stats(ctx, pool)
+//	st, err := outbox.GetStats(ctx, pool)
 //	err = outbox.RequeueDelivery(ctx, pool, eventID, "search")
 //
 // [Record], [RecordMany] and [RecordedInTx] write to the zero Outbox, the
@@ -107,5 +107,5 @@
 //
 // Package eventstest gives tests a throwaway PostgreSQL with the library's
 // tables, assertions on what a transaction recorded, and a synchronous
-// fan-out ([Relay.FanOutTx]) that needs no goroutine and no LISTEN.
+// fan-out ([Relay.FanoutTx]) that needs no goroutine and no LISTEN.
 package events

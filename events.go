@@ -75,7 +75,7 @@ const (
 // settings every part of it shares. Every component is built from one —
 // [RelayConfig.Outbox], [AwaiterConfig.Outbox], and the webhook and web view
 // packages' configs — and every operator operation is one of its methods
-// ([Outbox.Migrate], [Outbox.Stats], [Outbox.Requeue], …), so the schema is
+// ([Outbox.Migrate], [Outbox.GetStats], [Outbox.Requeue], …), so the schema is
 // said once. The zero Outbox is the tables on the connection's search_path,
 // as River's zero Schema is; [Record] and [RecordMany] write there, and
 // [Outbox.Record] to another schema. An Outbox is a small value, safe to copy
@@ -101,9 +101,9 @@ type Outbox struct {
 	NotifyInterval time.Duration
 
 	// OrphanAfter is how long a registered, active subscriber may go
-	// unserved by every running relay before [Outbox.Stats] reports it
+	// unserved by every running relay before [Outbox.GetStats] reports it
 	// orphaned: by [Relay.Health], by a warning log naming the fix (deploy
-	// it, or [Outbox.RetireSubscriber]), and by [Outbox.Stats]. Its owed
+	// it, or [Outbox.RetireSubscriber]), and by [Outbox.GetStats]. Its owed
 	// pairs keep their events from retention until then and after. Defaults
 	// to OrphanAfterDefault (15 min).
 	OrphanAfter time.Duration

@@ -169,7 +169,7 @@ func ExampleOutbox_RequeueDelivery() {
 		log.Fatal(err)
 	}
 	for {
-		info, err := outbox.Inspect(ctx, pool, e.ID)
+		info, err := outbox.GetEvent(ctx, pool, e.ID)
 		if err != nil {
 			log.Fatal(err)
 		}

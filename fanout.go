@@ -116,7 +116,7 @@ func (r *Relay) round(ctx context.Context, l lane, claimSQL string, args ...any)
 }
 
 // roundIn is round in a transaction begun on db: the pool, or the caller's
-// transaction (a savepoint) for FanOutTx. With isolate, each job is inserted
+// transaction (a savepoint) for FanoutTx. With isolate, each job is inserted
 // in a savepoint of its own, so a job that River or PostgreSQL refuses is
 // charged to its pair alone: the retry of a row whose batch failed.
 func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, claimSQL string, args ...any) (claimed []int64, err error) {
@@ -149,7 +149,7 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, 
 		// commit.
 		var spanCtx context.Context
 		spanCtx, span = r.startRoundSpan(ctx, batch)
-		st, err := r.fanOut(spanCtx, tx, l, isolate, batch)
+		st, err := r.fanout(spanCtx, tx, l, isolate, batch)
 		if err != nil {
 			return nil, &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
 		}
@@ -184,7 +184,7 @@ type stamp struct {
 // roundTx claims rows of lane l with claimSQL and args, runs work on them in
 // the same transaction, and sends the stamp work returns (nil: nothing to
 // stamp), then commits. The transaction is the round's own on the pool, or a
-// savepoint of the caller's transaction (FanOutTx), whose commit is the
+// savepoint of the caller's transaction (FanoutTx), whose commit is the
 // caller's to decide.
 //
 // A round of its own takes two round trips beside its job insert: the BEGIN,
@@ -297,12 +297,12 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 	return tx, batch, c.Release, nil
 }
 
-// fanOut inserts the jobs of a claimed batch inside tx and returns the stamp
+// fanout inserts the jobs of a claimed batch inside tx and returns the stamp
 // to send after them. A pair whose subscriber's mapping fails (or, with
 // isolate, whose job is refused) is charged a failed attempt in the stamp
 // and stays owed; every other pair goes ahead, and in the pending lane every
 // event is stamped fanned out.
-func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, batch []claimedRow) (*stamp, error) {
+func (r *Relay) fanout(ctx context.Context, tx pgx.Tx, l lane, isolate bool, batch []claimedRow) (*stamp, error) {
 	p, err := r.plan(ctx, l, batch)
 	if err != nil {
 		return nil, err
@@ -334,7 +334,7 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 		return nil, err
 	}
 	st.poisonedAt = r.queueDeliveryCharges(&st.Batch, p.failed)
-	r.countFanOut(ctx, fanned, p.jobs, results)
+	r.countFanout(ctx, fanned, p.jobs, results)
 	return st, nil
 }
 
@@ -468,11 +468,11 @@ func (r *Relay) queueNotifyFanned(b *pgx.Batch, ids []uuid.UUID) {
 	}
 }
 
-// countFanOut records a round's metrics: the events it fanned out, its jobs,
+// countFanout records a round's metrics: the events it fanned out, its jobs,
 // and the events folded into coalesced jobs. Counted before the commit: a
 // round that then fails to commit counts its events twice, which a metric
 // may; nothing else does.
-func (r *Relay) countFanOut(ctx context.Context, fanned int, jobs []plannedJob, results []*rivertype.JobInsertResult) {
+func (r *Relay) countFanout(ctx context.Context, fanned int, jobs []plannedJob, results []*rivertype.JobInsertResult) {
 	if fanned > 0 {
 		r.metrics.fanned.Add(ctx, int64(fanned))
 	}
@@ -679,7 +679,7 @@ func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
 	return scanClaimed(r.pool.QueryRow(ctx, r.sql.Load, seq))
 }
 
-// FanOutTx fans out, inside tx, every event pending now — committed ones, and
+// FanoutTx fans out, inside tx, every event pending now — committed ones, and
 // those recorded in tx itself — as the relay's rounds would: jobs inserted
 // through client, rows stamped, all in tx, so nothing is visible until tx
 // commits and a rollback undoes it. It registers the relay's subscribers in
@@ -691,9 +691,9 @@ func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
 // batch returns the error, and the caller's transaction is still usable
 // (each round runs in a savepoint). The relay must not be started: it
 // returns an error wrapping [ErrStarted] otherwise, and [Relay.Start]
-// returns one while a FanOutTx call runs. [Relay.Stop] leaves a call in
+// returns one while a FanoutTx call runs. [Relay.Stop] leaves a call in
 // progress alone: ctx bounds it.
-func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx]) (int, error) {
+func (r *Relay) FanoutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx]) (int, error) {
 	if client == nil {
 		return 0, invalidf(ErrInvalidConfig, "client", "is nil")
 	}
@@ -705,7 +705,7 @@ func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pg
 	r.mu.Lock()
 	if r.inTx || r.svc.Active() {
 		r.mu.Unlock()
-		return 0, fmt.Errorf("%w: FanOutTx is for a relay that is not started", ErrStarted)
+		return 0, fmt.Errorf("%w: FanoutTx is for a relay that is not started", ErrStarted)
 	}
 	if r.svc.Lingering() {
 		r.mu.Unlock()

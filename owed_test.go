@@ -311,7 +311,7 @@ func owedDrainRowsPerPair(t *testing.T, n int) float64 {
 // Retiring is final, whichever path would owe the retired subscriber: an
 // ordered subscriber's relay that defers a pair (an earlier event of its
 // subject is still pending) after RetireSubscriber returned writes no pair
-// for it. Before, the deferral wrote the pair, owed for ever (Stats().Owed
+// for it. Before, the deferral wrote the pair, owed for ever (GetStats().Owed
 // stayed 1, and retention kept the event).
 func TestARetiredSubscriberIsOwedNothingByAnOrderedDeferral(t *testing.T) {
 	t.Parallel()
@@ -355,7 +355,7 @@ func TestARetiredSubscriberIsOwedNothingByAnOrderedDeferral(t *testing.T) {
 	require.Eventually(t, func() bool { return loadRows(t, b.pool)[third.ID].FannedOut }, 30*time.Second, 5*time.Millisecond)
 	b.waitIdle(t)
 	require.Empty(t, loadPairs(t, b.pool), "a pair is owed to the retired subscriber")
-	st, err := outbox.Stats(ctx, b.pool)
+	st, err := outbox.GetStats(ctx, b.pool)
 	require.NoError(t, err)
 	require.Zero(t, st.Owed, "Stats counts a pair owed to the retired subscriber")
 }

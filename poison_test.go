@@ -84,10 +84,10 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 		return ok && p.Poisoned
 	}
 	require.Eventually(t, poisonedPair, 30*time.Second, 5*time.Millisecond)
-	info, err := outbox.Inspect(ctx, b.pool, bad.ID)
+	info, err := outbox.GetEvent(ctx, b.pool, bad.ID)
 	require.NoError(t, err)
 	require.False(t, loadRows(t, b.pool)[bad.ID].Poisoned, "the event is not poisoned as a whole: only its pair is")
-	require.True(t, info.Poisoned(), "Inspect reports the poisoned pair")
+	require.True(t, info.Poisoned(), "GetEvent reports the poisoned delivery")
 	require.False(t, info.FannedOutAt.IsZero())
 	require.Contains(t, info.Fanout, "audit")
 	require.NotContains(t, info.Fanout, "mailer")
@@ -121,7 +121,7 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 	list, err = outbox.ListDeliveries(ctx, b.pool, ListDeliveriesParams{State: DeliveryPoisoned, Subscriber: "audit"})
 	require.NoError(t, err)
 	require.Empty(t, list.Deliveries)
-	events, err := outbox.ListEvents(ctx, b.pool, ListParams{State: StatePoisoned})
+	events, err := outbox.ListEvents(ctx, b.pool, ListEventsParams{State: EventPoisoned})
 	require.NoError(t, err)
 	require.Len(t, events.Events, 1, "the event list shows it, by its poisoned pair")
 	require.Contains(t, events.Events[0].LastError, "template missing")
@@ -139,10 +139,10 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 	fixed.Store(true)
 	require.NoError(t, outbox.RequeueDelivery(ctx, b.pool, bad.ID, "mailer"))
 	require.Eventually(t, func() bool {
-		info, err := outbox.Inspect(ctx, b.pool, bad.ID)
+		info, err := outbox.GetEvent(ctx, b.pool, bad.ID)
 		return err == nil && info.Fanout["mailer"] != 0
 	}, 10*time.Second, 5*time.Millisecond)
-	info, err = outbox.Inspect(ctx, b.pool, bad.ID)
+	info, err = outbox.GetEvent(ctx, b.pool, bad.ID)
 	require.NoError(t, err)
 	require.Empty(t, info.Deliveries)
 	perPair := map[string]int{}
@@ -175,10 +175,10 @@ func TestMappingThatFailsTwiceThenSucceedsIsNeverPoisoned(t *testing.T) {
 	e := b.record(t, Event{Type: "a"})[0]
 	b.start(t)
 	require.Eventually(t, func() bool {
-		info, err := outbox.Inspect(context.Background(), b.pool, e.ID)
+		info, err := outbox.GetEvent(context.Background(), b.pool, e.ID)
 		return err == nil && len(info.Fanout) == 1
 	}, 10*time.Second, 5*time.Millisecond)
-	info, err := outbox.Inspect(context.Background(), b.pool, e.ID)
+	info, err := outbox.GetEvent(context.Background(), b.pool, e.ID)
 	require.NoError(t, err)
 	require.False(t, info.Poisoned())
 	require.Zero(t, info.Attempts, "the event itself never failed")
@@ -297,7 +297,7 @@ func TestRoundBackoffDoublesAndIsCapped(t *testing.T) {
 	mu.Unlock()
 	_, err = b.pool.Exec(ctx, "ALTER TABLE outbox_events_away RENAME TO outbox_events")
 	require.NoError(t, err)
-	info, err := outbox.Inspect(ctx, b.pool, e.ID)
+	info, err := outbox.GetEvent(ctx, b.pool, e.ID)
 	require.NoError(t, err)
 	require.Zero(t, info.Attempts)
 }
@@ -321,7 +321,7 @@ func TestListPoisonedPagesNewestFirst(t *testing.T) {
 	require.NoError(t, err)
 
 	var got []uuid.UUID
-	params := ListParams{State: StatePoisoned, Limit: 3}
+	params := ListEventsParams{State: EventPoisoned, Limit: 3}
 	for {
 		page, err := outbox.ListEvents(ctx, b.pool, params)
 		require.NoError(t, err)
@@ -337,7 +337,7 @@ func TestListPoisonedPagesNewestFirst(t *testing.T) {
 	want := []uuid.UUID{es[6].ID, es[5].ID, es[4].ID, es[3].ID, es[2].ID, es[1].ID, es[0].ID}
 	require.Equal(t, want, got)
 
-	_, err = outbox.ListEvents(ctx, b.pool, ListParams{State: StatePoisoned, After: "garbage"})
+	_, err = outbox.ListEvents(ctx, b.pool, ListEventsParams{State: EventPoisoned, After: "garbage"})
 	require.ErrorContains(t, err, "After")
 }
 
@@ -348,7 +348,7 @@ func TestRequeueRefusesWhatIsNotPoisoned(t *testing.T) {
 	e := b.record(t, Event{Type: "a"})[0]
 	require.ErrorIs(t, outbox.Requeue(ctx, b.pool, e.ID), ErrNotPoisoned)
 	require.ErrorIs(t, outbox.Requeue(ctx, b.pool, uuid.New()), ErrNotFound)
-	_, err := outbox.Inspect(ctx, b.pool, uuid.New())
+	_, err := outbox.GetEvent(ctx, b.pool, uuid.New())
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
@@ -371,10 +371,10 @@ func TestAnIdleRelayRetriesWhatADeadRelayFailed(t *testing.T) {
 	require.NoError(t, err)
 
 	require.Eventually(t, func() bool {
-		info, err := outbox.Inspect(ctx, survivor.pool, id)
+		info, err := outbox.GetEvent(ctx, survivor.pool, id)
 		return err == nil && !info.FannedOutAt.IsZero()
 	}, 10*time.Second, 10*time.Millisecond, "the idle relay never retried the event")
-	info, err := outbox.Inspect(ctx, survivor.pool, id)
+	info, err := outbox.GetEvent(ctx, survivor.pool, id)
 	require.NoError(t, err)
 	require.Equal(t, 1, info.Attempts)
 	require.Len(t, info.Fanout, 1)
@@ -430,7 +430,7 @@ func TestSlowOnPoisonHoldsBackNothing(t *testing.T) {
 
 // A subscriber's error text is the host's: it may split a rune where
 // last_error is cut, hold a NUL byte, or be a megabyte long. Each is stored
-// in a form PostgreSQL accepts, readable with Inspect; OnPoison gets the
+// in a form PostgreSQL accepts, readable with GetEvent; OnPoison gets the
 // error as the subscriber returned it; and the healthy events of the same
 // batch go out in that very round, with no backoff.
 func TestHostErrorTextIsStoredSafely(t *testing.T) {
@@ -480,7 +480,7 @@ func TestHostErrorTextIsStoredSafely(t *testing.T) {
 
 	var fannedAt []time.Time
 	for _, e := range es {
-		info, err := outbox.Inspect(ctx, b.pool, e.ID)
+		info, err := outbox.GetEvent(ctx, b.pool, e.ID)
 		require.NoError(t, err)
 		mapErr, bad := mapErrs[e.Subject]
 		if !bad {

@@ -36,7 +36,7 @@ type SubscriberInfo struct {
 	LastServedAt time.Time
 	// PausedAt is when [Outbox.PauseSubscriber] paused it; zero unless paused.
 	PausedAt time.Time
-	// BackfillSince is the since of its last [Outbox.Backfill]; BackfillSeq how
+	// BackfillSince is the since of its last [Outbox.BackfillSubscriber]; BackfillSeq how
 	// far that got (by event seq); BackfillDoneAt when it finished. Zero if
 	// none.
 	BackfillSince  time.Time

@@ -193,14 +193,14 @@ type Relay struct {
 	mu     sync.RWMutex
 	subs   []*subscription
 	byName map[string]*subscription
-	// inTx says a FanOutTx call has borrowed the run state below: Start
+	// inTx says a FanoutTx call has borrowed the run state below: Start
 	// refuses meanwhile, and Stop has no run to stop.
 	inTx bool
 
-	// Set by Start, for one run, or by FanOutTx, for one call, while it holds
+	// Set by Start, for one run, or by FanoutTx, for one call, while it holds
 	// mu (and svc is starting, or inTx set). Read without mu only by the
 	// run's (or the call's) own goroutines.
-	run       *startstop.Run // nil for FanOutTx: never stopping
+	run       *startstop.Run // nil for FanoutTx: never stopping
 	client    *river.Client[pgx.Tx]
 	active    []*subscription // subs less the retired ones
 	known     []string        // names of active
@@ -378,7 +378,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 		if inTx {
 			return ErrStarted
 		}
-		// From here Subscribe and FanOutTx refuse (the service is starting),
+		// From here Subscribe and FanoutTx refuse (the service is starting),
 		// so prepare's I/O runs without mu: the worker's lookups of
 		// subscribers (Handle jobs) take it and must not wait for the
 		// registry.
@@ -399,7 +399,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	return err
 }
 
-// errLastRunLingers refuses a run, or a FanOutTx call, while an OnPoison
+// errLastRunLingers refuses a run, or a FanoutTx call, while an OnPoison
 // call of the last run, left running by a Stop that gave up, has not
 // returned: the new one would call OnPoison alongside it.
 var errLastRunLingers = fmt.Errorf("%w: an OnPoison call of the last run is still running: wait for Stopped", ErrStarted)
@@ -520,7 +520,7 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 // context, is all of the relay that is left. [Relay.Stopped] is closed once
 // it has returned; until then Start returns an error wrapping [ErrStarted].
 //
-// Stop is safe before Start and safe to call twice. A [Relay.FanOutTx] call
+// Stop is safe before Start and safe to call twice. A [Relay.FanoutTx] call
 // in progress is not a run: Stop leaves it alone.
 func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
@@ -537,7 +537,7 @@ func (r *Relay) Ready() <-chan struct{} { return r.svc.Ready() }
 // is left. Before the first Start it returns a closed channel.
 func (r *Relay) Stopped() <-chan struct{} { return r.svc.Stopped() }
 
-// stopping reports whether the run is stopping; never for a FanOutTx call.
+// stopping reports whether the run is stopping; never for a FanoutTx call.
 func (r *Relay) stopping() bool { return r.run.IsStopping() }
 
 // loop is the relay's main loop. It runs rounds until stopped: straight on
@@ -694,7 +694,7 @@ func (l *mainLoop) idlePass(ctx context.Context) bool {
 	}
 	// A look that found nothing counts as empty, and so does one whose claim
 	// found nothing: rows that another session holds locked (a stuck round,
-	// a long FanOutTx) must not keep this relay re-checking every 2 ms.
+	// a long FanoutTx) must not keep this relay re-checking every 2 ms.
 	if (l.recheck || l.foundNone) && time.Since(l.activeAt) >= steadyRecheck {
 		l.lull *= 2 // nothing there for a while: look again later
 	}

@@ -98,7 +98,7 @@ func TestBatchSizeIsConfigurable(t *testing.T) {
 
 // Four relays, each with its own pool and River client (as four processes
 // would), drain 5,000 events recorded while they run.
-func TestManyRelaysFanOutExactlyOnce(t *testing.T) {
+func TestManyRelaysFanoutExactlyOnce(t *testing.T) {
 	t.Parallel()
 	subs := []Subscriber{
 		mapSub("webhooks", false, "**"),
@@ -445,9 +445,9 @@ func (immediateRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now()
 
 // A round's own transaction commits without waiting for its WAL flush (a
 // lost round is redone whole: see roundTx) and merges River's GIN pending
-// lists at 128 kB (RoundSettings); a FanOutTx round is the caller's
+// lists at 128 kB (RoundSettings); a FanoutTx round is the caller's
 // transaction, whose settings the caller decides.
-func TestARoundCommitsAsynchronouslyAndFanOutTxLeavesTheCallersCommitAlone(t *testing.T) {
+func TestARoundCommitsAsynchronouslyAndFanoutTxLeavesTheCallersCommitAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	// The test servers run with synchronous_commit off; this database's
@@ -466,10 +466,10 @@ func TestARoundCommitsAsynchronouslyAndFanOutTxLeavesTheCallersCommitAlone(t *te
 	}
 	b.record(t, Event{Type: "a"})
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := b.relay.FanOutTx(ctx, tx, b.client)
+		_, err := b.relay.FanoutTx(ctx, tx, b.client)
 		return err
 	}))
-	require.Equal(t, "on 4MB", <-settings, "FanOutTx changed the caller's settings")
+	require.Equal(t, "on 4MB", <-settings, "FanoutTx changed the caller's settings")
 
 	b.record(t, Event{Type: "b"})
 	b.start(t)
@@ -781,7 +781,7 @@ func TestStopThatGivesUpNamesTheOnPoisonStillRunning(t *testing.T) {
 	require.ErrorIs(t, b.relay.Start(ctx, b.client), ErrStarted)
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = b.relay.FanOutTx(ctx, tx, b.client)
+	_, err = b.relay.FanoutTx(ctx, tx, b.client)
 	require.ErrorIs(t, err, ErrStarted)
 	require.NoError(t, tx.Rollback(ctx))
 
@@ -1765,13 +1765,13 @@ func (s *soak) togglePause() {
 // backfillRun is what the soak's Backfill calls did.
 type backfillRun struct {
 	calls       int
-	owed        int64          // pairs the calls wrote, as they reported them
-	interrupted int64          // the seq progress had reached when the first call was interrupted; 0 if it never was
-	final       BackfillResult // the call that finished
+	owed        int64                    // pairs the calls wrote, as they reported them
+	interrupted int64                    // the seq progress had reached when the first call was interrupted; 0 if it never was
+	final       BackfillSubscriberResult // the call that finished
 	finished    bool
 }
 
-// backfill runs outbox.Backfill(ctx, db, "history", s.historyFrom) in a goroutine,
+// backfill runs outbox.BackfillSubscriber(ctx, db, "history", s.historyFrom) in a goroutine,
 // while the chaos goes on, until a call finishes; the returned channel is
 // closed then. The first call is interrupted (its context cancelled) once a
 // batch of it committed; the next one is made when resume is closed, later
@@ -1795,7 +1795,7 @@ func (s *soak) backfill(resume <-chan struct{}) <-chan struct{} {
 				ir = &interruptAfterBatch{DB: pool, batch: sql.BackfillBatch, cancel: cancel}
 				db = ir
 			}
-			res, err := outbox.Backfill(ctx, db, "history", s.historyFrom)
+			res, err := outbox.BackfillSubscriber(ctx, db, "history", s.historyFrom)
 			cancel()
 			s.bf.calls++
 			s.bf.owed += res.Owed
@@ -2327,7 +2327,7 @@ func TestTriggerWritesAreFoundByTheRechecks(t *testing.T) {
 // twenty looks in the next second (every 2 ms for 16 ms, then doubling) and
 // none after, with PollInterval an hour. The same with a pending row that
 // another session holds locked (a relay of another process stuck
-// mid-round, or a host's FanOutTx in a long transaction): every look sees
+// mid-round, or a host's FanoutTx in a long transaction): every look sees
 // it and every claim skips it, and before a claim that found nothing
 // counted as an empty look, the relay re-checked every 2 ms for as long as
 // the lock lasted (537-695 looks in 2 s).
@@ -2395,7 +2395,7 @@ func TestARelayOfASchemaIsWokenOnItsChannel(t *testing.T) {
 		return err
 	}))
 	require.Eventually(t, func() bool {
-		info, err := o.Inspect(ctx, pool, e.ID)
+		info, err := o.GetEvent(ctx, pool, e.ID)
 		require.NoError(t, err)
 		return !info.FannedOutAt.IsZero()
 	}, 5*time.Second, 2*time.Millisecond, "the schema's notification did not wake its relay")

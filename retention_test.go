@@ -87,7 +87,7 @@ func TestRetentionDeletesOnlyOldFannedOutEvents(t *testing.T) {
 	a := startAwaiter(t, b, &AwaiterConfig{NotFoundGrace: 50 * time.Millisecond})
 	_, err = a.AwaitFanout(within(t, 10*time.Second), old[0])
 	require.ErrorIs(t, err, ErrNotFound)
-	_, err = outbox.Inspect(ctx, b.pool, old[0])
+	_, err = outbox.GetEvent(ctx, b.pool, old[0])
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
@@ -150,7 +150,7 @@ func TestDiscardOnlyPoisonedEvents(t *testing.T) {
 	require.ErrorIs(t, outbox.Discard(ctx, b.pool, fanned), ErrNotPoisoned)
 	require.ErrorIs(t, outbox.Discard(ctx, b.pool, uuid.Must(uuid.NewV7())), ErrNotFound)
 	require.NoError(t, outbox.Discard(ctx, b.pool, poisoned))
-	_, err := outbox.Inspect(ctx, b.pool, poisoned)
+	_, err := outbox.GetEvent(ctx, b.pool, poisoned)
 	require.ErrorIs(t, err, ErrNotFound)
 	require.ErrorIs(t, outbox.Discard(ctx, b.pool, poisoned), ErrNotFound)
 }

@@ -10,8 +10,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// OutboxStats is how the outbox stands, as [Outbox.Stats] reports it.
-type OutboxStats struct {
+// Stats is how the outbox stands, as [Outbox.GetStats] reports it.
+type Stats struct {
 	// Pending counts events not yet fanned out (and not poisoned), the
 	// retrying ones included.
 	Pending int64
@@ -23,7 +23,7 @@ type OutboxStats struct {
 	Retrying int64
 	// Poisoned counts events set aside until [Outbox.Requeue] or [Outbox.Discard]: as a
 	// whole, or for at least one subscriber (as [Outbox.ListEvents] lists them
-	// with StatePoisoned).
+	// with EventPoisoned).
 	Poisoned int64
 	// CatchingUp counts fanned-out events whose catch_up list, written by a
 	// relay of 0.1.0 during a rolling deploy, a relay of this version has
@@ -55,19 +55,19 @@ type OutboxStats struct {
 // Stats reports how the outbox stands, in one query whose every figure comes
 // from a small partial index, so it stays fast on a table of millions of
 // rows: fit for a readiness probe, an alert or a dashboard.
-func (o Outbox) Stats(ctx context.Context, db DB) (OutboxStats, error) {
+func (o Outbox) GetStats(ctx context.Context, db DB) (Stats, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
-		return OutboxStats{}, err
+		return Stats{}, err
 	}
 	var (
-		st  OutboxStats
+		st  Stats
 		lag *float64
 	)
 	if err := db.QueryRow(ctx, sql.Stats, cmp.Or(o.OrphanAfter, OrphanAfterDefault).Microseconds()).Scan(
 		&st.Pending, &st.Retrying, &st.Poisoned, &st.CatchingUp, &st.FannedOutLastMinute, &lag,
 		&st.Owed, &st.PoisonedDeliveries, &st.Orphaned, &st.Paused, &st.BlockedChains); err != nil {
-		return OutboxStats{}, fmt.Errorf("events: stats: %w", err)
+		return Stats{}, fmt.Errorf("events: stats: %w", err)
 	}
 	if len(st.Orphaned) == 0 {
 		st.Orphaned = nil
@@ -103,7 +103,7 @@ type Health struct {
 }
 
 // Health reports the relay's state. It reads no database: combine it with
-// [Outbox.Stats] for the outbox's.
+// [Outbox.GetStats] for the outbox's.
 func (r *Relay) Health() Health {
 	// Not the OnPoison calls a stopped run may still be finishing: Running is
 	// about serving events.
@@ -148,7 +148,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 	}
 	o := Outbox{Schema: r.sql.Schema}
 	return r.meter.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
-		st, err := o.Stats(ctx, r.pool)
+		st, err := o.GetStats(ctx, r.pool)
 		if err != nil {
 			return err
 		}

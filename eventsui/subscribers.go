@@ -109,7 +109,7 @@ func (h *handler) subscribers(w http.ResponseWriter, r *http.Request) {
 		h.dbError(w, r, err)
 		return
 	}
-	counts, err := o.DeliveriesBySubscriber(ctx, h.db)
+	counts, err := o.CountDeliveries(ctx, h.db)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -119,7 +119,7 @@ func (h *handler) subscribers(w http.ResponseWriter, r *http.Request) {
 		h.dbError(w, r, err)
 		return
 	}
-	st, err := o.Stats(ctx, h.db)
+	st, err := o.GetStats(ctx, h.db)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -222,7 +222,7 @@ func (h *handler) confirmPairDiscard(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	subscriber := r.PathValue("subscriber")
-	e, err := h.config.Outbox.Inspect(r.Context(), h.db, id)
+	e, err := h.config.Outbox.GetEvent(r.Context(), h.db, id)
 	if err != nil {
 		h.dbError(w, r, err)
 		return

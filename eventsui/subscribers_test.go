@@ -205,7 +205,7 @@ func TestEventShowsEachSubscribersDelivery(t *testing.T) {
 	code, loc := post(t, base+"/events/"+poisoned.String()+"/deliveries/mail/requeue", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, "/outbox/events/"+poisoned.String()+"?done="+url.QueryEscape("Event "+poisoned.String()+" requeued for mail."), loc)
-	info, err := outbox.Inspect(ctx, pool, poisoned)
+	info, err := outbox.GetEvent(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.Len(t, info.Deliveries, 2)
 	require.False(t, info.Deliveries[0].Poisoned(), "mail's pair is owed again")
@@ -224,7 +224,7 @@ func TestPairActionsAreGuarded(t *testing.T) {
 	pairURL := srv.URL + "/events/" + poisoned.String() + "/deliveries/mail"
 	stillPoisoned := func(msg string) {
 		t.Helper()
-		info, err := outbox.Inspect(ctx, pool, poisoned)
+		info, err := outbox.GetEvent(ctx, pool, poisoned)
 		require.NoError(t, err)
 		require.True(t, info.Deliveries[0].Subscriber == "mail" && info.Deliveries[0].Poisoned(), msg)
 	}
@@ -278,7 +278,7 @@ func TestPairActionsAreGuarded(t *testing.T) {
 	code, loc := post(t, pairURL+"/discard", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.True(t, strings.HasPrefix(loc, "/events/"+poisoned.String()+"?done="), loc)
-	info, err := outbox.Inspect(ctx, pool, poisoned)
+	info, err := outbox.GetEvent(ctx, pool, poisoned)
 	require.NoError(t, err, "the event stays")
 	require.Len(t, info.Deliveries, 1)
 	require.Equal(t, "search", info.Deliveries[0].Subscriber, "search's pair stays")

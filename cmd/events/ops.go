@@ -155,7 +155,7 @@ func (c *cli) subscribers(args []string) error {
 	if err != nil {
 		return err
 	}
-	counts, err := c.outbox.DeliveriesBySubscriber(c.ctx, c.pool)
+	counts, err := c.outbox.CountDeliveries(c.ctx, c.pool)
 	if err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ func (c *cli) subscribers(args []string) error {
 	if err != nil {
 		return err
 	}
-	st, err := c.outbox.Stats(c.ctx, c.pool)
+	st, err := c.outbox.GetStats(c.ctx, c.pool)
 	if err != nil {
 		return err
 	}

@@ -219,7 +219,7 @@ func (c *cli) migrate(args []string) error {
 	}
 	switch {
 	case len(pos) == 1 && pos[0] == "list":
-		all, err := c.outbox.MigrationStatus(c.ctx, c.pool)
+		all, err := c.outbox.ListMigrations(c.ctx, c.pool)
 		if err != nil {
 			return err
 		}
@@ -242,7 +242,7 @@ func (c *cli) migrate(args []string) error {
 	case len(pos) > 0:
 		return usagef("migrate: unexpected %q", pos[0])
 	case dryRun:
-		all, err := c.outbox.MigrationStatus(c.ctx, c.pool)
+		all, err := c.outbox.ListMigrations(c.ctx, c.pool)
 		if err != nil {
 			return err
 		}
@@ -325,7 +325,7 @@ func (c *cli) stats(args []string) error {
 // statsOnce prints Stats once; in a watch, each table is headed by the time
 // it was read, and each JSON object is one line (JSON Lines).
 func (c *cli) statsOnce(watching bool) error {
-	st, err := c.outbox.Stats(c.ctx, c.pool)
+	st, err := c.outbox.GetStats(c.ctx, c.pool)
 	if err != nil {
 		return err
 	}
@@ -388,7 +388,7 @@ func toJSON(e events.EventInfo) eventJSON {
 }
 
 func (c *cli) list(args []string) error {
-	var p events.ListParams
+	var p events.ListEventsParams
 	pos, err := flags("list", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&p.Type, "type", "", "")
 		fs.StringVar(&p.Subject, "subject", "", "")
@@ -401,7 +401,7 @@ func (c *cli) list(args []string) error {
 	if len(pos) != 1 {
 		return usagef("list: give one state: pending, retrying, poisoned or recent")
 	}
-	p.State = events.ListState(pos[0])
+	p.State = events.EventState(pos[0])
 	page, err := c.outbox.ListEvents(c.ctx, c.pool, p)
 	var invalid *events.ValidationError
 	if errors.As(err, &invalid) {
@@ -437,7 +437,7 @@ func (c *cli) inspect(args []string) error {
 	if err != nil {
 		return usagef("inspect: %q is not an event ID", args[0])
 	}
-	e, err := c.outbox.Inspect(c.ctx, c.pool, id)
+	e, err := c.outbox.GetEvent(c.ctx, c.pool, id)
 	if err != nil {
 		return err
 	}
@@ -561,7 +561,7 @@ func (c *cli) ids(cmd string, args []string) ([]uuid.UUID, error) {
 // allPoisoned lists the IDs of every poisoned event of type glob typ.
 func (c *cli) allPoisoned(typ string) ([]uuid.UUID, error) {
 	var ids []uuid.UUID
-	p := events.ListParams{State: events.StatePoisoned, Type: typ, Limit: 1000}
+	p := events.ListEventsParams{State: events.EventPoisoned, Type: typ, Limit: 1000}
 	for {
 		page, err := c.outbox.ListEvents(c.ctx, c.pool, p)
 		var invalid *events.ValidationError

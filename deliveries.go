@@ -178,6 +178,9 @@ type ListDeliveriesParams struct {
 	Type string
 	// Subscriber filters by subscriber name. Empty means every subscriber.
 	Subscriber string
+	// EventIDs lists only these events' deliveries (a page of
+	// [Outbox.ListEvents], say). Empty means every event.
+	EventIDs []uuid.UUID
 	// Limit is the page size. Defaults to ListLimitDefault (50); at most
 	// 1000.
 	Limit int
@@ -190,15 +193,6 @@ type ListDeliveriesResult struct {
 	Deliveries []DeliveryInfo
 	// Next is the cursor of the following page; empty on the last page.
 	Next string
-}
-
-// DeliveryFilter selects poisoned pairs for [Outbox.RequeueDeliveries] and
-// [Outbox.DiscardDeliveries]. The zero value selects every poisoned pair.
-type DeliveryFilter struct {
-	// Type is a glob on the event type; empty means every type.
-	Type string
-	// Subscriber is a subscriber name; empty means every subscriber.
-	Subscriber string
 }
 
 // ListDeliveries lists (event, subscriber) pairs that are owed or poisoned,
@@ -235,7 +229,11 @@ func (o Outbox) ListDeliveries(ctx context.Context, db DB, params ListDeliveries
 		}
 		afterSeq, afterSub = &seq, &sub
 	}
-	rows, err := db.Query(ctx, sql.ListDeliveries, limit+1, string(state), typeRE, subscriber, afterSeq, afterSub)
+	var eventIDs []uuid.UUID // NULL: every event
+	if len(params.EventIDs) > 0 {
+		eventIDs = params.EventIDs
+	}
+	rows, err := db.Query(ctx, sql.ListDeliveries, limit+1, string(state), typeRE, subscriber, afterSeq, afterSub, eventIDs)
 	if err != nil {
 		return ListDeliveriesResult{}, fmt.Errorf("events: list deliveries: %w", err)
 	}
@@ -264,98 +262,6 @@ func typeRegexp(glb string) (*string, error) {
 	}
 	re := p.Regexp()
 	return &re, nil
-}
-
-// RequeueDelivery puts one poisoned (event, subscriber) pair back in the
-// queue: its attempts start again (its error history is kept) and the
-// relays are woken; a relay that knows the subscriber delivers it, once. It
-// returns an error wrapping [ErrNotFound] when the event owes the
-// subscriber nothing and [ErrNotPoisoned] when the pair is owed but not
-// poisoned.
-func (o Outbox) RequeueDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return err
-	}
-	var exists, done bool
-	if err := db.QueryRow(ctx, sql.RequeueDelivery, eventID, subscriber).Scan(&exists, &done, nil); err != nil {
-		return fmt.Errorf("events: requeue %s for %q: %w", eventID, subscriber, err)
-	}
-	return pairOutcome(exists, done, eventID, subscriber)
-}
-
-// DiscardDelivery gives up one poisoned (event, subscriber) pair for good:
-// that pair alone is dropped; the event row, and every other subscriber's
-// fanout record on it, stays. Errors as [Outbox.RequeueDelivery].
-func (o Outbox) DiscardDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return err
-	}
-	var exists, done bool
-	if err := db.QueryRow(ctx, sql.DiscardDelivery, eventID, subscriber).Scan(&exists, &done); err != nil {
-		return fmt.Errorf("events: discard %s for %q: %w", eventID, subscriber, err)
-	}
-	return pairOutcome(exists, done, eventID, subscriber)
-}
-
-func pairOutcome(exists, done bool, id uuid.UUID, subscriber string) error {
-	switch {
-	case !exists:
-		return fmt.Errorf("%w: %s owes %q nothing", ErrNotFound, id, subscriber)
-	case !done:
-		return fmt.Errorf("%w: %s for %q", ErrNotPoisoned, id, subscriber)
-	}
-	return nil
-}
-
-// filterBatch is how many pairs one statement of RequeueDeliveries or
-// DiscardDeliveries changes.
-const filterBatch = 1000
-
-// RequeueDeliveries requeues every poisoned pair that filter selects, in
-// batches of 1,000 (each its own statement: with a pool, its own
-// transaction), and returns how many.
-func (o Outbox) RequeueDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
-	return o.byFilter(ctx, db, filter, true)
-}
-
-// DiscardDeliveries drops every poisoned pair that filter selects, in
-// batches of 1,000, and returns how many. Event rows stay (see
-// [Outbox.DiscardDelivery]).
-func (o Outbox) DiscardDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
-	return o.byFilter(ctx, db, filter, false)
-}
-
-func (o Outbox) byFilter(ctx context.Context, db DB, filter DeliveryFilter, requeue bool) (int64, error) {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return 0, err
-	}
-	typeRE, err := typeRegexp(filter.Type)
-	if err != nil {
-		return 0, err
-	}
-	var subscriber *string
-	if filter.Subscriber != "" {
-		subscriber = &filter.Subscriber
-	}
-	var total int64
-	for {
-		var n int64
-		if requeue {
-			err = db.QueryRow(ctx, sql.RequeueDeliveries, typeRE, subscriber, filterBatch).Scan(&n, nil)
-		} else {
-			err = db.QueryRow(ctx, sql.DiscardDeliveries, typeRE, subscriber, filterBatch).Scan(&n)
-		}
-		if err != nil {
-			return total, fmt.Errorf("events: deliveries by filter: %w", err)
-		}
-		total += n
-		if n < filterBatch {
-			return total, nil
-		}
-	}
 }
 
 // PauseSubscriber pauses one subscriber: from the next round on, no relay

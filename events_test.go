@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
@@ -253,20 +254,24 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 	page, err = o.ListEvents(ctx, pool, ListEventsParams{State: EventPoisoned, Limit: 1, After: fmt.Sprintf("%d.%d", time.Now().Add(time.Hour).UnixMicro(), 1<<40)})
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1, "keyset page after a cursor")
-	require.NoError(t, o.Discard(ctx, pool, whole.ID))
-	n, err := o.DiscardDeliveries(ctx, pool, DeliveryFilter{Type: "nothing.*"})
+	n, err := o.Discard(ctx, pool, PoisonedFilter{EventIDs: []uuid.UUID{whole.ID}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	n, err = o.Discard(ctx, pool, PoisonedFilter{Type: "nothing.*"})
 	require.NoError(t, err)
 	require.Zero(t, n)
 	require.NoError(t, o.PauseSubscriber(ctx, pool, "search"))
 	require.NoError(t, o.ResumeSubscriber(ctx, pool, "search"))
 	fail = false
-	require.NoError(t, o.Requeue(ctx, pool, bad.ID))
+	n, err = o.Requeue(ctx, pool, PoisonedFilter{EventIDs: []uuid.UUID{bad.ID}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
 	require.Eventually(t, func() bool {
 		info, err := o.GetEvent(ctx, pool, bad.ID)
 		require.NoError(t, err)
 		return info.Fanout["broken"] != 0 && len(info.Deliveries) == 0
 	}, 20*time.Second, 10*time.Millisecond)
-	n, err = o.RequeueDeliveries(ctx, pool, DeliveryFilter{Subscriber: "broken"})
+	n, err = o.Requeue(ctx, pool, PoisonedFilter{Subscriber: "broken"})
 	require.NoError(t, err)
 	require.Zero(t, n)
 	st, err := o.GetStats(ctx, pool)

@@ -149,32 +149,3 @@ func (o Outbox) CountDeliveries(ctx context.Context, db DB) (map[string]Subscrib
 	}
 	return out, nil
 }
-
-// PoisonedSubscribers names, for each of the events ids, the subscribers
-// for which it is poisoned (its poisoned pairs), by name, in one query; an
-// event with none (poisoned as a whole, or not poisoned) is not in the map.
-// It is what a list of poisoned events shows beside each.
-func (o Outbox) PoisonedSubscribers(ctx context.Context, db DB, ids []uuid.UUID) (map[uuid.UUID][]string, error) {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return nil, err
-	}
-	out := map[uuid.UUID][]string{}
-	if len(ids) == 0 {
-		return out, nil
-	}
-	rows, err := db.Query(ctx, sql.PoisonedSubscribers, ids)
-	if err != nil {
-		return nil, fmt.Errorf("events: poisoned subscribers: %w", err)
-	}
-	var id uuid.UUID
-	var name string
-	_, err = pgx.ForEachRow(rows, []any{&id, &name}, func() error {
-		out[id] = append(out[id], name)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("events: poisoned subscribers: %w", err)
-	}
-	return out, nil
-}

@@ -176,7 +176,7 @@ func TestOpsviewCountFanoutByMinuteUsesTheFannedIndex(t *testing.T) {
 	require.Equal(t, int64(10), total)
 }
 
-func TestOpsviewDeliveriesBySubscriberAndPoisonedSubscribers(t *testing.T) {
+func TestOpsviewCountDeliveriesAndListDeliveriesOfEvents(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.URL(t))
@@ -210,10 +210,20 @@ func TestOpsviewDeliveriesBySubscriberAndPoisonedSubscribers(t *testing.T) {
 	require.Equal(t, SubscriberDeliveries{Subscriber: "mail", Poisoned: 2}, got["mail"])
 	require.Equal(t, SubscriberDeliveries{Subscriber: "ledger", Poisoned: 1}, got["ledger"])
 
-	names, err := o.PoisonedSubscribers(ctx, pool, []uuid.UUID{a, b, c, uuid.Must(uuid.NewV7())})
-	require.NoError(t, err)
-	require.Equal(t, map[uuid.UUID][]string{a: {"mail"}, b: {"ledger", "mail"}}, names)
-	none, err := o.PoisonedSubscribers(ctx, pool, nil)
-	require.NoError(t, err)
-	require.Empty(t, none)
+	// The poisoned deliveries of a page of events, as the web view shows
+	// them beside each.
+	poisonedOf := func(ids ...uuid.UUID) map[uuid.UUID][]string {
+		t.Helper()
+		res, err := o.ListDeliveries(ctx, pool, ListDeliveriesParams{State: DeliveryPoisoned, EventIDs: ids})
+		require.NoError(t, err)
+		require.Empty(t, res.Next)
+		names := map[uuid.UUID][]string{}
+		for _, d := range res.Deliveries {
+			names[d.EventID] = append(names[d.EventID], d.Subscriber)
+		}
+		return names
+	}
+	require.Equal(t, map[uuid.UUID][]string{a: {"mail"}, b: {"ledger", "mail"}}, poisonedOf(a, b, c, uuid.Must(uuid.NewV7())))
+	require.Equal(t, map[uuid.UUID][]string{b: {"ledger", "mail"}}, poisonedOf(b))
+	require.Len(t, poisonedOf(), 2, "no IDs: every event's")
 }

@@ -225,11 +225,13 @@ func NewHandler(db events.DB, config *Config) (http.Handler, error) {
 }
 
 func (h *handler) requeue(r *http.Request, id uuid.UUID) error {
-	return h.config.Outbox.Requeue(r.Context(), h.db, id)
+	_, err := h.config.Outbox.Requeue(r.Context(), h.db, events.PoisonedFilter{EventIDs: []uuid.UUID{id}})
+	return err
 }
 
 func (h *handler) discard(r *http.Request, id uuid.UUID) error {
-	return h.config.Outbox.Discard(r.Context(), h.db, id)
+	_, err := h.config.Outbox.Discard(r.Context(), h.db, events.PoisonedFilter{EventIDs: []uuid.UUID{id}})
+	return err
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {

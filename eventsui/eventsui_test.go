@@ -414,7 +414,8 @@ func TestBulkRequeueByFilterConfirmsTheCount(t *testing.T) {
 	require.Equal(t, 4, poisonedNow(t, pool, append(ledger, note)...))
 
 	// One of them is requeued by someone else meanwhile: skipped, not an error.
-	require.NoError(t, outbox.Requeue(context.Background(), pool, ledger[2]))
+	_, err := outbox.Requeue(context.Background(), pool, events.PoisonedFilter{EventIDs: []uuid.UUID{ledger[2]}})
+	require.NoError(t, err)
 	code, loc := postForm(t, srv.URL+"/bulk/requeue", "same-origin", form)
 	require.Equal(t, http.StatusSeeOther, code)
 	u, err := url.Parse(loc)
@@ -713,7 +714,7 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	require.Equal(t, "delivered", b.text(`#deliveries tr[data-subscriber="audit"] .delivery-state`))
 	require.Equal(t, "poisoned", b.text(`#deliveries tr[data-subscriber="search"] .delivery-state`))
 	require.Contains(t, b.text(`table.history[data-subscriber="search"]`), "search index is read-only")
-	b.do(chromedp.WaitVisible(chromedp.CSS(`#deliveries tr[data-subscriber="search"] button.pair-requeue`)))
+	b.do(chromedp.WaitVisible(chromedp.CSS(`#deliveries tr[data-subscriber="search"] button.delivery-requeue`)))
 	b.screenshot("event-poisoned")
 	b.do(chromedp.Click(chromedp.ID("requeue")), chromedp.WaitVisible(chromedp.CSS(".flash")))
 	b.reloadUntil("each job's final state", func() (bool, string) {

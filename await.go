@@ -527,7 +527,7 @@ func (a *Awaiter) unregister(w *waiter, ids []uuid.UUID) {
 	}
 }
 
-// notified wakes the waiters of the IDs in a ChannelFanned payload.
+// notified wakes the waiters of the IDs in a payload of the fanned channel.
 func (a *Awaiter) notified(payload string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

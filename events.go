@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/standmeet/events/internal/notifylimit"
-	"github.com/standmeet/events/internal/statements"
 )
 
 // Event is a fact the host application recorded: something happened to a
@@ -57,18 +56,6 @@ const (
 	MaxSubjectLength = 255
 	MaxScopeLength   = 255
 	MaxPayloadBytes  = 1 << 20 // 1 MiB
-)
-
-// Notification channels. Record and outbox_record() notify ChannelEvents in
-// the writing transaction (throttled), so relays wake when it commits (watch
-// triggers do not notify: relays find their rows by polling); relays notify
-// ChannelFanned with the IDs of the events they fanned out. These are the
-// channels of the default schema; in a schema of its own ([Outbox.Schema])
-// each is qualified as "<schema>.<channel>" (River does the same), so relays
-// of one schema are not woken by another's writes.
-const (
-	ChannelEvents = statements.ChannelEvents
-	ChannelFanned = statements.ChannelFanned
 )
 
 // Outbox is the library's handle: its tables in one schema, and the

@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -118,7 +119,7 @@ func TestSQLThrottleZeroNotifiesEveryTransaction(t *testing.T) {
 	conn, err := pgx.Connect(ctx, b.url)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "LISTEN "+ChannelEvents)
+	_, err = conn.Exec(ctx, "LISTEN "+statements.ChannelEvents)
 	require.NoError(t, err)
 	for range 3 {
 		exec(t, b.pool, "SELECT outbox_record('a')")

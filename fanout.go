@@ -461,7 +461,7 @@ func (r *Relay) queueStampOwed(b *pgx.Batch, batch []claimedRow, fanout [][]fano
 	r.queueNotifyFanned(b, served)
 }
 
-// queueNotifyFanned queues the ChannelFanned notifications for ids.
+// queueNotifyFanned queues the fanned channel's notifications for ids.
 func (r *Relay) queueNotifyFanned(b *pgx.Batch, ids []uuid.UUID) {
 	for _, payload := range notifyPayloads(ids) {
 		b.Queue(r.sql.NotifyFanned, payload)

@@ -349,9 +349,9 @@ func (r *Relay) subscription(name string) *subscription {
 	return r.byName[name]
 }
 
-// Start starts the relay: a listener for [ChannelEvents] on a dedicated
-// connection and the loop that claims and fans out events, inserting jobs
-// through client, whose schema must be the relay's [RelayConfig.Outbox].
+// Start starts the relay: a listener for the outbox's notifications on a
+// dedicated connection and the loop that claims and fans out events,
+// inserting jobs through client, whose schema must be the relay's [RelayConfig.Outbox].
 // Start returns once both are running; the first round starts at once.
 //
 // Start first registers the relay's subscribers in the database, with their

@@ -623,7 +623,7 @@ func TestAListenerThatDialsIntoTheSilenceListensAgainAfterIt(t *testing.T) {
 	proxy := newBlackholeProxy(t, u.Host)
 	const ping = 300 * time.Millisecond
 	b.relay.config.Listener.Connect = proxy.connectVia(t, b.url, "relay_via_proxy")
-	b.relay.config.Listener.PingInterval = ping
+	b.relay.config.Listener.hooks.pingInterval = ping
 	b.start(t)
 	b.settle(t)
 	require.True(t, b.relay.Health().Listening)
@@ -644,7 +644,7 @@ func TestAListenerThatDialsIntoTheSilenceListensAgainAfterIt(t *testing.T) {
 	healedAt := time.Now()
 	// The dial in the silence gives up within the silence bound, and the
 	// next one, after at most MaxReconnectBackoff, goes through.
-	bound := 2*ping + MaxReconnectBackoffDefault + time.Second
+	bound := 2*ping + maxReconnectBackoffDefault + time.Second
 	require.Eventually(t, func() bool { return b.relay.Health().Listening }, bound, time.Millisecond,
 		"the listener never listened again after the path came back")
 	t.Logf("listening again %v after the path came back; %d connections accepted", time.Since(healedAt), proxy.accepted.Load())
@@ -1055,9 +1055,9 @@ func TestHalfOpenListeningConnectionsAreNoticed(t *testing.T) {
 	proxy := newBlackholeProxy(t, u.Host)
 	const ping = 300 * time.Millisecond
 	b.relay.config.Listener.Connect = proxy.connectVia(t, b.url, "relay_via_proxy")
-	b.relay.config.Listener.PingInterval = ping
+	b.relay.config.Listener.hooks.pingInterval = ping
 	a := startAwaiter(t, b, &AwaiterConfig{Listener: ListenerConfig{
-		Connect: proxy.connectVia(t, b.url, "awaiter_via_proxy"), PingInterval: ping,
+		Connect: proxy.connectVia(t, b.url, "awaiter_via_proxy"), hooks: listenerHooks{pingInterval: ping},
 		// Polling far off: the receipt must come from the listener that
 		// reconnected, not from the re-read safety net.
 		PollInterval: time.Hour,
@@ -1308,7 +1308,7 @@ func TestDatabaseRestartLosesNothing(t *testing.T) {
 	ctx := context.Background()
 	cluster := testdb.NewCluster(t)
 	cfg := &RelayConfig{RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
-		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond}, MaxAttempts: 1}
+		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 200 * time.Millisecond}}, MaxAttempts: 1}
 	subs := []Subscriber{mapSub("audit", false, "**"), mapSub("search", true, "**")}
 	relays := []*testBundle{setup(t, setupOpts{url: cluster.URL, config: cfg}, subs...), setup(t, setupOpts{url: cluster.URL, config: cfg}, subs...)}
 
@@ -1540,7 +1540,7 @@ type relaySlot struct {
 func (s *soak) startSlot(slot *relaySlot) {
 	relay, err := NewRelay(slot.pool, &RelayConfig{
 		BatchSize: 1 + s.intn(60), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 300 * time.Millisecond,
-		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond}, Logger: quietLogger(),
+		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 300 * time.Millisecond}}, Logger: quietLogger(),
 	})
 	require.NoError(s.t, err)
 	// Once the deploy began, a restarted process runs the new release.
@@ -1593,7 +1593,7 @@ func (s *soak) run(duration time.Duration) {
 	}
 	writerPool := testdb.Pool(t, s.cluster.URL)
 	awaiter, err := NewAwaiter(writerPool, &AwaiterConfig{Logger: quietLogger(), NotFoundGrace: 10 * time.Second,
-		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond}})
+		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 300 * time.Millisecond}}})
 	require.NoError(t, err)
 	require.NoError(t, awaiter.Start(context.Background()))
 	defer awaiter.Stop(context.Background())

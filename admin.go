@@ -36,11 +36,11 @@ type EventInfo struct {
 	NextAttemptAt time.Time
 	// PoisonedAt is when the event was set aside: as a whole (it could not
 	// be fanned out at all), or, for an event fanned out to its other
-	// subscribers, for some subscriber (the latest such pair; Attempts and
-	// LastError are then that pair's). Zero unless poisoned. Deliveries
-	// tells the pairs apart.
+	// subscribers, for some subscriber (the latest such delivery; Attempts and
+	// LastError are then that delivery's). Zero unless poisoned. Deliveries
+	// tells them apart.
 	PoisonedAt time.Time
-	// Deliveries lists the event's pairs that are still owed or poisoned,
+	// Deliveries lists the event's deliveries that are still owed or poisoned,
 	// by subscriber; filled by [Outbox.GetEvent] only.
 	Deliveries []DeliveryInfo
 }
@@ -97,7 +97,7 @@ func (o Outbox) GetEvent(ctx context.Context, db DB, id uuid.UUID) (EventInfo, e
 		return EventInfo{}, fmt.Errorf("events: inspect %s: %w", id, err)
 	}
 	if e.PoisonedAt.IsZero() {
-		// Poisoned for some subscriber: the latest such pair speaks for it.
+		// Poisoned for some subscriber: the latest such delivery speaks for it.
 		for _, d := range e.Deliveries {
 			if d.Poisoned() && d.PoisonedAt.After(e.PoisonedAt) {
 				e.PoisonedAt, e.Attempts, e.LastError = d.PoisonedAt, d.Attempts, d.LastError
@@ -118,7 +118,7 @@ const (
 	// oldest first.
 	EventRetrying EventState = "retrying"
 	// EventPoisoned: set aside until Requeue or Discard, as a whole or for
-	// some subscriber (see [Outbox.ListDeliveries] for the pairs); most recently
+	// some subscriber (see [Outbox.ListDeliveries] for the deliveries); most recently
 	// poisoned first.
 	EventPoisoned EventState = "poisoned"
 	// EventRecent: fanned out; most recently fanned out first.

@@ -12,7 +12,7 @@ const backfillRange = 5000
 
 // BackfillSubscriberResult is what [Outbox.BackfillSubscriber] did.
 type BackfillSubscriberResult struct {
-	// Owed counts the pairs it wrote: events now owed to the subscriber,
+	// Owed counts the deliveries it wrote: events now owed to the subscriber,
 	// delivered by the relays that have it.
 	Owed int64
 	// ResumedAt is the seq it resumed after (0 for a fresh start): a
@@ -23,15 +23,15 @@ type BackfillSubscriberResult struct {
 
 // Backfill gives a subscriber history: every retained event created at or
 // after since, fanned out, matching the subscriber's types, that it has not
-// got (its fanout does not name it and no pair of it is owed or poisoned)
+// got (its fanout does not name it and no delivery of it is owed or poisoned)
 // is owed to it, once; the relays that have the subscriber then deliver the
-// pairs like any other. Events not yet fanned out reach it the usual way.
+// deliveries like any other. Events not yet fanned out reach it the usual way.
 //
 // It works in batches of 5,000 seqs, each its own statement (with a pool,
 // its own transaction), and records its progress in the registry: run again
 // with the same since after an interruption, it resumes; run again after it
 // finished, it finds nothing more to owe. The subscriber must be active and
-// registered by a relay of this version (its types are needed): otherwise
+// registered by a relay that records its types (its types are needed): otherwise
 // the error wraps [ErrUnknownSubscriber]. Progress shows as
 // [Stats.Owed] and in [Outbox.ListSubscribers].
 func (o Outbox) BackfillSubscriber(ctx context.Context, db DB, subscriber string, since time.Time) (BackfillSubscriberResult, error) {

@@ -91,7 +91,7 @@ type Outbox struct {
 	// unserved by every running relay before [Outbox.GetStats] reports it
 	// orphaned: by [Relay.Health], by a warning log naming the fix (deploy
 	// it, or [Outbox.RetireSubscriber]), and by [Outbox.GetStats]. Its owed
-	// pairs keep their events from retention until then and after. Defaults
+	// deliveries keep their events from retention until then and after. Defaults
 	// to OrphanAfterDefault (15 min).
 	OrphanAfter time.Duration
 }

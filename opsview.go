@@ -104,25 +104,25 @@ func (o Outbox) CountFanoutByMinute(ctx context.Context, db DB, since time.Time)
 	return out, nil
 }
 
-// SubscriberDeliveries is how one subscriber's pairs stand, as
+// SubscriberDeliveries is how one subscriber's deliveries stand, as
 // [Outbox.CountDeliveries] reports them.
 type SubscriberDeliveries struct {
 	// Subscriber is the subscriber's name.
 	Subscriber string
-	// Owed counts its pairs still to be delivered (retrying, paused, or
+	// Owed counts its deliveries still to be made (retrying, paused, or
 	// owed to a subscriber no running relay has); OldestOwedSince is when
 	// the oldest of them was first owed, zero when none is.
 	Owed            int64
 	OldestOwedSince time.Time
-	// Poisoned counts its pairs set aside until [Outbox.RequeueDelivery] or
-	// [Outbox.DiscardDelivery].
+	// Poisoned counts its deliveries set aside until [Outbox.Requeue] or
+	// [Outbox.Discard].
 	Poisoned int64
 }
 
-// CountDeliveries counts each subscriber's owed and poisoned pairs,
+// CountDeliveries counts each subscriber's owed and poisoned deliveries,
 // with the age of its oldest owed one, in one query over the deliveries
-// table (which holds only pairs that still owe something: it is empty when
-// every subscriber is keeping up). A subscriber with no such pair is not in
+// table (which holds only deliveries that still owe something: it is empty when
+// every subscriber is keeping up). A subscriber with no such delivery is not in
 // the map.
 func (o Outbox) CountDeliveries(ctx context.Context, db DB) (map[string]SubscriberDeliveries, error) {
 	sql, err := statementsFor(o.Schema)

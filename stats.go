@@ -21,24 +21,24 @@ type Stats struct {
 	// Retrying counts pending events that failed at least once and wait for
 	// their next attempt.
 	Retrying int64
-	// Poisoned counts events set aside until [Outbox.Requeue] or [Outbox.Discard]: as a
-	// whole, or for at least one subscriber (as [Outbox.ListEvents] lists them
-	// with EventPoisoned).
+	// Poisoned counts events set aside until [Outbox.Requeue] or
+	// [Outbox.Discard]: as a whole, or for at least one subscriber (as
+	// [Outbox.ListEvents] lists them with [EventPoisoned]).
 	Poisoned int64
-	// CatchingUp counts fanned-out events whose catch_up list, written by a
-	// relay of 0.1.0 during a rolling deploy, a relay of this version has
-	// not yet turned into owed pairs.
+	// CatchingUp counts fanned-out events whose catch_up list, written
+	// during a rolling deploy by a relay of a release that kept no state per
+	// delivery, no relay has yet turned into owed deliveries.
 	CatchingUp int64
-	// Owed counts (event, subscriber) pairs still to be delivered: retrying
-	// after a failure of the subscriber's Map, owed to a subscriber the
-	// stamping relay did not know, or to a paused one.
+	// Owed counts deliveries still to be made: retrying after a failure of
+	// the subscriber's Map, owed to a subscriber the stamping relay did not
+	// know, or to a paused one.
 	Owed int64
-	// PoisonedDeliveries counts pairs set aside for their subscriber alone,
-	// until [Outbox.RequeueDelivery] or [Outbox.DiscardDelivery].
+	// PoisonedDeliveries counts deliveries set aside for their subscriber
+	// alone, until [Outbox.Requeue] or [Outbox.Discard].
 	PoisonedDeliveries int64
 	// Orphaned names the registered, active subscribers that no running
 	// relay has served for Outbox.OrphanAfter (default OrphanAfterDefault):
-	// their pairs pile up. Deploy a release that has them, or
+	// their deliveries pile up. Deploy a release that has them, or
 	// [Outbox.RetireSubscriber].
 	Orphaned []string
 	// Paused names the subscribers paused by [Outbox.PauseSubscriber].

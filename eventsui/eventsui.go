@@ -14,10 +14,10 @@
 // which subscribers each event is poisoned; an event's page shows each
 // subscriber's delivery (delivered with its job, owed, or poisoned) with its
 // error history, kept across requeues, and Requeue and Discard (behind a
-// confirmation page) of one pair. The relays page lists the relays of the
+// confirmation page) of one delivery. The relays page lists the relays of the
 // last day (host, PID, version, subscribers, running, stopped or dead,
 // listening or polling, failures, last round); the subscribers page each
-// subscriber's state, owed and poisoned pairs, oldest owed, when and by
+// subscriber's state, owed and poisoned deliveries, oldest owed, when and by
 // which relay it was last served, backfill, a warning naming the fix for an
 // orphaned one (deploy it, or retire it), and Pause and Resume
 // (ActionPause, ActionResume). The ordered subjects page (/chains) lists

@@ -16,15 +16,15 @@ import (
 )
 
 // The per-subscriber pages: which relays run and what they serve
-// (/relays), each subscriber's state with its owed and poisoned pairs
-// (/subscribers, with Pause and Resume), and the per-pair actions of an
+// (/relays), each subscriber's state with its owed and poisoned deliveries
+// (/subscribers, with Pause and Resume), and the per-delivery actions of an
 // event's page (Requeue, and Discard behind a confirmation page).
 
-// The subscribers' and pairs' actions.
+// The subscribers' and deliveries' actions.
 const (
 	// ActionPause and ActionResume pause and resume one subscriber
 	// ([events.Outbox.PauseSubscriber], [events.Outbox.ResumeSubscriber]). Requeue and
-	// discard of one (event, subscriber) pair are ActionRequeue and
+	// discard of one delivery are ActionRequeue and
 	// ActionDiscard, like the event's.
 	ActionPause  Action = "subscriber.pause"
 	ActionResume Action = "subscriber.resume"
@@ -204,7 +204,7 @@ func (h *handler) deliveryChange(action Action) http.HandlerFunc {
 	}
 }
 
-// deliveryError is dbError for a pair: not owed to that subscriber (404) or
+// deliveryError is dbError for a delivery: not owed to that subscriber (404) or
 // not poisoned (409).
 func (h *handler) deliveryError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
@@ -246,7 +246,7 @@ func (h *handler) confirmDeliveryDiscard(w http.ResponseWriter, r *http.Request)
 		Shown: []events.EventInfo{shown}, Cancel: h.config.Prefix + "/events/" + id.String()})
 }
 
-// deliveryURL is the path of an event's pair.
+// deliveryURL is the path of an event's delivery.
 func deliveryURL(prefix string, id uuid.UUID, subscriber string) string {
 	return prefix + "/events/" + id.String() + "/deliveries/" + url.PathEscape(subscriber)
 }
@@ -265,7 +265,7 @@ type delivery struct {
 }
 
 // deliveries merges an event's jobs (the subscribers delivered) and its
-// owed and poisoned pairs, by subscriber.
+// owed and poisoned deliveries, by subscriber.
 func (h *handler) deliveries(e *events.EventInfo, jobs []job) []delivery {
 	var out []delivery
 	for i := range jobs {

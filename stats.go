@@ -52,7 +52,7 @@ type Stats struct {
 	BlockedChains int64
 }
 
-// Stats reports how the outbox stands, in one query whose every figure comes
+// GetStats reports how the outbox stands, in one query whose every figure comes
 // from a small partial index, so it stays fast on a table of millions of
 // rows: fit for a readiness probe, an alert or a dashboard.
 func (o Outbox) GetStats(ctx context.Context, db DB) (Stats, error) {
@@ -133,7 +133,7 @@ func (r *Relay) Healthy() bool {
 	return h.Running && (h.Listening || h.PollOnly) && h.ConsecutiveFailures == 0 && time.Since(h.LastSuccessAt) < fresh
 }
 
-// registerGauges reports the backlog and the lag, read with Stats when the
+// registerGauges reports the backlog and the lag, read with GetStats when the
 // metrics are collected.
 func (r *Relay) registerGauges() (metric.Registration, error) {
 	backlog, err := r.meter.Int64ObservableGauge(MetricBacklog, metric.WithUnit("{event}"),

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// backfillRange is how many seqs one Backfill statement covers: each batch
+// backfillRange is how many seqs one BackfillSubscriber statement covers: each batch
 // is one short statement over a range of the primary key.
 const backfillRange = 5000
 
@@ -16,12 +16,12 @@ type BackfillSubscriberResult struct {
 	// delivered by the relays that have it.
 	Owed int64
 	// ResumedAt is the seq it resumed after (0 for a fresh start): a
-	// Backfill of the same subscriber and since that was interrupted goes
+	// BackfillSubscriber of the same subscriber and since that was interrupted goes
 	// on where it stopped.
 	ResumedAt int64
 }
 
-// Backfill gives a subscriber history: every retained event created at or
+// BackfillSubscriber gives a subscriber history: every retained event created at or
 // after since, fanned out, matching the subscriber's types, that it has not
 // got (its fanout does not name it and no delivery of it is owed or poisoned)
 // is owed to it, once; the relays that have the subscriber then deliver the

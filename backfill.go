@@ -16,8 +16,8 @@ type BackfillSubscriberResult struct {
 	// delivered by the relays that have it.
 	Owed int64
 	// ResumedAt is the seq it resumed after (0 for a fresh start): a
-	// BackfillSubscriber of the same subscriber and since that was interrupted goes
-	// on where it stopped.
+	// BackfillSubscriber of the same subscriber and since that was
+	// interrupted goes on where it stopped.
 	ResumedAt int64
 }
 

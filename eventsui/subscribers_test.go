@@ -237,8 +237,12 @@ func TestPairActionsAreGuarded(t *testing.T) {
 	}
 	stillPoisoned("cross-origin posts change nothing")
 
+	_, body := get(t, srv.URL+"/events/"+poisoned.String())
+	require.Contains(t, body, "delivery-requeue", "the control: allowed, the buttons show")
+	require.Contains(t, body, "delivery-discard")
+
 	viewOnly := serve(t, pool, eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView }})
-	code, body := get(t, viewOnly.URL+"/events/"+poisoned.String())
+	code, body = get(t, viewOnly.URL+"/events/"+poisoned.String())
 	require.Equal(t, http.StatusOK, code)
 	require.NotContains(t, body, "delivery-requeue", "no button the hook would refuse")
 	require.NotContains(t, body, "delivery-discard")

@@ -212,6 +212,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{"requeue", "--event", "not-an-id"},
 		{"requeue", "--all-poisoned", "--event", uuid.Must(uuid.NewV7()).String()},
 		{"requeue", "--all-poisoned", "--type", "a*"},
+		{"requeue", "--event", uuid.Must(uuid.NewV7()).String(), "--type", "a*"},
 		{"discard", "--yes", "--event", uuid.Must(uuid.NewV7()).String()},
 		{"watch", "add"},
 	} {

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/standmeet/events"
+	"github.com/standmeet/events/internal/glob"
 )
 
 // Exit codes.
@@ -526,14 +527,16 @@ func (c *cli) settle(cmd, done string, args []string) error {
 	if err != nil {
 		return err
 	}
+	if typ != "" {
+		// Refused before the first event, not once per event.
+		if _, err := glob.Compile(typ); err != nil {
+			return usagef("%s: --type %v", cmd, err)
+		}
+	}
 	one := func(id uuid.UUID, _ string) error {
 		f := filter
 		f.EventIDs = []uuid.UUID{id}
 		_, err := act(c.ctx, c.pool, f)
-		var invalid *events.ValidationError
-		if errors.As(err, &invalid) {
-			return usagef("%s: --%s %s", cmd, strings.ToLower(invalid.Field), invalid.Reason)
-		}
 		return err
 	}
 	if subscriber != "" {

@@ -11,11 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Backfill of 10,000 retained events to a new subscriber while writes go
+// BackfillSubscriber of 10,000 retained events to a new subscriber while writes go
 // on and relays fan out: every matching event created since the time
 // reaches it exactly once, including those it already had from its own
 // relay's stamps (never a second time), and none before the time; a second
-// Backfill owes nothing more.
+// BackfillSubscriber owes nothing more.
 func TestBackfillOwesEachMatchingEventOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

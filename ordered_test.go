@@ -657,7 +657,7 @@ func TestOrderedMapSubscriberThroughMiddleware(t *testing.T) {
 
 // An ordered subscriber keeps its order through what the deliveries lane
 // carries — a rolling deploy (a relay of the old release lacks it and owes
-// it the events it stamps), a Backfill of history, a pause — and through
+// it the events it stamps), a BackfillSubscriber of history, a pause — and through
 // retention deleting events as soon as they owe nothing, while one subject
 // is blocked for a while: per subject, the events are handled in commit
 // order (the producers write each subject in turn), each once.

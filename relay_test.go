@@ -643,7 +643,7 @@ func TestAListenerThatDialsIntoTheSilenceListensAgainAfterIt(t *testing.T) {
 	proxy.heal()
 	healedAt := time.Now()
 	// The dial in the silence gives up within the silence bound, and the
-	// next one, after at most MaxReconnectBackoff, goes through.
+	// next one, after at most maxReconnectBackoffDefault, goes through.
 	bound := 2*ping + maxReconnectBackoffDefault + time.Second
 	require.Eventually(t, func() bool { return b.relay.Health().Listening }, bound, time.Millisecond,
 		"the listener never listened again after the path came back")
@@ -1405,7 +1405,7 @@ func TestChaosSoak(t *testing.T) {
 // the other subscribers of ledger.* events get their jobs. "ghost" is
 // registered, with note.* types, and never run: an orphan, owed every
 // note.* event. "history" is added partway through, on some of the relays,
-// and given the events since a mid-run time by a Backfill that runs (and is
+// and given the events since a mid-run time by a BackfillSubscriber that runs (and is
 // interrupted and resumed) while the chaos goes on.
 var soakTypes = []string{"order.placed", "order.paid", "note.changed", "supplier.connected", "ledger.entry"}
 
@@ -1438,7 +1438,7 @@ type soak struct {
 	// The backfill phase: relays other than the first one restarted from
 	// historyOn on have the subscriber "history"; historySince is when the
 	// first of them had registered it (Start returned), historyFrom the since
-	// its Backfill was given. bf is what the Backfill calls did.
+	// its BackfillSubscriber was given. bf is what the BackfillSubscriber calls did.
 	historyOn    atomic.Bool
 	historySince time.Time
 	historyFrom  time.Time
@@ -1613,7 +1613,7 @@ func (s *soak) run(duration time.Duration) {
 	// on run the new release, side by side with the old one. At three
 	// eighths the backfill phase begins: the second relay restarts with
 	// "history" (relays other than the first restarted afterwards have it
-	// too), and a Backfill from an eighth of the run begins; interrupted
+	// too), and a BackfillSubscriber from an eighth of the run begins; interrupted
 	// after its first batch, it is resumed at five eighths, past the
 	// postgres restart, while the chaos goes on.
 	restartAt := time.Now().Add(duration / 2)
@@ -1762,7 +1762,7 @@ func (s *soak) togglePause() {
 	s.t.Fatalf("webhooks could not be %s", op)
 }
 
-// backfillRun is what the soak's Backfill calls did.
+// backfillRun is what the soak's BackfillSubscriber calls did.
 type backfillRun struct {
 	calls       int
 	owed        int64                    // pairs the calls wrote, as they reported them
@@ -1776,7 +1776,7 @@ type backfillRun struct {
 // closed then. The first call is interrupted (its context cancelled) once a
 // batch of it committed; the next one is made when resume is closed, later
 // in the run, and must go on from there: by then the events stamped since
-// the registration have their history jobs, and the resumed Backfill must
+// the registration have their history jobs, and the resumed BackfillSubscriber must
 // owe them nothing. A call the chaos breaks (a connection terminated, the
 // server restarting) is made again, as an operator would.
 func (s *soak) backfill(resume <-chan struct{}) <-chan struct{} {
@@ -1823,7 +1823,7 @@ func (s *soak) backfill(resume <-chan struct{}) <-chan struct{} {
 	return done
 }
 
-// interruptAfterBatch is a DB for Backfill that cancels its context once a
+// interruptAfterBatch is a DB for BackfillSubscriber that cancels its context once a
 // batch statement returned: the statement after it fails.
 type interruptAfterBatch struct {
 	DB
@@ -2025,7 +2025,7 @@ func (s *soak) check() {
 		}
 	}
 	t.Logf("chaos soak: %d events reached the subscriber added by the rolling deploy", audited)
-	// The backfill phase happened, and its interrupted Backfill resumed.
+	// The backfill phase happened, and its interrupted BackfillSubscriber resumed.
 	backfillPhase := !s.historySince.IsZero()
 	if backfillPhase {
 		t.Logf("chaos soak: backfill of history since %v (registered %v): %d calls, %d pairs owed, interrupted at seq %d, the call that finished resumed after seq %d",
@@ -2073,7 +2073,7 @@ func (s *soak) check() {
 	}
 	pairs := loadPairs(t, s.admin)
 	history := subscriptions[slices.IndexFunc(subscriptions, func(c *subscription) bool { return c.Name == "history" })]
-	since := s.historyFrom.Truncate(time.Microsecond) // as Backfill compares it
+	since := s.historyFrom.Truncate(time.Microsecond) // as BackfillSubscriber compares it
 	historyJobs := 0
 	ghostOwed := 0
 	named := map[int64]bool{}

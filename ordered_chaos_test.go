@@ -378,7 +378,7 @@ func (c *orderedChaos) rescuer(stop <-chan struct{}) {
 func (c *orderedChaos) startSlot(s *chaosSlot) {
 	t := c.t
 	relay, err := NewRelay(s.pool, &RelayConfig{BatchSize: 1 + rand.IntN(40), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
-		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond}, Logger: quietLogger(),
+		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 200 * time.Millisecond}}, Logger: quietLogger(),
 		Outbox: Outbox{OrphanAfter: chaosOrphanAfter}})
 	require.NoError(t, err)
 	relay.hooks.deadWorkerAfter = chaosDeadWorkerAfter

@@ -36,12 +36,12 @@ type EventInfo struct {
 	NextAttemptAt time.Time
 	// PoisonedAt is when the event was set aside: as a whole (it could not
 	// be fanned out at all), or, for an event fanned out to its other
-	// subscribers, for some subscriber (the latest such pair; Attempts and
-	// LastError are then that pair's). Zero unless poisoned. Deliveries
-	// tells the pairs apart.
+	// subscribers, for some subscriber (the latest such delivery; Attempts and
+	// LastError are then that delivery's). Zero unless poisoned. Deliveries
+	// tells them apart.
 	PoisonedAt time.Time
-	// Deliveries lists the event's pairs that are still owed or poisoned,
-	// by subscriber; filled by [Outbox.Inspect] only.
+	// Deliveries lists the event's deliveries that are still owed or poisoned,
+	// by subscriber; filled by [Outbox.GetEvent] only.
 	Deliveries []DeliveryInfo
 }
 
@@ -49,7 +49,7 @@ type EventInfo struct {
 // set aside until [Outbox.Requeue].
 func (e *EventInfo) Poisoned() bool { return !e.PoisonedAt.IsZero() }
 
-// infoRow is an outbox row as Inspect and ListEvents select it.
+// infoRow is an outbox row as GetEvent and ListEvents select it.
 type infoRow struct {
 	Event
 	FannedOutAt, NextAttemptAt, PoisonedAt *time.Time
@@ -71,9 +71,9 @@ func scanInfo(row pgx.CollectableRow) (EventInfo, error) {
 	return e, nil
 }
 
-// Inspect returns one event with its relay state, or an error wrapping
+// GetEvent returns one event with its relay state, or an error wrapping
 // [ErrNotFound].
-func (o Outbox) Inspect(ctx context.Context, db DB, id uuid.UUID) (EventInfo, error) {
+func (o Outbox) GetEvent(ctx context.Context, db DB, id uuid.UUID) (EventInfo, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return EventInfo{}, err
@@ -97,7 +97,7 @@ func (o Outbox) Inspect(ctx context.Context, db DB, id uuid.UUID) (EventInfo, er
 		return EventInfo{}, fmt.Errorf("events: inspect %s: %w", id, err)
 	}
 	if e.PoisonedAt.IsZero() {
-		// Poisoned for some subscriber: the latest such pair speaks for it.
+		// Poisoned for some subscriber: the latest such delivery speaks for it.
 		for _, d := range e.Deliveries {
 			if d.Poisoned() && d.PoisonedAt.After(e.PoisonedAt) {
 				e.PoisonedAt, e.Attempts, e.LastError = d.PoisonedAt, d.Attempts, d.LastError
@@ -107,32 +107,32 @@ func (o Outbox) Inspect(ctx context.Context, db DB, id uuid.UUID) (EventInfo, er
 	return e, nil
 }
 
-// ListState selects the events [Outbox.ListEvents] lists.
-type ListState string
+// EventState selects the events [Outbox.ListEvents] lists.
+type EventState string
 
-// The states of [ListParams].
+// The states of [ListEventsParams].
 const (
-	// StatePending: not fanned out yet, never failed; oldest first.
-	StatePending ListState = "pending"
-	// StateRetrying: failed at least once, waiting for the next attempt;
+	// EventPending: not fanned out yet, never failed; oldest first.
+	EventPending EventState = "pending"
+	// EventRetrying: failed at least once, waiting for the next attempt;
 	// oldest first.
-	StateRetrying ListState = "retrying"
-	// StatePoisoned: set aside until Requeue or Discard, as a whole or for
-	// some subscriber (see [Outbox.ListDeliveries] for the pairs); most recently
+	EventRetrying EventState = "retrying"
+	// EventPoisoned: set aside until Requeue or Discard, as a whole or for
+	// some subscriber (see [Outbox.ListDeliveries] for the deliveries); most recently
 	// poisoned first.
-	StatePoisoned ListState = "poisoned"
-	// StateRecent: fanned out; most recently fanned out first.
-	StateRecent ListState = "recent"
+	EventPoisoned EventState = "poisoned"
+	// EventRecent: fanned out; most recently fanned out first.
+	EventRecent EventState = "recent"
 )
 
-// ListLimitDefault is the page size of [Outbox.ListEvents] when [ListParams.Limit]
+// ListLimitDefault is the page size of [Outbox.ListEvents] when [ListEventsParams.Limit]
 // is zero.
 const ListLimitDefault = 50
 
-// ListParams selects and pages the events [Outbox.ListEvents] lists.
-type ListParams struct {
+// ListEventsParams selects and pages the events [Outbox.ListEvents] lists.
+type ListEventsParams struct {
 	// State selects the events. Required.
-	State ListState
+	State EventState
 	// Type filters by event type with a glob, as [Subscriber.Types]
 	// ("note.*", "supplier.**"). Empty means every type.
 	Type string
@@ -145,8 +145,8 @@ type ListParams struct {
 	After string
 }
 
-// ListResult is one page of events.
-type ListResult struct {
+// ListEventsResult is one page of events.
+type ListEventsResult struct {
 	Events []EventInfo
 	// Next is the cursor of the following page; empty on the last page.
 	Next string
@@ -154,32 +154,32 @@ type ListResult struct {
 
 // ListEvents lists events in one state, a page at a time (keyset paging on
 // the state's own index), optionally filtered by type glob and subject.
-func (o Outbox) ListEvents(ctx context.Context, db DB, params ListParams) (ListResult, error) {
+func (o Outbox) ListEvents(ctx context.Context, db DB, params ListEventsParams) (ListEventsResult, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
-		return ListResult{}, err
+		return ListEventsResult{}, err
 	}
 	query, ok := sql.List[string(params.State)]
 	if !ok {
-		return ListResult{}, invalidf(ErrInvalidArgument, "State", "%q: use pending, retrying, poisoned or recent", params.State)
+		return ListEventsResult{}, invalidf(ErrInvalidArgument, "State", "%q: use pending, retrying, poisoned or recent", params.State)
 	}
 	limit := cmp.Or(params.Limit, ListLimitDefault)
 	if limit < 1 || limit > 1000 {
-		return ListResult{}, invalidf(ErrInvalidArgument, "Limit", "%d: must be between 1 and 1000", params.Limit)
+		return ListEventsResult{}, invalidf(ErrInvalidArgument, "Limit", "%d: must be between 1 and 1000", params.Limit)
 	}
 	f, err := params.filter()
 	if err != nil {
-		return ListResult{}, err
+		return ListEventsResult{}, err
 	}
 	rows, err := db.Query(ctx, query, limit+1, f.typeRE, f.subject, f.afterSeq, f.afterAt)
 	if err != nil {
-		return ListResult{}, fmt.Errorf("events: list %s: %w", params.State, err)
+		return ListEventsResult{}, fmt.Errorf("events: list %s: %w", params.State, err)
 	}
 	list, err := pgx.CollectRows(rows, scanInfo)
 	if err != nil {
-		return ListResult{}, fmt.Errorf("events: list %s: %w", params.State, err)
+		return ListEventsResult{}, fmt.Errorf("events: list %s: %w", params.State, err)
 	}
-	var res ListResult
+	var res ListEventsResult
 	if len(list) > limit {
 		list = list[:limit]
 		res.Next = nextCursor(params.State, list[limit-1])
@@ -197,7 +197,7 @@ type listFilter struct {
 
 // filter reads p's type glob, subject and cursor into a list query's
 // filters.
-func (p ListParams) filter() (listFilter, error) {
+func (p ListEventsParams) filter() (listFilter, error) {
 	var f listFilter
 	if p.Type != "" {
 		g, err := glob.Compile(p.Type)
@@ -223,12 +223,12 @@ func (p ListParams) filter() (listFilter, error) {
 // nextCursor is the Next cursor of a page of state that ends with last:
 // "<micros>.<seq>", with the time the state's list is ordered by (poisoned,
 // fanned out) or 0 for the lists in seq order. parseCursor reads it.
-func nextCursor(state ListState, last EventInfo) string {
+func nextCursor(state EventState, last EventInfo) string {
 	var at time.Time
 	switch state {
-	case StatePoisoned:
+	case EventPoisoned:
 		at = last.PoisonedAt
-	case StateRecent:
+	case EventRecent:
 		at = last.FannedOutAt
 	}
 	micros := int64(0) // seq order: the time plays no part
@@ -246,54 +246,4 @@ func parseCursor(c string) (time.Time, int64, error) {
 		return time.Time{}, 0, invalidf(ErrInvalidArgument, "After", "%q: not a cursor from a previous page", c)
 	}
 	return time.UnixMicro(at), seq, nil
-}
-
-// Requeue puts a poisoned event back in the queue — the event itself if it
-// was poisoned as a whole, and every poisoned (event, subscriber) pair of it
-// (see [Outbox.RequeueDelivery]): attempts start again (a pair's error history is
-// kept), and the relays are woken. It returns an error wrapping
-// [ErrNotFound] for an unknown ID and [ErrNotPoisoned] for an event with
-// nothing poisoned. With db a transaction,
-// the relays see the requeue when it commits.
-func (o Outbox) Requeue(ctx context.Context, db DB, id uuid.UUID) error {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return err
-	}
-	var exists, requeued bool
-	err = db.QueryRow(ctx, sql.Requeue, id).Scan(&exists, &requeued, nil)
-	switch {
-	case err != nil:
-		return fmt.Errorf("events: requeue %s: %w", id, err)
-	case !exists:
-		return fmt.Errorf("%w: %s", ErrNotFound, id)
-	case !requeued:
-		return fmt.Errorf("%w: %s", ErrNotPoisoned, id)
-	}
-	return nil
-}
-
-// Discard gives up a poisoned event for good, on an operator's decision (an
-// event that can never be delivered, say): its poisoned pairs are dropped
-// (the subscribers that got their jobs keep their fanout record; retention
-// deletes the row in time), and an event poisoned as a whole, never fanned
-// out, is deleted. It returns an error wrapping [ErrNotFound] for an unknown
-// ID and [ErrNotPoisoned] for an event with nothing poisoned. Retention
-// never deletes poisoned events on its own.
-func (o Outbox) Discard(ctx context.Context, db DB, id uuid.UUID) error {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return err
-	}
-	var exists, discarded bool
-	err = db.QueryRow(ctx, sql.Discard, id).Scan(&exists, &discarded)
-	switch {
-	case err != nil:
-		return fmt.Errorf("events: discard %s: %w", id, err)
-	case !exists:
-		return fmt.Errorf("%w: %s", ErrNotFound, id)
-	case !discarded:
-		return fmt.Errorf("%w: %s", ErrNotPoisoned, id)
-	}
-	return nil
 }

@@ -19,7 +19,7 @@ func TestListEventsByStateWithFiltersAndPages(t *testing.T) {
 	pending := b.record(t, Event{Type: "note.changed", Subject: "note:1"}, Event{Type: "note.deleted", Subject: "note:1"},
 		Event{Type: "order.placed", Subject: "order:1"}, Event{Type: "note.changed", Subject: "note:2"})
 
-	count := func(p ListParams) int {
+	count := func(p ListEventsParams) int {
 		t.Helper()
 		n := 0
 		for {
@@ -32,20 +32,20 @@ func TestListEventsByStateWithFiltersAndPages(t *testing.T) {
 			p.After = page.Next
 		}
 	}
-	require.Equal(t, 4, count(ListParams{State: StatePending, Limit: 1}))
-	require.Equal(t, 2, count(ListParams{State: StateRetrying, Limit: 1}))
-	require.Equal(t, 3, count(ListParams{State: StatePoisoned, Limit: 2}))
-	require.Equal(t, 4, count(ListParams{State: StateRecent, Limit: 3}))
-	require.Equal(t, 3, count(ListParams{State: StatePending, Type: "note.*", Limit: 2}))
-	require.Equal(t, 4, count(ListParams{State: StatePending, Type: "**"}))
-	require.Equal(t, 2, count(ListParams{State: StatePending, Type: "note.*", Subject: "note:1"}))
-	require.Equal(t, 0, count(ListParams{State: StatePending, Type: "order"}))
+	require.Equal(t, 4, count(ListEventsParams{State: EventPending, Limit: 1}))
+	require.Equal(t, 2, count(ListEventsParams{State: EventRetrying, Limit: 1}))
+	require.Equal(t, 3, count(ListEventsParams{State: EventPoisoned, Limit: 2}))
+	require.Equal(t, 4, count(ListEventsParams{State: EventRecent, Limit: 3}))
+	require.Equal(t, 3, count(ListEventsParams{State: EventPending, Type: "note.*", Limit: 2}))
+	require.Equal(t, 4, count(ListEventsParams{State: EventPending, Type: "**"}))
+	require.Equal(t, 2, count(ListEventsParams{State: EventPending, Type: "note.*", Subject: "note:1"}))
+	require.Equal(t, 0, count(ListEventsParams{State: EventPending, Type: "order"}))
 
-	page, err := outbox.ListEvents(ctx, b.pool, ListParams{State: StatePending, Limit: 2})
+	page, err := outbox.ListEvents(ctx, b.pool, ListEventsParams{State: EventPending, Limit: 2})
 	require.NoError(t, err)
 	require.Equal(t, []string{pending[0].ID.String(), pending[1].ID.String()}, []string{page.Events[0].ID.String(), page.Events[1].ID.String()}, "oldest first")
 
-	for _, bad := range []ListParams{{State: "nope"}, {State: StatePending, Limit: 1001}, {State: StatePending, Type: "a*"}, {State: StatePending, After: "x"}} {
+	for _, bad := range []ListEventsParams{{State: "nope"}, {State: EventPending, Limit: 1001}, {State: EventPending, Type: "a*"}, {State: EventPending, After: "x"}} {
 		_, err := outbox.ListEvents(ctx, b.pool, bad)
 		require.ErrorIs(t, err, ErrInvalidArgument, "%+v", bad)
 	}

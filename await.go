@@ -43,7 +43,7 @@ type Receipt struct {
 	// event's Fanout then names the job. Nil when none.
 	Owed []string
 	// Poisoned maps each subscriber for which the event is poisoned (its
-	// Map failed MaxAttempts times; see [Outbox.RequeueDelivery]) to the last
+	// Map failed MaxAttempts times; see [Outbox.Requeue]) to the last
 	// error. Nil when none.
 	Poisoned map[string]string
 }
@@ -301,7 +301,7 @@ func (a *Awaiter) AwaitFanout(ctx context.Context, ids ...uuid.UUID) ([]Receipt,
 // stamping relay did not know it), until a relay delivered it. A receipt
 // then names the subscriber's job in Fanout, or none when the subscriber
 // does not take the event (its types do not match, or its Map skipped it).
-// A pair poisoned for subscriber returns a [*PoisonedError] naming it; the
+// A delivery poisoned for subscriber returns a [*PoisonedError] naming it; the
 // other errors are AwaitFanout's. A subscriber that no running relay has
 // waits until ctx ends: give ctx a deadline.
 func (a *Awaiter) AwaitDelivery(ctx context.Context, subscriber string, ids ...uuid.UUID) ([]Receipt, error) {
@@ -325,8 +325,8 @@ func (a *Awaiter) awaitMeasured(ctx context.Context, ids []uuid.UUID, subscriber
 	return a.await(ctx, ids, subscriber)
 }
 
-// await waits for ids' receipts; with subscriber set, until that
-// subscriber's pair of each is delivered too.
+// await waits for ids' receipts; with subscriber set, until each is
+// delivered to that subscriber too.
 func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string) ([]Receipt, error) {
 	w := &waiter{wake: wake.New()}
 	stopping, err := a.register(w, ids)
@@ -477,7 +477,7 @@ func scanAwaitRow(rows pgx.Rows) (awaitRow, error) {
 // answer files r's receipt in receipts once it answers the wait: the event
 // is fanned out and, with subscriber set, owes it nothing. It returns a
 // [*PoisonedError] for an event poisoned as a whole, or for subscriber's
-// poisoned pair of it.
+// poisoned delivery of it.
 func (r awaitRow) answer(subscriber string, receipts map[uuid.UUID]Receipt) error {
 	switch {
 	case r.fannedAt != nil && subscriber != "" && r.Poisoned[subscriber] != "":
@@ -527,7 +527,7 @@ func (a *Awaiter) unregister(w *waiter, ids []uuid.UUID) {
 	}
 }
 
-// notified wakes the waiters of the IDs in a ChannelFanned payload.
+// notified wakes the waiters of the IDs in a payload of the fanned channel.
 func (a *Awaiter) notified(payload string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -386,7 +386,7 @@ func TestReceiptDuringASilentOutageComesWithinThePollInterval(t *testing.T) {
 	a := startAwaiter(t, b, &AwaiterConfig{Listener: ListenerConfig{
 		Connect: proxy.connectVia(t, b.url, "awaiter_via_proxy"),
 		// The ping would take an hour to notice: only the re-read helps.
-		PingInterval: time.Hour, PollInterval: 200 * time.Millisecond,
+		hooks: listenerHooks{pingInterval: time.Hour}, PollInterval: 200 * time.Millisecond,
 	}})
 	b.start(t)
 	b.settle(t)

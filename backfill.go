@@ -6,44 +6,44 @@ import (
 	"time"
 )
 
-// backfillRange is how many seqs one Backfill statement covers: each batch
+// backfillRange is how many seqs one BackfillSubscriber statement covers: each batch
 // is one short statement over a range of the primary key.
 const backfillRange = 5000
 
-// BackfillResult is what [Outbox.Backfill] did.
-type BackfillResult struct {
-	// Owed counts the pairs it wrote: events now owed to the subscriber,
+// BackfillSubscriberResult is what [Outbox.BackfillSubscriber] did.
+type BackfillSubscriberResult struct {
+	// Owed counts the deliveries it wrote: events now owed to the subscriber,
 	// delivered by the relays that have it.
 	Owed int64
 	// ResumedAt is the seq it resumed after (0 for a fresh start): a
-	// Backfill of the same subscriber and since that was interrupted goes
-	// on where it stopped.
+	// BackfillSubscriber of the same subscriber and since that was
+	// interrupted goes on where it stopped.
 	ResumedAt int64
 }
 
-// Backfill gives a subscriber history: every retained event created at or
+// BackfillSubscriber gives a subscriber history: every retained event created at or
 // after since, fanned out, matching the subscriber's types, that it has not
-// got (its fanout does not name it and no pair of it is owed or poisoned)
+// got (its fanout does not name it and no delivery of it is owed or poisoned)
 // is owed to it, once; the relays that have the subscriber then deliver the
-// pairs like any other. Events not yet fanned out reach it the usual way.
+// deliveries like any other. Events not yet fanned out reach it the usual way.
 //
 // It works in batches of 5,000 seqs, each its own statement (with a pool,
 // its own transaction), and records its progress in the registry: run again
 // with the same since after an interruption, it resumes; run again after it
 // finished, it finds nothing more to owe. The subscriber must be active and
-// registered by a relay of this version (its types are needed): otherwise
+// registered by a relay that records its types (its types are needed): otherwise
 // the error wraps [ErrUnknownSubscriber]. Progress shows as
-// [OutboxStats.Owed] and in [Outbox.ListSubscribers].
-func (o Outbox) Backfill(ctx context.Context, db DB, subscriber string, since time.Time) (BackfillResult, error) {
+// [Stats.Owed] and in [Outbox.ListSubscribers].
+func (o Outbox) BackfillSubscriber(ctx context.Context, db DB, subscriber string, since time.Time) (BackfillSubscriberResult, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
-		return BackfillResult{}, err
+		return BackfillSubscriberResult{}, err
 	}
 	since = since.Truncate(time.Microsecond) // as PostgreSQL stores it, so a resume matches
 	var (
 		found, typed bool
 		from, last   int64
-		res          BackfillResult
+		res          BackfillSubscriberResult
 	)
 	if err := db.QueryRow(ctx, sql.BackfillStart, subscriber, since).Scan(&found, &typed, &from, &last); err != nil {
 		return res, fmt.Errorf("events: backfill %q: %w", subscriber, err)

@@ -11,11 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Backfill of 10,000 retained events to a new subscriber while writes go
+// BackfillSubscriber of 10,000 retained events to a new subscriber while writes go
 // on and relays fan out: every matching event created since the time
 // reaches it exactly once, including those it already had from its own
 // relay's stamps (never a second time), and none before the time; a second
-// Backfill owes nothing more.
+// BackfillSubscriber owes nothing more.
 func TestBackfillOwesEachMatchingEventOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -54,17 +54,17 @@ func TestBackfillOwesEachMatchingEventOnce(t *testing.T) {
 			}
 		}
 	})
-	res, err := outbox.Backfill(ctx, old.pool, "y", since)
+	res, err := outbox.BackfillSubscriber(ctx, old.pool, "y", since)
 	close(stop)
 	writers.Wait()
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, res.Owed, int64(5000), "the 5,000 order events recorded before y existed")
 	waitDelivered(t, old.pool, 60*time.Second)
 
-	again, err := outbox.Backfill(ctx, old.pool, "y", since)
+	again, err := outbox.BackfillSubscriber(ctx, old.pool, "y", since)
 	require.NoError(t, err)
 	require.Zero(t, again.Owed, "nothing more to owe")
-	_, err = outbox.Backfill(ctx, old.pool, "nobody", since)
+	_, err = outbox.BackfillSubscriber(ctx, old.pool, "nobody", since)
 	require.ErrorIs(t, err, ErrUnknownSubscriber)
 	subs, err := outbox.ListSubscribers(ctx, old.pool)
 	require.NoError(t, err)

@@ -4,7 +4,7 @@ package events
 // subscriber with Coalesce set, the events of one subject in the batch share
 // one job, which carries the latest of them (batches are in seq order), and
 // the fanout of every one of them names it. Events without a subject, and
-// every event of a subscriber without Coalesce, get a job each. Pairs whose
+// every event of a subscriber without Coalesce, get a job each. Deliveries whose
 // mapping failed are not in perEvent: they get none.
 //
 // River's unique jobs are not used for this: River requires a unique job's

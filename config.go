@@ -17,21 +17,37 @@ import (
 // Defaults of [RelayConfig], [AwaiterConfig] and [ListenerConfig], applied to
 // fields left zero.
 const (
-	BatchSizeDefault           = 200
-	MaxAttemptsDefault         = 5
-	RetryBackoffDefault        = 2 * time.Second
-	MaxRetryBackoffDefault     = time.Minute
-	ReconnectBackoffDefault    = 250 * time.Millisecond
-	MaxReconnectBackoffDefault = 2 * time.Second
-	PollIntervalDefault        = time.Second
-	NotFoundGraceDefault       = 2 * time.Second
-	MaxRoundsInFlightDefault   = 2
-	PingIntervalDefault        = 5 * time.Second
-	OrphanAfterDefault         = 15 * time.Minute
+	BatchSizeDefault         = 200
+	MaxAttemptsDefault       = 5
+	RetryBackoffDefault      = 2 * time.Second
+	MaxRetryBackoffDefault   = time.Minute
+	PollIntervalDefault      = time.Second
+	NotFoundGraceDefault     = 2 * time.Second
+	MaxRoundsInFlightDefault = 2
+	OrphanAfterDefault       = 15 * time.Minute
+)
+
+// The listening connection's own timing (see [ListenerConfig]), private
+// as River's notifier keeps its own: a lost connection is re-established
+// after reconnectBackoffDefault, doubling up to maxReconnectBackoffDefault;
+// one silent for pingIntervalDefault is pinged, and silence past twice that
+// ends it, as does a dial that has not connected and listened by then.
+const (
+	reconnectBackoffDefault    = 250 * time.Millisecond
+	maxReconnectBackoffDefault = 2 * time.Second
+	pingIntervalDefault        = 5 * time.Second // River's
 )
 
 // ListenerConfig configures how a [Relay] and an [Awaiter] learn of changes:
 // a dedicated listening connection each, and polling. The zero value works.
+//
+// The listening connection looks after itself, as River's notifier does: one
+// silent for 5 s is pinged, and one whose answer does not come within as
+// long is ended ([Relay.Health] then reports the relay as not listening), so
+// a peer that vanished without closing it (a failover, a proxy or NAT that
+// stopped forwarding) is noticed; a lost connection is re-established after
+// 250 ms, doubling up to 2 s, so a failover ends within 2 s of the new
+// primary accepting connections.
 type ListenerConfig struct {
 	// PollInterval is how often an idle relay looks for pending events
 	// without a notification (watch triggers send none, notifications are
@@ -59,46 +75,28 @@ type ListenerConfig struct {
 	// awaiter stops.
 	Connect func(ctx context.Context) (*pgx.Conn, error)
 
-	// ReconnectBackoff is the first pause before re-establishing a lost
-	// listening connection; it doubles up to MaxReconnectBackoff. Defaults
-	// to ReconnectBackoffDefault (250 ms).
-	ReconnectBackoff time.Duration
+	// hooks let tests in this package change the listening connection's
+	// timing.
+	hooks listenerHooks
+}
 
-	// MaxReconnectBackoff caps ReconnectBackoff's doubling. Defaults to
-	// MaxReconnectBackoffDefault (2 s: a failover ends within that of the
-	// new primary accepting connections, however long it took).
-	MaxReconnectBackoff time.Duration
-
-	// PingInterval is how long the listening connection may stay silent
-	// before it is pinged, and how long the answer may take: a connection
-	// whose peer vanished without closing it (a failover, a proxy or NAT
-	// that stopped forwarding) sends no error, so silence past twice
-	// PingInterval ends it and a new one is made, and [Relay.Health] reports
-	// it as not listening meanwhile. A dial (with Connect too) that has not
-	// connected and listened within twice PingInterval is given up and
-	// tried again. TCP keepalives are turned on too.
-	// Defaults to PingIntervalDefault (5 s, River's).
-	PingInterval time.Duration
+// listenerHooks let tests in this package change the listening
+// connection's timing; a zero field means the default.
+type listenerHooks struct {
+	reconnectBackoff, maxReconnectBackoff, pingInterval time.Duration
 }
 
 func (c ListenerConfig) withDefaults() ListenerConfig {
-	c.ReconnectBackoff = cmp.Or(c.ReconnectBackoff, ReconnectBackoffDefault)
-	c.MaxReconnectBackoff = cmp.Or(c.MaxReconnectBackoff, MaxReconnectBackoffDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
-	c.PingInterval = cmp.Or(c.PingInterval, PingIntervalDefault)
+	c.hooks.reconnectBackoff = cmp.Or(c.hooks.reconnectBackoff, reconnectBackoffDefault)
+	c.hooks.maxReconnectBackoff = cmp.Or(c.hooks.maxReconnectBackoff, maxReconnectBackoffDefault)
+	c.hooks.pingInterval = cmp.Or(c.hooks.pingInterval, pingIntervalDefault)
 	return c
 }
 
 func (c ListenerConfig) validate() error {
-	switch {
-	case c.ReconnectBackoff < 0:
-		return invalidf(ErrInvalidConfig, "Listener.ReconnectBackoff", "%v: must not be negative", c.ReconnectBackoff)
-	case c.PollInterval < 0:
+	if c.PollInterval < 0 {
 		return invalidf(ErrInvalidConfig, "Listener.PollInterval", "%v: must not be negative", c.PollInterval)
-	case c.PingInterval < 0:
-		return invalidf(ErrInvalidConfig, "Listener.PingInterval", "%v: must not be negative", c.PingInterval)
-	case c.MaxReconnectBackoff < c.ReconnectBackoff:
-		return invalidf(ErrInvalidConfig, "Listener.MaxReconnectBackoff", "%v: must be at least ReconnectBackoff (%v)", c.MaxReconnectBackoff, c.ReconnectBackoff)
 	}
 	return nil
 }
@@ -114,8 +112,8 @@ func (c ListenerConfig) listen(run *startstop.Run, pool *pgxpool.Pool, logger *s
 	}
 	l.ConnConfig = pool.Config().ConnConfig
 	l.Connect = c.Connect
-	l.PingInterval = c.PingInterval
-	l.ReconnectMin, l.ReconnectMax = c.ReconnectBackoff, c.MaxReconnectBackoff
+	l.PingInterval = c.hooks.pingInterval
+	l.ReconnectMin, l.ReconnectMax = c.hooks.reconnectBackoff, c.hooks.maxReconnectBackoff
 	l.Logger = logger
 	run.Go(l.Run)
 	return l

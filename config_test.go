@@ -16,12 +16,11 @@ func TestConfigAndSubscriberErrorsNameTheField(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	b := setup(t, setupOpts{})
 	for cfg, field := range map[*RelayConfig]string{
-		{BatchSize: -1}:                                           "BatchSize",
-		{MaxAttempts: -1}:                                         "MaxAttempts",
-		{RetryBackoff: -time.Second}:                              "RetryBackoff",
-		{RetryBackoff: 2 * time.Minute}:                           "MaxRetryBackoff",
-		{Listener: ListenerConfig{ReconnectBackoff: -1}}:          "Listener.ReconnectBackoff",
-		{Listener: ListenerConfig{ReconnectBackoff: time.Minute}}: "Listener.MaxReconnectBackoff",
+		{BatchSize: -1}:                              "BatchSize",
+		{MaxAttempts: -1}:                            "MaxAttempts",
+		{RetryBackoff: -time.Second}:                 "RetryBackoff",
+		{RetryBackoff: 2 * time.Minute}:              "MaxRetryBackoff",
+		{Listener: ListenerConfig{PollInterval: -1}}: "Listener.PollInterval",
 	} {
 		_, err = NewRelay(b.pool, cfg)
 		var ve *ValidationError
@@ -30,9 +29,9 @@ func TestConfigAndSubscriberErrorsNameTheField(t *testing.T) {
 		require.Equal(t, field, ve.Field, "%v", err)
 	}
 	for cfg, field := range map[*AwaiterConfig]string{
-		{NotFoundGrace: -1}:                                       "NotFoundGrace",
-		{Outbox: Outbox{Schema: "a-b"}}:                           "Outbox.Schema",
-		{Listener: ListenerConfig{ReconnectBackoff: time.Minute}}: "Listener.MaxReconnectBackoff",
+		{NotFoundGrace: -1}:                          "NotFoundGrace",
+		{Outbox: Outbox{Schema: "a-b"}}:              "Outbox.Schema",
+		{Listener: ListenerConfig{PollInterval: -1}}: "Listener.PollInterval",
 	} {
 		_, err = NewAwaiter(b.pool, cfg)
 		var ve *ValidationError

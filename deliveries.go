@@ -19,13 +19,13 @@ import (
 	"github.com/standmeet/events/internal/safetext"
 )
 
-// maxPairErrorLength bounds each stored error of a pair, in bytes.
+// maxPairErrorLength bounds each stored error of a delivery, in bytes.
 const maxPairErrorLength = 2000
 
 // queueDeliveryCharges queues, in b, one failed attempt for each failed
-// pair: the pair is written owed (or counted up), with its error in its
+// delivery: the delivery is written owed (or counted up), with its error in its
 // history, its next attempt's time, and poisoned_at once its attempts reach
-// MaxAttempts. After b is sent, the returned function lists the pairs this
+// MaxAttempts. After b is sent, the returned function lists the deliveries this
 // call poisoned.
 func (r *Relay) queueDeliveryCharges(b *pgx.Batch, failures []pairFailure) func() []pairFailure {
 	if len(failures) == 0 {
@@ -81,7 +81,7 @@ func (r *Relay) queueDeliveryCharges(b *pgx.Batch, failures []pairFailure) func(
 	}
 }
 
-// alertPair reports a pair this relay just poisoned: an error log at once,
+// alertPair reports a delivery this relay just poisoned: an error log at once,
 // and OnPoison off the loop (see RelayConfig.OnPoison), with the event and the
 // subscriber's error as it returned it.
 func (r *Relay) alertPair(ctx context.Context, f pairFailure) {
@@ -97,9 +97,9 @@ func (r *Relay) alertPair(ctx context.Context, f pairFailure) {
 	}
 }
 
-// DeliveryInfo is an (event, subscriber) pair still owed or poisoned, as
-// [Outbox.ListDeliveries] and [Outbox.Inspect] report it. Pairs delivered have no state
-// of their own: the event's Fanout names their job.
+// DeliveryInfo is a delivery — an event owed to one subscriber — still owed
+// or poisoned, as [Outbox.ListDeliveries] and [Outbox.GetEvent] report it. A
+// delivery made has no state of its own: the event's Fanout names its job.
 type DeliveryInfo struct {
 	// EventID, Seq, Type and Subject are the event's.
 	EventID uuid.UUID
@@ -108,7 +108,7 @@ type DeliveryInfo struct {
 	Subject string
 	// Subscriber is the subscriber the event is owed to.
 	Subscriber string
-	// Attempts counts failed attempts since the pair was owed or last
+	// Attempts counts failed attempts since the delivery was owed or last
 	// requeued.
 	Attempts int
 	// LastError is the error of the last failed attempt; empty if none.
@@ -118,16 +118,17 @@ type DeliveryInfo struct {
 	Errors []AttemptError
 	// NextAttemptAt is when a relay that knows the subscriber tries next.
 	NextAttemptAt time.Time
-	// PoisonedAt is when the pair was set aside; zero unless poisoned.
+	// PoisonedAt is when the delivery was set aside; zero unless poisoned.
 	PoisonedAt time.Time
-	// OwedSince is when the pair was first owed.
+	// OwedSince is when the delivery was first owed.
 	OwedSince time.Time
 }
 
-// Poisoned reports whether the pair is set aside until [Outbox.RequeueDelivery].
+// Poisoned reports whether the delivery is set aside until [Outbox.Requeue]
+// or [Outbox.Discard].
 func (d *DeliveryInfo) Poisoned() bool { return !d.PoisonedAt.IsZero() }
 
-// AttemptError is one failed attempt of a pair.
+// AttemptError is one failed attempt of a delivery.
 type AttemptError struct {
 	At    time.Time `json:"at"`
 	Error string    `json:"error"`
@@ -157,27 +158,30 @@ func scanDelivery(row pgx.CollectableRow) (DeliveryInfo, error) {
 	return d, nil
 }
 
-// DeliveryState selects the pairs [Outbox.ListDeliveries] lists.
+// DeliveryState selects the deliveries [Outbox.ListDeliveries] lists.
 type DeliveryState string
 
 // The states of [ListDeliveriesParams].
 const (
-	// DeliveryOwed: still to be delivered (retrying, or owed to a
+	// DeliveryOwed: still to be made (retrying, or owed to a
 	// subscriber no relay has served yet, or paused).
 	DeliveryOwed DeliveryState = "owed"
 	// DeliveryPoisoned: set aside until requeued or discarded.
 	DeliveryPoisoned DeliveryState = "poisoned"
 )
 
-// ListDeliveriesParams selects and pages the pairs [Outbox.ListDeliveries] lists.
+// ListDeliveriesParams selects and pages the deliveries [Outbox.ListDeliveries] lists.
 type ListDeliveriesParams struct {
-	// State selects the pairs. Defaults to DeliveryPoisoned.
+	// State selects the deliveries. Defaults to DeliveryPoisoned.
 	State DeliveryState
 	// Type filters by event type with a glob, as [Subscriber.Types]. Empty
 	// means every type.
 	Type string
 	// Subscriber filters by subscriber name. Empty means every subscriber.
 	Subscriber string
+	// EventIDs lists only these events' deliveries (a page of
+	// [Outbox.ListEvents], say). Empty means every event.
+	EventIDs []uuid.UUID
 	// Limit is the page size. Defaults to ListLimitDefault (50); at most
 	// 1000.
 	Limit int
@@ -185,23 +189,14 @@ type ListDeliveriesParams struct {
 	After string
 }
 
-// ListDeliveriesResult is one page of pairs.
+// ListDeliveriesResult is one page of deliveries.
 type ListDeliveriesResult struct {
 	Deliveries []DeliveryInfo
 	// Next is the cursor of the following page; empty on the last page.
 	Next string
 }
 
-// DeliveryFilter selects poisoned pairs for [Outbox.RequeueDeliveries] and
-// [Outbox.DiscardDeliveries]. The zero value selects every poisoned pair.
-type DeliveryFilter struct {
-	// Type is a glob on the event type; empty means every type.
-	Type string
-	// Subscriber is a subscriber name; empty means every subscriber.
-	Subscriber string
-}
-
-// ListDeliveries lists (event, subscriber) pairs that are owed or poisoned,
+// ListDeliveries lists deliveries that are owed or poisoned,
 // by event and subscriber, a page at a time.
 func (o Outbox) ListDeliveries(ctx context.Context, db DB, params ListDeliveriesParams) (ListDeliveriesResult, error) {
 	sql, err := statementsFor(o.Schema)
@@ -235,7 +230,11 @@ func (o Outbox) ListDeliveries(ctx context.Context, db DB, params ListDeliveries
 		}
 		afterSeq, afterSub = &seq, &sub
 	}
-	rows, err := db.Query(ctx, sql.ListDeliveries, limit+1, string(state), typeRE, subscriber, afterSeq, afterSub)
+	var eventIDs []uuid.UUID // NULL: every event
+	if len(params.EventIDs) > 0 {
+		eventIDs = params.EventIDs
+	}
+	rows, err := db.Query(ctx, sql.ListDeliveries, limit+1, string(state), typeRE, subscriber, afterSeq, afterSub, eventIDs)
 	if err != nil {
 		return ListDeliveriesResult{}, fmt.Errorf("events: list deliveries: %w", err)
 	}
@@ -266,100 +265,8 @@ func typeRegexp(glb string) (*string, error) {
 	return &re, nil
 }
 
-// RequeueDelivery puts one poisoned (event, subscriber) pair back in the
-// queue: its attempts start again (its error history is kept) and the
-// relays are woken; a relay that knows the subscriber delivers it, once. It
-// returns an error wrapping [ErrNotFound] when the event owes the
-// subscriber nothing and [ErrNotPoisoned] when the pair is owed but not
-// poisoned.
-func (o Outbox) RequeueDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return err
-	}
-	var exists, done bool
-	if err := db.QueryRow(ctx, sql.RequeueDelivery, eventID, subscriber).Scan(&exists, &done, nil); err != nil {
-		return fmt.Errorf("events: requeue %s for %q: %w", eventID, subscriber, err)
-	}
-	return pairOutcome(exists, done, eventID, subscriber)
-}
-
-// DiscardDelivery gives up one poisoned (event, subscriber) pair for good:
-// that pair alone is dropped; the event row, and every other subscriber's
-// fanout record on it, stays. Errors as [Outbox.RequeueDelivery].
-func (o Outbox) DiscardDelivery(ctx context.Context, db DB, eventID uuid.UUID, subscriber string) error {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return err
-	}
-	var exists, done bool
-	if err := db.QueryRow(ctx, sql.DiscardDelivery, eventID, subscriber).Scan(&exists, &done); err != nil {
-		return fmt.Errorf("events: discard %s for %q: %w", eventID, subscriber, err)
-	}
-	return pairOutcome(exists, done, eventID, subscriber)
-}
-
-func pairOutcome(exists, done bool, id uuid.UUID, subscriber string) error {
-	switch {
-	case !exists:
-		return fmt.Errorf("%w: %s owes %q nothing", ErrNotFound, id, subscriber)
-	case !done:
-		return fmt.Errorf("%w: %s for %q", ErrNotPoisoned, id, subscriber)
-	}
-	return nil
-}
-
-// filterBatch is how many pairs one statement of RequeueDeliveries or
-// DiscardDeliveries changes.
-const filterBatch = 1000
-
-// RequeueDeliveries requeues every poisoned pair that filter selects, in
-// batches of 1,000 (each its own statement: with a pool, its own
-// transaction), and returns how many.
-func (o Outbox) RequeueDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
-	return o.byFilter(ctx, db, filter, true)
-}
-
-// DiscardDeliveries drops every poisoned pair that filter selects, in
-// batches of 1,000, and returns how many. Event rows stay (see
-// [Outbox.DiscardDelivery]).
-func (o Outbox) DiscardDeliveries(ctx context.Context, db DB, filter DeliveryFilter) (int64, error) {
-	return o.byFilter(ctx, db, filter, false)
-}
-
-func (o Outbox) byFilter(ctx context.Context, db DB, filter DeliveryFilter, requeue bool) (int64, error) {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return 0, err
-	}
-	typeRE, err := typeRegexp(filter.Type)
-	if err != nil {
-		return 0, err
-	}
-	var subscriber *string
-	if filter.Subscriber != "" {
-		subscriber = &filter.Subscriber
-	}
-	var total int64
-	for {
-		var n int64
-		if requeue {
-			err = db.QueryRow(ctx, sql.RequeueDeliveries, typeRE, subscriber, filterBatch).Scan(&n, nil)
-		} else {
-			err = db.QueryRow(ctx, sql.DiscardDeliveries, typeRE, subscriber, filterBatch).Scan(&n)
-		}
-		if err != nil {
-			return total, fmt.Errorf("events: deliveries by filter: %w", err)
-		}
-		total += n
-		if n < filterBatch {
-			return total, nil
-		}
-	}
-}
-
 // PauseSubscriber pauses one subscriber: from the next round on, no relay
-// maps or inserts anything for it; its events stay owed to it (as pairs),
+// maps or inserts anything for it; its events stay owed to it (as deliveries),
 // while every other subscriber's flow. [Outbox.ResumeSubscriber] lets the relays
 // deliver what it is owed. It returns an error wrapping
 // [ErrUnknownSubscriber] for a name not registered (or retired).

@@ -38,7 +38,7 @@ func TestPausedSubscriberIsOwedAndResumed(t *testing.T) {
 	for _, e := range es {
 		require.Equal(t, pairRow{}, pairs[e.ID]["slow"], "event %s is owed to slow", e.ID)
 	}
-	st, err := outbox.Stats(ctx, b.pool)
+	st, err := outbox.GetStats(ctx, b.pool)
 	require.NoError(t, err)
 	require.Equal(t, []string{"slow"}, st.Paused)
 	require.EqualValues(t, 3, st.Owed)
@@ -85,7 +85,7 @@ func TestPairErrorsAreStoredSafely(t *testing.T) {
 	es := b.record(t, Event{Type: "a", Subject: "rune"}, Event{Type: "a", Subject: "nul"}, Event{Type: "a", Subject: "huge"})
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 3 }, 10*time.Second, 5*time.Millisecond)
 	for _, e := range es {
-		info, err := outbox.Inspect(ctx, b.pool, e.ID)
+		info, err := outbox.GetEvent(ctx, b.pool, e.ID)
 		require.NoError(t, err)
 		require.Len(t, info.Deliveries, 1)
 		d := info.Deliveries[0]

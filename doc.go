@@ -17,26 +17,6 @@
 //		return err
 //	})
 //
-// # One handle
-//
-// An [Outbox] names the schema of the library's tables (and River's) and the
-// settings its parts share; the zero Outbox is the search_path's. It is said
-// once: every component is built from it ([RelayConfig.Outbox],
-// [AwaiterConfig.Outbox], the webhook and web view packages' configs), and
-// every operation on the tables is one of its methods:
-//
-//	var outbox events.Outbox // or events.Outbox{Schema: "billing"}, and river.Config{Schema: "billing"}
-//	if err := outbox.Migrate(ctx, pool); err != nil { … }
-//	relay, err := events.NewRelay(pool, &events.RelayConfig{Outbox: outbox})
-//	…
-//	st, err := outbox.Stats(ctx, pool)
-//	err = outbox.RequeueDelivery(ctx, pool, eventID, "search")
-//
-// [Record], [RecordMany] and [RecordedInTx] write to the zero Outbox, the
-// case of almost every service; [Outbox.Record] and its siblings write to a
-// schema of its own. A process that works jobs but runs no relay registers
-// its handlers with [Outbox.AddWorkers].
-//
 // # Relaying
 //
 // A [Relay] runs in every process. Each round claims up to [RelayConfig.BatchSize]
@@ -82,6 +62,17 @@
 // River gave it, past River's worker middleware: [JobFromContext] names the
 // job a handler runs.
 //
+// # Awaiting
+//
+// A writer that must know its event became jobs (a request that answers
+// only once the work is queued, a test) waits with an [Awaiter]: one per
+// process, over one listening connection, needing no relay in the same
+// process. [Awaiter.AwaitFanout] blocks until events are fanned out by any
+// relay and returns a [Receipt] each, naming the River job of every
+// subscriber; [Awaiter.AwaitDelivery] waits, for one subscriber, until its
+// delivery is made too. [RecordedInTx] gives the IDs of the events a
+// transaction recorded, also those of watch triggers ([Outbox.InstallWatch]).
+//
 // # Guarantees
 //
 // Fan-out happens exactly once per committed event and matching subscriber;
@@ -90,22 +81,43 @@
 // events, but for an ordered subscriber's events of one subject: several
 // relays work in parallel and River runs jobs concurrently.
 //
+// # One handle for operators
+//
+// An [Outbox] names the schema of the library's tables (and River's) and the
+// settings its parts share; the zero Outbox is the search_path's. It is said
+// once: every component is built from it ([RelayConfig.Outbox],
+// [AwaiterConfig.Outbox], the webhook and web view packages' configs), and
+// every operation on the tables is one of its methods:
+//
+//	var outbox events.Outbox // or events.Outbox{Schema: "billing"}, and river.Config{Schema: "billing"}
+//	if err := outbox.Migrate(ctx, pool); err != nil { … }
+//	relay, err := events.NewRelay(pool, &events.RelayConfig{Outbox: outbox})
+//	…
+//	st, err := outbox.GetStats(ctx, pool)
+//	n, err := outbox.Requeue(ctx, pool, events.PoisonedFilter{EventIDs: []uuid.UUID{eventID}, Subscriber: "search"})
+//
+// [Record], [RecordMany] and [RecordedInTx] write to the zero Outbox, the
+// case of almost every service; [Outbox.Record] and its siblings write to a
+// schema of its own. A process that works jobs but runs no relay registers
+// its handlers with [Outbox.AddWorkers].
+//
 // # Failures
 //
-// Delivery state is kept per (event, subscriber). A subscriber whose Map
-// fails for an event (an error, a panic, a job River refuses) is retried for
-// that pair alone with backoff and, after [RelayConfig.MaxAttempts] failures,
-// poisoned for that subscriber alone: set aside ([Outbox.ListDeliveries],
-// [Outbox.RequeueDelivery], [Outbox.DiscardDelivery]) and reported through
-// [RelayConfig.OnPoison]; the event's other subscribers get their jobs at once.
-// Failures of the database are never counted. [Outbox.PauseSubscriber] holds one
-// subscriber's deliveries back while the others flow. Refused input is a
-// [*ValidationError] that names the field; an event poisoned as a whole
-// makes a receipt a [*PoisonedError].
+// The promise is per delivery: one event owed to one matching subscriber,
+// and delivery state is kept per delivery. A subscriber whose Map fails for
+// an event (an error, a panic, a job River refuses) is retried for that
+// delivery alone with backoff and, after [RelayConfig.MaxAttempts] failures,
+// the delivery is poisoned: set aside ([Outbox.ListDeliveries],
+// [Outbox.Requeue], [Outbox.Discard]) and reported through
+// [RelayConfig.OnPoison]; the event's other subscribers get their jobs at
+// once. Failures of the database are never counted.
+// [Outbox.PauseSubscriber] holds one subscriber's deliveries back while the
+// others flow. Refused input is a [*ValidationError] that names the field;
+// an event poisoned as a whole makes a receipt a [*PoisonedError].
 //
 // # Testing
 //
 // Package eventstest gives tests a throwaway PostgreSQL with the library's
 // tables, assertions on what a transaction recorded, and a synchronous
-// fan-out ([Relay.FanOutTx]) that needs no goroutine and no LISTEN.
+// fan-out ([Relay.FanoutTx]) that needs no goroutine and no LISTEN.
 package events

@@ -70,7 +70,7 @@ type ValidationError struct {
 	// Kind is the sentinel: what was refused.
 	Kind error
 	// Field names the field or argument, as in the Go API ("Payload",
-	// "BatchSize", "Listener.ReconnectBackoff").
+	// "BatchSize", "Listener.PollInterval").
 	Field string
 	// Reason says what is wrong with it.
 	Reason string

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/standmeet/events/internal/notifylimit"
-	"github.com/standmeet/events/internal/statements"
 )
 
 // Event is a fact the host application recorded: something happened to a
@@ -59,23 +58,11 @@ const (
 	MaxPayloadBytes  = 1 << 20 // 1 MiB
 )
 
-// Notification channels. Record and outbox_record() notify ChannelEvents in
-// the writing transaction (throttled), so relays wake when it commits (watch
-// triggers do not notify: relays find their rows by polling); relays notify
-// ChannelFanned with the IDs of the events they fanned out. These are the
-// channels of the default schema; in a schema of its own ([Outbox.Schema])
-// each is qualified as "<schema>.<channel>" (River does the same), so relays
-// of one schema are not woken by another's writes.
-const (
-	ChannelEvents = statements.ChannelEvents
-	ChannelFanned = statements.ChannelFanned
-)
-
 // Outbox is the library's handle: its tables in one schema, and the
 // settings every part of it shares. Every component is built from one —
 // [RelayConfig.Outbox], [AwaiterConfig.Outbox], and the webhook and web view
 // packages' configs — and every operator operation is one of its methods
-// ([Outbox.Migrate], [Outbox.Stats], [Outbox.Requeue], …), so the schema is
+// ([Outbox.Migrate], [Outbox.GetStats], [Outbox.Requeue], …), so the schema is
 // said once. The zero Outbox is the tables on the connection's search_path,
 // as River's zero Schema is; [Record] and [RecordMany] write there, and
 // [Outbox.Record] to another schema. An Outbox is a small value, safe to copy
@@ -101,10 +88,10 @@ type Outbox struct {
 	NotifyInterval time.Duration
 
 	// OrphanAfter is how long a registered, active subscriber may go
-	// unserved by every running relay before [Outbox.Stats] reports it
+	// unserved by every running relay before [Outbox.GetStats] reports it
 	// orphaned: by [Relay.Health], by a warning log naming the fix (deploy
-	// it, or [Outbox.RetireSubscriber]), and by [Outbox.Stats]. Its owed
-	// pairs keep their events from retention until then and after. Defaults
+	// it, or [Outbox.RetireSubscriber]), and by [Outbox.GetStats]. Its owed
+	// deliveries keep their events from retention until then and after. Defaults
 	// to OrphanAfterDefault (15 min).
 	OrphanAfter time.Duration
 }

@@ -8,12 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -117,7 +119,7 @@ func TestSQLThrottleZeroNotifiesEveryTransaction(t *testing.T) {
 	conn, err := pgx.Connect(ctx, b.url)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "LISTEN "+ChannelEvents)
+	_, err = conn.Exec(ctx, "LISTEN "+statements.ChannelEvents)
 	require.NoError(t, err)
 	for range 3 {
 		exec(t, b.pool, "SELECT outbox_record('a')")
@@ -195,9 +197,9 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 
 	// Synchronous fan-out in a transaction, rolled back.
 	require.ErrorIs(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		n, err := relay.FanOutTx(ctx, tx, client)
+		n, err := relay.FanoutTx(ctx, tx, client)
 		if err == nil && n != 4 {
-			err = fmt.Errorf("FanOutTx claimed %d", n)
+			err = fmt.Errorf("FanoutTx claimed %d", n)
 		}
 		if err == nil {
 			err = errRollback
@@ -247,32 +249,36 @@ func exerciseAll(t *testing.T, pool *pgxpool.Pool, schema string, listen Listene
 	_, err = awaiter.AwaitFanout(within(t, 20*time.Second), whole.ID)
 	var pe *PoisonedError
 	require.ErrorAs(t, err, &pe)
-	page, err := o.ListEvents(ctx, pool, ListParams{State: StatePoisoned, Limit: 1})
+	page, err := o.ListEvents(ctx, pool, ListEventsParams{State: EventPoisoned, Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1)
-	page, err = o.ListEvents(ctx, pool, ListParams{State: StatePoisoned, Limit: 1, After: fmt.Sprintf("%d.%d", time.Now().Add(time.Hour).UnixMicro(), 1<<40)})
+	page, err = o.ListEvents(ctx, pool, ListEventsParams{State: EventPoisoned, Limit: 1, After: fmt.Sprintf("%d.%d", time.Now().Add(time.Hour).UnixMicro(), 1<<40)})
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1, "keyset page after a cursor")
-	require.NoError(t, o.Discard(ctx, pool, whole.ID))
-	n, err := o.DiscardDeliveries(ctx, pool, DeliveryFilter{Type: "nothing.*"})
+	n, err := o.Discard(ctx, pool, PoisonedFilter{EventIDs: []uuid.UUID{whole.ID}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	n, err = o.Discard(ctx, pool, PoisonedFilter{Type: "nothing.*"})
 	require.NoError(t, err)
 	require.Zero(t, n)
 	require.NoError(t, o.PauseSubscriber(ctx, pool, "search"))
 	require.NoError(t, o.ResumeSubscriber(ctx, pool, "search"))
 	fail = false
-	require.NoError(t, o.Requeue(ctx, pool, bad.ID))
+	n, err = o.Requeue(ctx, pool, PoisonedFilter{EventIDs: []uuid.UUID{bad.ID}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
 	require.Eventually(t, func() bool {
-		info, err := o.Inspect(ctx, pool, bad.ID)
+		info, err := o.GetEvent(ctx, pool, bad.ID)
 		require.NoError(t, err)
 		return info.Fanout["broken"] != 0 && len(info.Deliveries) == 0
 	}, 20*time.Second, 10*time.Millisecond)
-	n, err = o.RequeueDeliveries(ctx, pool, DeliveryFilter{Subscriber: "broken"})
+	n, err = o.Requeue(ctx, pool, PoisonedFilter{Subscriber: "broken"})
 	require.NoError(t, err)
 	require.Zero(t, n)
-	st, err := o.Stats(ctx, pool)
+	st, err := o.GetStats(ctx, pool)
 	require.NoError(t, err)
 	require.Zero(t, st.PoisonedDeliveries)
-	bf, err := o.Backfill(ctx, pool, "broken", time.Now().Add(-time.Hour))
+	bf, err := o.BackfillSubscriber(ctx, pool, "broken", time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 	require.Zero(t, bf.Owed, "broken has every broken.* event already")
 	relays, err := o.ListRelays(ctx, pool)

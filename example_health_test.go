@@ -24,7 +24,7 @@ func ExampleRelay_Healthy() {
 	defer stop()
 
 	ready := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		st, err := outbox.Stats(r.Context(), pool)
+		st, err := outbox.GetStats(r.Context(), pool)
 		switch {
 		case err != nil:
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
@@ -131,8 +132,8 @@ func ExampleOutbox_InstallWatch() {
 
 // A subscriber whose Map keeps failing for an event is poisoned for that
 // event alone (every other subscriber gets its job); once the cause is
-// fixed an operator puts the pair back in the queue.
-func ExampleOutbox_RequeueDelivery() {
+// fixed an operator puts the delivery back in the queue.
+func ExampleOutbox_Requeue() {
 	var outbox events.Outbox // the tables on the search_path
 	ctx := context.Background()
 	pool := examplePool()
@@ -165,11 +166,12 @@ func ExampleOutbox_RequeueDelivery() {
 	fmt.Println("poisoned:", d.Subject, "for", d.Subscriber, "-", d.LastError)
 
 	fixed.Store(true)
-	if err := outbox.RequeueDelivery(ctx, pool, e.ID, "search"); err != nil {
+	filter := events.PoisonedFilter{EventIDs: []uuid.UUID{e.ID}, Subscriber: "search"}
+	if _, err := outbox.Requeue(ctx, pool, filter); err != nil {
 		log.Fatal(err)
 	}
 	for {
-		info, err := outbox.Inspect(ctx, pool, e.ID)
+		info, err := outbox.GetEvent(ctx, pool, e.ID)
 		if err != nil {
 			log.Fatal(err)
 		}

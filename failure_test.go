@@ -112,7 +112,7 @@ func TestConnectionLossInARetryIsNotCharged(t *testing.T) {
 	b.start(t)
 	waitDelivered(t, b.pool, 20*time.Second)
 	require.True(t, killed.Load())
-	info, err := outbox.Inspect(ctx, b.pool, e.ID)
+	info, err := outbox.GetEvent(ctx, b.pool, e.ID)
 	require.NoError(t, err)
 	require.Empty(t, info.Deliveries, "poisoned by a lost connection")
 	require.EqualValues(t, 1, charged.Load(), "only the mapping failure counts")

@@ -24,7 +24,7 @@ import (
 type claimedRow struct {
 	Event
 	attempts int
-	// owed lists, for a row of the deliveries lane, the pairs of it the
+	// owed lists, for a row of the deliveries lane, the deliveries of it the
 	// round claimed; nil in the pending lane.
 	owed []owedPair
 	// paused names the subscribers an operator paused, as the claim read
@@ -35,7 +35,7 @@ type claimedRow struct {
 	traceContext []byte
 }
 
-// owedPair is a claimed (event, subscriber) pair of the deliveries lane.
+// owedPair is a claimed delivery of the deliveries lane.
 type owedPair struct {
 	sub      string
 	attempts int
@@ -49,8 +49,8 @@ func scanClaimed(row pgx.Row) (claimedRow, error) {
 }
 
 // collectClaimed reads a claim's rows: one per event in the pending lane;
-// one per pair in the deliveries lane, grouped here by event (in the order
-// of each event's first pair).
+// one per delivery in the deliveries lane, grouped here by event (in the order
+// of each event's first delivery).
 func collectClaimed(rows pgx.Rows, l lane) ([]claimedRow, error) {
 	if l == lanePending {
 		return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) { return scanClaimed(row) })
@@ -82,7 +82,7 @@ func collectClaimed(rows pgx.Rows, l lane) ([]claimedRow, error) {
 	return batch, rows.Err()
 }
 
-// lane is where a round claims its rows: pending events, or the owed pairs
+// lane is where a round claims its rows: pending events, or the owed deliveries
 // (event, subscriber) of the subscribers this relay knows.
 type lane int
 
@@ -101,7 +101,7 @@ type roundError struct {
 func (e *roundError) Error() string { return e.err.Error() }
 func (e *roundError) Unwrap() error { return e.err }
 
-// rowFailure is an event whose fan-out failed as a whole: no pair of it
+// rowFailure is an event whose fan-out failed as a whole: no delivery of it
 // could be blamed (its stamp failed).
 type rowFailure struct {
 	row claimedRow
@@ -116,9 +116,9 @@ func (r *Relay) round(ctx context.Context, l lane, claimSQL string, args ...any)
 }
 
 // roundIn is round in a transaction begun on db: the pool, or the caller's
-// transaction (a savepoint) for FanOutTx. With isolate, each job is inserted
+// transaction (a savepoint) for FanoutTx. With isolate, each job is inserted
 // in a savepoint of its own, so a job that River or PostgreSQL refuses is
-// charged to its pair alone: the retry of a row whose batch failed.
+// charged to its delivery alone: the retry of a row whose batch failed.
 func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, claimSQL string, args ...any) (claimed []int64, err error) {
 	var (
 		poisonedAt func() []pairFailure
@@ -149,7 +149,7 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, 
 		// commit.
 		var spanCtx context.Context
 		spanCtx, span = r.startRoundSpan(ctx, batch)
-		st, err := r.fanOut(spanCtx, tx, l, isolate, batch)
+		st, err := r.fanout(spanCtx, tx, l, isolate, batch)
 		if err != nil {
 			return nil, &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
 		}
@@ -171,20 +171,20 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l lane, isolate bool, 
 }
 
 // stamp is what a round writes last, once its jobs are in: the stamps of
-// its rows, the charges of its failed pairs and the notifications for the
+// its rows, the charges of its failed deliveries and the notifications for the
 // receipts. A round of the relay's own sends it with its COMMIT, in one
 // round trip.
 type stamp struct {
 	pgx.Batch
 	events int
-	// poisonedAt lists the pairs the charges poisoned, once sent.
+	// poisonedAt lists the deliveries the charges poisoned, once sent.
 	poisonedAt func() []pairFailure
 }
 
 // roundTx claims rows of lane l with claimSQL and args, runs work on them in
 // the same transaction, and sends the stamp work returns (nil: nothing to
 // stamp), then commits. The transaction is the round's own on the pool, or a
-// savepoint of the caller's transaction (FanOutTx), whose commit is the
+// savepoint of the caller's transaction (FanoutTx), whose commit is the
 // caller's to decide.
 //
 // A round of its own takes two round trips beside its job insert: the BEGIN,
@@ -297,19 +297,19 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 	return tx, batch, c.Release, nil
 }
 
-// fanOut inserts the jobs of a claimed batch inside tx and returns the stamp
-// to send after them. A pair whose subscriber's mapping fails (or, with
+// fanout inserts the jobs of a claimed batch inside tx and returns the stamp
+// to send after them. A delivery whose subscriber's mapping fails (or, with
 // isolate, whose job is refused) is charged a failed attempt in the stamp
-// and stays owed; every other pair goes ahead, and in the pending lane every
+// and stays owed; every other delivery goes ahead, and in the pending lane every
 // event is stamped fanned out.
-func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, batch []claimedRow) (*stamp, error) {
+func (r *Relay) fanout(ctx context.Context, tx pgx.Tx, l lane, isolate bool, batch []claimedRow) (*stamp, error) {
 	p, err := r.plan(ctx, l, batch)
 	if err != nil {
 		return nil, err
 	}
 	// Ordered subscribers' jobs take their places in their chains (a no-op
 	// without any); a job that must wait for an earlier event is taken out
-	// and its pairs deferred (ordered.go).
+	// and its deliveries deferred (ordered.go).
 	chains, err := r.orderChains(ctx, tx, l, batch, &p)
 	if err != nil {
 		return nil, err
@@ -334,7 +334,7 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 		return nil, err
 	}
 	st.poisonedAt = r.queueDeliveryCharges(&st.Batch, p.failed)
-	r.countFanOut(ctx, fanned, p.jobs, results)
+	r.countFanout(ctx, fanned, p.jobs, results)
 	return st, nil
 }
 
@@ -343,7 +343,7 @@ func (r *Relay) fanOut(ctx context.Context, tx pgx.Tx, l lane, isolate bool, bat
 // ordered subscriber's job that replaces a waiting one is not inserted), and
 // the inserted job's otherwise. With isolate each job is inserted in a
 // savepoint of its own: one refused on its own account has a nil result and
-// its pairs are added to p.failed.
+// its deliveries are added to p.failed.
 func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, p *roundPlan, isolate bool, batch []claimedRow,
 	results []*rivertype.JobInsertResult,
 ) ([]*rivertype.JobInsertResult, error) {
@@ -422,7 +422,7 @@ func (r *Relay) queueStampPending(b *pgx.Batch, batch []claimedRow, fanout [][]f
 }
 
 // queueStampOwed queues, in b, the stamp of a deliveries-lane batch: the
-// events' fanout extended with their new jobs, and every claimed pair that
+// events' fanout extended with their new jobs, and every claimed delivery that
 // did not fail and was not deferred (an ordered subscriber's, behind an
 // earlier event) served (its job inserted, or its Map skipped it, or it no
 // longer matches); then the notifications that wake AwaitDelivery's
@@ -461,18 +461,18 @@ func (r *Relay) queueStampOwed(b *pgx.Batch, batch []claimedRow, fanout [][]fano
 	r.queueNotifyFanned(b, served)
 }
 
-// queueNotifyFanned queues the ChannelFanned notifications for ids.
+// queueNotifyFanned queues the fanned channel's notifications for ids.
 func (r *Relay) queueNotifyFanned(b *pgx.Batch, ids []uuid.UUID) {
 	for _, payload := range notifyPayloads(ids) {
 		b.Queue(r.sql.NotifyFanned, payload)
 	}
 }
 
-// countFanOut records a round's metrics: the events it fanned out, its jobs,
+// countFanout records a round's metrics: the events it fanned out, its jobs,
 // and the events folded into coalesced jobs. Counted before the commit: a
 // round that then fails to commit counts its events twice, which a metric
 // may; nothing else does.
-func (r *Relay) countFanOut(ctx context.Context, fanned int, jobs []plannedJob, results []*rivertype.JobInsertResult) {
+func (r *Relay) countFanout(ctx context.Context, fanned int, jobs []plannedJob, results []*rivertype.JobInsertResult) {
 	if fanned > 0 {
 		r.metrics.fanned.Add(ctx, int64(fanned))
 	}
@@ -497,7 +497,7 @@ func (r *Relay) countFanOut(ctx context.Context, fanned int, jobs []plannedJob, 
 // MarshalJSON) and the client's insert hooks and middleware. A panic in it
 // must fail its job, not crash the host's process. The error is handled as
 // any refusal is: a batch is rolled back and retried job by job, and a job
-// inserted alone rolls back its savepoint and is charged to its pairs.
+// inserted alone rolls back its savepoint and is charged to its deliveries.
 func (r *Relay) insertMany(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (res []*rivertype.JobInsertResult, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -529,7 +529,7 @@ func (r *Relay) insertIsolated(ctx context.Context, tx pgx.Tx, j plannedJob, tra
 	return res[0], nil
 }
 
-// attemptsOf is how many failed attempts the pair (c, sub) has behind it.
+// attemptsOf is how many failed attempts the delivery (c, sub) has behind it.
 func attemptsOf(c claimedRow, sub string) int {
 	for _, o := range c.owed {
 		if o.sub == sub {
@@ -603,7 +603,7 @@ func notifyPayloads(ids []uuid.UUID) []string {
 
 // rowByRow retries the given rows one per transaction, after a failed batch.
 // A row that fails on its own is retried with each job in a savepoint, so
-// the refused pair is charged alone; a failure of the database stops the
+// the refused delivery is charged alone; a failure of the database stops the
 // pass (the rows stay pending, and nothing is charged).
 func (r *Relay) rowByRow(ctx context.Context, l lane, seqs []int64) error {
 	for _, seq := range seqs {
@@ -639,7 +639,7 @@ func (r *Relay) retryDue(ctx context.Context) error {
 }
 
 // singleClaimed runs a one-row round; if the row fails on its own, it runs
-// it again with every job isolated (each pair that River or PostgreSQL
+// it again with every job isolated (each delivery that River or PostgreSQL
 // refuses is charged alone), and if even that fails on the row's own
 // account (its stamp), charges the event as a whole. It returns the claimed
 // seq (0 for none) and any error that is not the row's fault.
@@ -679,7 +679,7 @@ func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
 	return scanClaimed(r.pool.QueryRow(ctx, r.sql.Load, seq))
 }
 
-// FanOutTx fans out, inside tx, every event pending now — committed ones, and
+// FanoutTx fans out, inside tx, every event pending now — committed ones, and
 // those recorded in tx itself — as the relay's rounds would: jobs inserted
 // through client, rows stamped, all in tx, so nothing is visible until tx
 // commits and a rollback undoes it. It registers the relay's subscribers in
@@ -691,9 +691,9 @@ func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {
 // batch returns the error, and the caller's transaction is still usable
 // (each round runs in a savepoint). The relay must not be started: it
 // returns an error wrapping [ErrStarted] otherwise, and [Relay.Start]
-// returns one while a FanOutTx call runs. [Relay.Stop] leaves a call in
+// returns one while a FanoutTx call runs. [Relay.Stop] leaves a call in
 // progress alone: ctx bounds it.
-func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx]) (int, error) {
+func (r *Relay) FanoutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx]) (int, error) {
 	if client == nil {
 		return 0, invalidf(ErrInvalidConfig, "client", "is nil")
 	}
@@ -705,7 +705,7 @@ func (r *Relay) FanOutTx(ctx context.Context, tx pgx.Tx, client *river.Client[pg
 	r.mu.Lock()
 	if r.inTx || r.svc.Active() {
 		r.mu.Unlock()
-		return 0, fmt.Errorf("%w: FanOutTx is for a relay that is not started", ErrStarted)
+		return 0, fmt.Errorf("%w: FanoutTx is for a relay that is not started", ErrStarted)
 	}
 	if r.svc.Lingering() {
 		r.mu.Unlock()

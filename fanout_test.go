@@ -96,9 +96,9 @@ func TestReview18bStampBatchFailureRollsBackWhole(t *testing.T) {
 	}
 }
 
-// FanOutTx, a recovered panic (MarshalJSON inside River): the host's tx
+// FanoutTx, a recovered panic (MarshalJSON inside River): the host's tx
 // is still usable, and what the call did to the other events.
-func TestReviewPanicFanOutTxLeavesHostTxUsable(t *testing.T) {
+func TestReviewPanicFanoutTxLeavesHostTxUsable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{}, reviewSub("marshals", false, false), mapSub("audit", false, "**"))
@@ -110,7 +110,7 @@ func TestReviewPanicFanOutTxLeavesHostTxUsable(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, "INSERT INTO host_work VALUES (1)")
 	require.NoError(t, err)
-	_, err = b.relay.FanOutTx(ctx, tx, b.client)
+	_, err = b.relay.FanoutTx(ctx, tx, b.client)
 	require.ErrorContains(t, err, "MarshalJSON panicked")
 	var x int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT x FROM host_work").Scan(&x), "the host's tx is usable")
@@ -121,10 +121,10 @@ func TestReviewPanicFanOutTxLeavesHostTxUsable(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 }
 
-// FanOutTx borrows the relay for one call: a Stop racing it has no run to
+// FanoutTx borrows the relay for one call: a Stop racing it has no run to
 // stop and must leave it alone, and a Start racing it gets ErrStarted or
 // wins. Neither panics nor races (run with -race).
-func TestFanOutTxRacingStop(t *testing.T) {
+func TestFanoutTxRacingStop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
@@ -134,7 +134,7 @@ func TestFanOutTxRacingStop(t *testing.T) {
 		require.NoError(t, err)
 		fanned := make(chan error, 1)
 		go func() {
-			_, err := b.relay.FanOutTx(ctx, tx, b.client)
+			_, err := b.relay.FanoutTx(ctx, tx, b.client)
 			fanned <- err
 		}()
 		started := false
@@ -145,7 +145,7 @@ func TestFanOutTxRacingStop(t *testing.T) {
 			}
 			started = err == nil
 		}
-		// Stop again and again until FanOutTx returns, so that Stops land
+		// Stop again and again until FanoutTx returns, so that Stops land
 		// all through the call.
 		for err = nil; ; {
 			require.NoError(t, b.relay.Stop(ctx), "loop %d", i)

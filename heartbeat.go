@@ -22,7 +22,7 @@ import (
 // whether it listens, how it fares. The same statement stamps
 // last_served_at on the subscribers it serves, and reads back the orphaned
 // ones: registered, active, and served by no relay for OrphanAfter. An
-// orphan's pairs stay owed (and keep their events from retention) until a
+// orphan's deliveries stay owed (and keep their events from retention) until a
 // release that has it runs again, or it is retired.
 
 // heartbeatInterval is how often a relay reports in.

@@ -219,15 +219,15 @@ func reviewEvent(subject, panicIn string) Event {
 	return Event{Type: "a", Subject: subject, Payload: []byte(fmt.Sprintf(`{"panic":%q}`, panicIn))}
 }
 
-// fanOutTxOnce runs FanOutTx in a fresh transaction, committed on success,
+// fanoutTxOnce runs FanoutTx in a fresh transaction, committed on success,
 // and reports a panic as a test failure rather than a crashed binary.
-func fanOutTxOnce(t *testing.T, b *testBundle) (n int, err error) {
+func fanoutTxOnce(t *testing.T, b *testBundle) (n int, err error) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	panicked := !assert.NotPanics(t, func() { n, err = b.relay.FanOutTx(ctx, tx, b.client) }, "FanOutTx panicked")
+	panicked := !assert.NotPanics(t, func() { n, err = b.relay.FanoutTx(ctx, tx, b.client) }, "FanoutTx panicked")
 	if panicked {
 		return 0, fmt.Errorf("panicked")
 	}

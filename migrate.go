@@ -231,7 +231,7 @@ func loadMigrations() ([]migrationFile, error) {
 	return out, nil
 }
 
-// MigrationInfo is one migration, as [Outbox.MigrationStatus] reports it.
+// MigrationInfo is one migration, as [Outbox.ListMigrations] reports it.
 type MigrationInfo struct {
 	// Line is "river" (River's own tables) or "events" (this library's).
 	Line    string
@@ -243,11 +243,11 @@ type MigrationInfo struct {
 	SQL string
 }
 
-// MigrationStatus lists River's migrations and the library's, in the order
+// ListMigrations lists River's migrations and the library's, in the order
 // [Outbox.Migrate] applies them, each with whether the database has it. It
 // changes nothing: it is what `events migrate --dry-run` and `events migrate
 // list` print.
-func (o Outbox) MigrationStatus(ctx context.Context, pool *pgxpool.Pool) ([]MigrationInfo, error) {
+func (o Outbox) ListMigrations(ctx context.Context, pool *pgxpool.Pool) ([]MigrationInfo, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return nil, err

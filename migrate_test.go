@@ -95,7 +95,7 @@ func TestMigration10QuietsInstalledWatchFunctions(t *testing.T) {
 	conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "LISTEN "+ChannelEvents)
+	_, err = conn.Exec(ctx, "LISTEN "+statements.ChannelEvents)
 	require.NoError(t, err)
 	// write updates the watched row and reports whether a notification came.
 	write := func() bool {

@@ -37,11 +37,11 @@ type FanoutJob struct {
 	AttemptedAt, FinalizedAt time.Time
 }
 
-// FanoutJobs returns the River jobs of event id's fanout with River's state
+// ListFanoutJobs returns the River jobs of event id's fanout with River's state
 // of each, in one query joining River's job table (in the same schema) by
 // job ID, ordered by subscriber. It returns none for an event not fanned
 // out, or unknown.
-func (o Outbox) FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJob, error) {
+func (o Outbox) ListFanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJob, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return nil, err
@@ -64,7 +64,7 @@ func (o Outbox) FanoutJobs(ctx context.Context, db DB, id uuid.UUID) ([]FanoutJo
 	return jobs, nil
 }
 
-// MinuteStats is one minute of fan-out, as [Outbox.FanoutByMinute] reports it.
+// MinuteStats is one minute of fan-out, as [Outbox.CountFanoutByMinute] reports it.
 type MinuteStats struct {
 	// Minute is the minute's start.
 	Minute time.Time
@@ -76,13 +76,13 @@ type MinuteStats struct {
 	MaxLag time.Duration
 }
 
-// FanoutByMinute reports fan-out minute by minute, from the minute of since
+// CountFanoutByMinute reports fan-out minute by minute, from the minute of since
 // to the current one, every minute present (zero when nothing was fanned
 // out). It reads the fanned-out index over that range only; the lag needs
 // each row's recording time, so a day of a busy outbox reads many rows:
 // keep the range to what a chart shows. Retention bounds how far back there
 // is anything to count.
-func (o Outbox) FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]MinuteStats, error) {
+func (o Outbox) CountFanoutByMinute(ctx context.Context, db DB, since time.Time) ([]MinuteStats, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return nil, err
@@ -104,27 +104,27 @@ func (o Outbox) FanoutByMinute(ctx context.Context, db DB, since time.Time) ([]M
 	return out, nil
 }
 
-// SubscriberDeliveries is how one subscriber's pairs stand, as
-// [Outbox.DeliveriesBySubscriber] reports them.
+// SubscriberDeliveries is how one subscriber's deliveries stand, as
+// [Outbox.CountDeliveries] reports them.
 type SubscriberDeliveries struct {
 	// Subscriber is the subscriber's name.
 	Subscriber string
-	// Owed counts its pairs still to be delivered (retrying, paused, or
+	// Owed counts its deliveries still to be made (retrying, paused, or
 	// owed to a subscriber no running relay has); OldestOwedSince is when
 	// the oldest of them was first owed, zero when none is.
 	Owed            int64
 	OldestOwedSince time.Time
-	// Poisoned counts its pairs set aside until [Outbox.RequeueDelivery] or
-	// [Outbox.DiscardDelivery].
+	// Poisoned counts its deliveries set aside until [Outbox.Requeue] or
+	// [Outbox.Discard].
 	Poisoned int64
 }
 
-// DeliveriesBySubscriber counts each subscriber's owed and poisoned pairs,
+// CountDeliveries counts each subscriber's owed and poisoned deliveries,
 // with the age of its oldest owed one, in one query over the deliveries
-// table (which holds only pairs that still owe something: it is empty when
-// every subscriber is keeping up). A subscriber with no such pair is not in
+// table (which holds only deliveries that still owe something: it is empty when
+// every subscriber is keeping up). A subscriber with no such delivery is not in
 // the map.
-func (o Outbox) DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]SubscriberDeliveries, error) {
+func (o Outbox) CountDeliveries(ctx context.Context, db DB) (map[string]SubscriberDeliveries, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
 		return nil, err
@@ -146,35 +146,6 @@ func (o Outbox) DeliveriesBySubscriber(ctx context.Context, db DB) (map[string]S
 	out := make(map[string]SubscriberDeliveries, len(list))
 	for _, s := range list {
 		out[s.Subscriber] = s
-	}
-	return out, nil
-}
-
-// PoisonedSubscribers names, for each of the events ids, the subscribers
-// for which it is poisoned (its poisoned pairs), by name, in one query; an
-// event with none (poisoned as a whole, or not poisoned) is not in the map.
-// It is what a list of poisoned events shows beside each.
-func (o Outbox) PoisonedSubscribers(ctx context.Context, db DB, ids []uuid.UUID) (map[uuid.UUID][]string, error) {
-	sql, err := statementsFor(o.Schema)
-	if err != nil {
-		return nil, err
-	}
-	out := map[uuid.UUID][]string{}
-	if len(ids) == 0 {
-		return out, nil
-	}
-	rows, err := db.Query(ctx, sql.PoisonedSubscribers, ids)
-	if err != nil {
-		return nil, fmt.Errorf("events: poisoned subscribers: %w", err)
-	}
-	var id uuid.UUID
-	var name string
-	_, err = pgx.ForEachRow(rows, []any{&id, &name}, func() error {
-		out[id] = append(out[id], name)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("events: poisoned subscribers: %w", err)
 	}
 	return out, nil
 }

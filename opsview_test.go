@@ -45,7 +45,7 @@ func insertJob(t *testing.T, pool *pgxpool.Pool, table, state string, attempt in
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-func TestOpsviewFanoutJobsJoinsRiversJobs(t *testing.T) {
+func TestOpsviewListFanoutJobsJoinsRiversJobs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, schema := range []string{"", "ops"} {
@@ -70,7 +70,7 @@ func TestOpsviewFanoutJobsJoinsRiversJobs(t *testing.T) {
 			opsviewExec(t, pool, `INSERT INTO `+events+` (id, type, fanned_out_at, fanout) VALUES ($1, 'note.changed', now(), $2)`,
 				id, fmt.Sprintf(`{"search": %d, "audit": %d, "mail": %d}`, failing, done, gone))
 
-			jobs, err := o.FanoutJobs(ctx, pool, id)
+			jobs, err := o.ListFanoutJobs(ctx, pool, id)
 			require.NoError(t, err)
 			require.Len(t, jobs, 3)
 			for i := range jobs {
@@ -88,7 +88,7 @@ func TestOpsviewFanoutJobsJoinsRiversJobs(t *testing.T) {
 			pending := uuid.Must(uuid.NewV7())
 			opsviewExec(t, pool, `INSERT INTO `+events+` (id, type) VALUES ($1, 'note.changed')`, pending)
 			for _, none := range []uuid.UUID{pending, uuid.Must(uuid.NewV7())} {
-				jobs, err = o.FanoutJobs(ctx, pool, none)
+				jobs, err = o.ListFanoutJobs(ctx, pool, none)
 				require.NoError(t, err)
 				require.Empty(t, jobs)
 			}
@@ -96,7 +96,7 @@ func TestOpsviewFanoutJobsJoinsRiversJobs(t *testing.T) {
 	}
 }
 
-func TestOpsviewFanoutByMinuteCountsEveryMinute(t *testing.T) {
+func TestOpsviewCountFanoutByMinuteCountsEveryMinute(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.URL(t))
@@ -122,7 +122,7 @@ func TestOpsviewFanoutByMinuteCountsEveryMinute(t *testing.T) {
 		opsviewExec(t, pool, `INSERT INTO outbox_events (id, type, created_at, fanned_out_at, fanout, poisoned_at)
 			VALUES (gen_random_uuid(), 'x', $1, $2, '{}', `+poisoned+`)`, r.fanned.Add(-r.waited), r.fanned)
 	}
-	got, err := outbox.FanoutByMinute(ctx, pool, now.Add(-5*time.Minute+30*time.Second))
+	got, err := outbox.CountFanoutByMinute(ctx, pool, now.Add(-5*time.Minute+30*time.Second))
 	require.NoError(t, err)
 	for got[len(got)-1].Minute.After(now) { // the minute turned during the test
 		got = got[:len(got)-1]
@@ -141,7 +141,7 @@ func TestOpsviewFanoutByMinuteCountsEveryMinute(t *testing.T) {
 
 // The per-minute counts read the fanned-out index over the range, not the
 // table: EXPLAIN on a table whose rows are mostly older than the range.
-func TestOpsviewFanoutByMinuteUsesTheFannedIndex(t *testing.T) {
+func TestOpsviewCountFanoutByMinuteUsesTheFannedIndex(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.URL(t))
@@ -167,7 +167,7 @@ func TestOpsviewFanoutByMinuteUsesTheFannedIndex(t *testing.T) {
 	require.Contains(t, plan.String(), "outbox_events_fanned_idx", plan.String())
 	require.NotContains(t, plan.String(), "Seq Scan on outbox_events", plan.String())
 
-	got, err := outbox.FanoutByMinute(ctx, pool, time.Now().Add(-time.Hour))
+	got, err := outbox.CountFanoutByMinute(ctx, pool, time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 	var total int64
 	for _, m := range got {
@@ -176,13 +176,13 @@ func TestOpsviewFanoutByMinuteUsesTheFannedIndex(t *testing.T) {
 	require.Equal(t, int64(10), total)
 }
 
-func TestOpsviewDeliveriesBySubscriberAndPoisonedSubscribers(t *testing.T) {
+func TestOpsviewCountDeliveriesAndListDeliveriesOfEvents(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t, testdb.URL(t))
 	var o Outbox
 
-	empty, err := o.DeliveriesBySubscriber(ctx, pool)
+	empty, err := o.CountDeliveries(ctx, pool)
 	require.NoError(t, err)
 	require.Empty(t, empty)
 
@@ -201,7 +201,7 @@ func TestOpsviewDeliveriesBySubscriberAndPoisonedSubscribers(t *testing.T) {
 		($2, 'mail', now(), now()),
 		($2, 'ledger', now(), now())`, seq(a), seq(b))
 
-	got, err := o.DeliveriesBySubscriber(ctx, pool)
+	got, err := o.CountDeliveries(ctx, pool)
 	require.NoError(t, err)
 	require.Len(t, got, 3)
 	require.Equal(t, int64(2), got["search"].Owed)
@@ -210,10 +210,20 @@ func TestOpsviewDeliveriesBySubscriberAndPoisonedSubscribers(t *testing.T) {
 	require.Equal(t, SubscriberDeliveries{Subscriber: "mail", Poisoned: 2}, got["mail"])
 	require.Equal(t, SubscriberDeliveries{Subscriber: "ledger", Poisoned: 1}, got["ledger"])
 
-	names, err := o.PoisonedSubscribers(ctx, pool, []uuid.UUID{a, b, c, uuid.Must(uuid.NewV7())})
-	require.NoError(t, err)
-	require.Equal(t, map[uuid.UUID][]string{a: {"mail"}, b: {"ledger", "mail"}}, names)
-	none, err := o.PoisonedSubscribers(ctx, pool, nil)
-	require.NoError(t, err)
-	require.Empty(t, none)
+	// The poisoned deliveries of a page of events, as the web view shows
+	// them beside each.
+	poisonedOf := func(ids ...uuid.UUID) map[uuid.UUID][]string {
+		t.Helper()
+		res, err := o.ListDeliveries(ctx, pool, ListDeliveriesParams{State: DeliveryPoisoned, EventIDs: ids})
+		require.NoError(t, err)
+		require.Empty(t, res.Next)
+		names := map[uuid.UUID][]string{}
+		for _, d := range res.Deliveries {
+			names[d.EventID] = append(names[d.EventID], d.Subscriber)
+		}
+		return names
+	}
+	require.Equal(t, map[uuid.UUID][]string{a: {"mail"}, b: {"ledger", "mail"}}, poisonedOf(a, b, c, uuid.Must(uuid.NewV7())))
+	require.Equal(t, map[uuid.UUID][]string{b: {"ledger", "mail"}}, poisonedOf(b))
+	require.Len(t, poisonedOf(), 2, "no IDs: every event's")
 }

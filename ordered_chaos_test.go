@@ -361,7 +361,7 @@ func (c *orderedChaos) rescuer(stop <-chan struct{}) {
 func (c *orderedChaos) startSlot(s *chaosSlot) {
 	t := c.t
 	relay, err := NewRelay(s.pool, &RelayConfig{BatchSize: 1 + rand.IntN(40), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
-		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond}, Logger: quietLogger()})
+		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 200 * time.Millisecond}}, Logger: quietLogger()})
 	require.NoError(t, err)
 	for _, sub := range c.h.subscribers() {
 		require.NoError(t, relay.Subscribe(sub))

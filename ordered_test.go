@@ -394,7 +394,7 @@ func TestOrderedZombieCompletionIsRefused(t *testing.T) {
 // blockedChains reads Stats.BlockedChains.
 func blockedChains(t *testing.T, pool *pgxpool.Pool) int64 {
 	t.Helper()
-	st, err := outbox.Stats(context.Background(), pool)
+	st, err := outbox.GetStats(context.Background(), pool)
 	require.NoError(t, err)
 	return st.BlockedChains
 }
@@ -657,7 +657,7 @@ func TestOrderedMapSubscriberThroughMiddleware(t *testing.T) {
 
 // An ordered subscriber keeps its order through what the deliveries lane
 // carries — a rolling deploy (a relay of the old release lacks it and owes
-// it the events it stamps), a Backfill of history, a pause — and through
+// it the events it stamps), a BackfillSubscriber of history, a pause — and through
 // retention deleting events as soon as they owe nothing, while one subject
 // is blocked for a while: per subject, the events are handled in commit
 // order (the producers write each subject in turn), each once.
@@ -715,7 +715,7 @@ func TestOrderedThroughDeployBackfillPauseAndRetention(t *testing.T) {
 	// history, before the new relay — whose retention deletes whatever owes
 	// nothing — starts.
 	registerOther(t, &testBundle{pool: pool}, audit)
-	res, err := outbox.Backfill(ctx, pool, "audit", since)
+	res, err := outbox.BackfillSubscriber(ctx, pool, "audit", since)
 	require.NoError(t, err)
 	require.EqualValues(t, len(history), res.Owed)
 	newer := startNode(t, url, nodeOpts{config: retention}, mapSub("x", false, "**"), audit)
@@ -1041,7 +1041,7 @@ func TestMigrateAppliesAMissingVersionBelowTheHighest(t *testing.T) {
 	// The database as a branch that had 008 before 007 would leave it.
 	exec(t, pool, m007.down)
 	exec(t, pool, "DELETE FROM outbox_migration WHERE version = 7")
-	status, err := outbox.MigrationStatus(ctx, pool)
+	status, err := outbox.ListMigrations(ctx, pool)
 	require.NoError(t, err)
 	for _, m := range status {
 		if m.Line == "events" && m.Version >= 7 {
@@ -1409,7 +1409,7 @@ func TestReviewPanicOrderedCoalesceKind(t *testing.T) {
 	b := setup(t, setupOpts{}, reviewSub("chain", true, true), mapSub("audit", false, "**"))
 	orderedCoalescePending(t, b)
 	es := b.record(t, reviewEvent("s", "kind"), reviewEvent("other", ""))
-	_, err := fanOutTxOnce(t, b)
+	_, err := fanoutTxOnce(t, b)
 	require.NoError(t, err)
 	rows, pairs := loadRows(t, b.pool), loadPairs(t, b.pool)
 	require.Contains(t, pairs[es[0].ID]["chain"].LastError, "Kind panicked")
@@ -1423,8 +1423,8 @@ func TestReviewPanicOrderedCoalesceMarshal(t *testing.T) {
 	b := setup(t, setupOpts{}, reviewSub("chain", true, true), mapSub("audit", false, "**"))
 	orderedCoalescePending(t, b)
 	b.record(t, reviewEvent("s", "marshal"), reviewEvent("other", ""))
-	_, err := fanOutTxOnce(t, b)
-	// As when MarshalJSON returns an error: FanOutTx, which retries nothing
+	_, err := fanoutTxOnce(t, b)
+	// As when MarshalJSON returns an error: FanoutTx, which retries nothing
 	// job by job, fails the call with an error that says why.
 	require.ErrorContains(t, err, "MarshalJSON panicked")
 }
@@ -1435,7 +1435,7 @@ func orderedCoalescePending(t *testing.T, b *testBundle) {
 	t.Helper()
 	for i := range 2 {
 		b.record(t, reviewEvent("s", ""))
-		n, err := fanOutTxOnce(t, b)
+		n, err := fanoutTxOnce(t, b)
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "round %d", i)
 	}
@@ -1461,7 +1461,7 @@ func TestOrderedCompletionFindsItsJobsByID(t *testing.T) {
 	}
 	b.record(t, es...)
 	for {
-		n, err := fanOutTxOnce(t, b)
+		n, err := fanoutTxOnce(t, b)
 		require.NoError(t, err)
 		if n == 0 {
 			break
@@ -1517,7 +1517,7 @@ func TestOrderedBatchAndARelaysRoundLockChainsInOneOrder(t *testing.T) {
 		Subscriber{Name: "a", Types: []string{"a"}, Ordered: true, Handle: handle},
 		Subscriber{Name: "z", Types: []string{"z"}, Ordered: true, Coalesce: true, Handle: handle})
 	b.record(t, Event{Type: "a", Subject: "s"}, Event{Type: "z", Subject: "s"})
-	_, err := fanOutTxOnce(t, b)
+	_, err := fanoutTxOnce(t, b)
 	require.NoError(t, err)
 	// Both chains' heads run, as River runs them.
 	heads := map[string]*rivertype.JobRow{}
@@ -1592,7 +1592,7 @@ func TestOrderedBatchAndARelaysRoundLockChainsInOneOrder(t *testing.T) {
 	wg.Go(func() {
 		defer close(roundDone)
 		roundErr = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-			_, err := b.relay.FanOutTx(ctx, tx, b.client)
+			_, err := b.relay.FanoutTx(ctx, tx, b.client)
 			return err
 		})
 	})

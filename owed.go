@@ -6,21 +6,21 @@ import (
 	"time"
 )
 
-// The deliveries lane. An (event, subscriber) pair is owed when its
+// The deliveries lane. A delivery is owed when its
 // subscriber's attempt failed (it waits for its retry, or is poisoned), when
 // the relay that stamped the event did not know the subscriber (a rolling
-// deploy: the stamp writes a pair for every active registered subscriber it
+// deploy: the stamp writes a delivery for every active registered subscriber it
 // lacks whose types match), or when the subscriber was paused. Only owed
-// pairs have a row, in outbox_deliveries; the common path writes none.
+// deliveries have a row, in outbox_deliveries; the common path writes none.
 //
-// A relay claims the due pairs of the subscribers it knows here, FOR UPDATE
+// A relay claims the due deliveries of the subscribers it knows here, FOR UPDATE
 // SKIP LOCKED with their events, inserts their jobs, extends the events'
-// fanout and deletes the pairs, all in one transaction: exactly once per
-// pair. A pair that fails again is charged and waits for its next attempt;
+// fanout and deletes the deliveries, all in one transaction: exactly once per
+// delivery. A delivery that fails again is charged and waits for its next attempt;
 // after MaxAttempts it is poisoned, for that subscriber alone.
 //
 // Relays of 0.1.0 still write catch_up lists during a deploy; the lane turns
-// them into pairs first (outbox_convert_catch_up, migration 006).
+// them into deliveries first (outbox_convert_catch_up, migration 006).
 
 // convertEvery is how often a relay looks for catch_up lists written by
 // relays of 0.1.0, when the last look found none.
@@ -38,15 +38,15 @@ const owedLockClass = 7365111
 const freshFlowing = 100 * time.Millisecond
 
 // owedRound runs one round of the deliveries lane: at most a batch of due
-// pairs, claimed one subscriber after another in the order of owedOrder.
-// It never drains the lane: once a round finds pairs, the main loop runs
+// deliveries, claimed one subscriber after another in the order of owedOrder.
+// It never drains the lane: once a round finds deliveries, the main loop runs
 // one after each pending round and the helper loops (MaxRoundsInFlight > 1)
 // join, so a backlog drains at full speed while no fresh events come; while
 // they flow, the helpers drain it and the main loop stays on the pending
 // lane (owedHelped), so a fresh event never waits for a round of the
 // backlog; with one round in flight the lanes take turns, and a fresh event
 // waits for at most one (short: owedBatch). A round claims at most batch
-// pairs. It returns the seqs it claimed and whether more may be due.
+// deliveries. It returns the seqs it claimed and whether more may be due.
 func (r *Relay) owedRound(ctx context.Context, batch int) (claimed []int64, full bool, err error) {
 	if len(r.known) == 0 {
 		r.owedBusy.Store(false)
@@ -54,7 +54,7 @@ func (r *Relay) owedRound(ctx context.Context, batch int) (claimed []int64, full
 	}
 	names, ordered := r.owedOrder()
 	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, names, int64(batch), ordered, int32(owedLockClass))
-	// A batch is counted in pairs, and an event brings every pair of it
+	// A batch is counted in deliveries, and an event brings every delivery of it
 	// that is due: any claim says more may be due. One empty round ends the
 	// lane's turn.
 	full = err == nil && len(claimed) > 0
@@ -80,7 +80,7 @@ func (r *Relay) owedOrder() (names []string, ordered []bool) {
 	return names, ordered
 }
 
-// owedBatch is how many pairs a deliveries round of the main loop claims:
+// owedBatch is how many deliveries a deliveries round of the main loop claims:
 // a batch, or a quarter of one while fresh events flow (the pending lane
 // found rows in the last freshFlowing), so that a fresh event waits for a
 // short round of the backlog, not a full one.
@@ -107,7 +107,7 @@ func (r *Relay) freshFlowing() bool {
 // owedPass is the main loop's turn of the deliveries lane: the catch_up
 // lists of 0.1.0 relays converted (at most once a second while there are
 // none), then one round. On a failed round it backs off with fail (which
-// reports whether to go on) and retries the claimed pairs' events one by
+// reports whether to go on) and retries the claimed deliveries' events one by
 // one. It reports whether the round was full and whether the loop should go
 // on.
 func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) bool) (full, ok bool) {
@@ -130,7 +130,7 @@ func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) 
 	return full, true
 }
 
-// convertCatchUp turns catch_up lists of relays of 0.1.0 into owed pairs:
+// convertCatchUp turns catch_up lists of relays of 0.1.0 into owed deliveries:
 // at most once per convertEvery while there are none.
 func (r *Relay) convertCatchUp(ctx context.Context) error {
 	if time.Now().Before(r.convertAt) {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -39,7 +40,7 @@ func pendingBacklog(t *testing.T, pool *pgxpool.Pool, typ string, n int) {
 	t.Helper()
 	exec(t, pool, `INSERT INTO outbox_events (id, type, subject)
 		SELECT gen_random_uuid(), $1, 'subject:' || (g % 100) FROM generate_series(1, $2::int) g`, typ, n)
-	exec(t, pool, "SELECT pg_notify('"+ChannelEvents+"', '')")
+	exec(t, pool, "SELECT pg_notify('"+statements.ChannelEvents+"', '')")
 }
 
 // anyPending reports whether an event waits to be fanned out.
@@ -161,7 +162,7 @@ func TestPairsWithoutAnEventRowDoNotStarveTheSubscriber(t *testing.T) {
 	exec(t, b.pool, `INSERT INTO outbox_deliveries (event_seq, subscriber, next_attempt_at)
 		SELECT 1000000000 + g, 'slow', now() - interval '1 hour' FROM generate_series(1, 5) g`)
 	oweTo(t, b.pool, "slow", "slow.changed", 3)
-	exec(t, b.pool, "SELECT pg_notify('"+ChannelEvents+"', '')")
+	exec(t, b.pool, "SELECT pg_notify('"+statements.ChannelEvents+"', '')")
 	require.Eventually(t, func() bool {
 		var n int
 		require.NoError(t, b.pool.QueryRow(context.Background(),
@@ -311,7 +312,7 @@ func owedDrainRowsPerPair(t *testing.T, n int) float64 {
 // Retiring is final, whichever path would owe the retired subscriber: an
 // ordered subscriber's relay that defers a pair (an earlier event of its
 // subject is still pending) after RetireSubscriber returned writes no pair
-// for it. Before, the deferral wrote the pair, owed for ever (Stats().Owed
+// for it. Before, the deferral wrote the pair, owed for ever (GetStats().Owed
 // stayed 1, and retention kept the event).
 func TestARetiredSubscriberIsOwedNothingByAnOrderedDeferral(t *testing.T) {
 	t.Parallel()
@@ -355,7 +356,7 @@ func TestARetiredSubscriberIsOwedNothingByAnOrderedDeferral(t *testing.T) {
 	require.Eventually(t, func() bool { return loadRows(t, b.pool)[third.ID].FannedOut }, 30*time.Second, 5*time.Millisecond)
 	b.waitIdle(t)
 	require.Empty(t, loadPairs(t, b.pool), "a pair is owed to the retired subscriber")
-	st, err := outbox.Stats(ctx, b.pool)
+	st, err := outbox.GetStats(ctx, b.pool)
 	require.NoError(t, err)
 	require.Zero(t, st.Owed, "Stats counts a pair owed to the retired subscriber")
 }

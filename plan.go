@@ -30,9 +30,9 @@ type mapped struct {
 	tags []string // the args' own InsertOpts' tags
 }
 
-// pairFailure is an (event, subscriber) pair whose attempt failed: the
+// pairFailure is a delivery whose attempt failed: the
 // subscriber's Map failed or panicked, or River or PostgreSQL refused its
-// job. attempts counts the pair's failed attempts before this one.
+// job. attempts counts the delivery's failed attempts before this one.
 type pairFailure struct {
 	row      claimedRow
 	sub      *subscription
@@ -49,11 +49,11 @@ type roundPlan struct {
 // plan matches every event of batch (ordered by seq) against the
 // subscribers, maps it to jobs, and coalesces where subscribers opted in.
 //
-// A pair whose mapping fails is left out of the round (it is charged and
+// A delivery whose mapping fails is left out of the round (it is charged and
 // stays owed), so it can neither carry nor be folded into a coalesced job;
-// the event's other pairs go ahead. In the pending lane the subscribers this
+// the event's other deliveries go ahead. In the pending lane the subscribers this
 // relay serves are considered (paused ones are left owed); in the
-// deliveries lane only the pairs claimed.
+// deliveries lane only the deliveries claimed.
 //
 // Host code is not called once the relay is stopping: the plan fails with
 // errStopping and the round rolls back, charging nothing.
@@ -79,7 +79,7 @@ func (r *Relay) plan(ctx context.Context, l lane, batch []claimedRow) (roundPlan
 		}
 		if l == laneOwed {
 			for _, o := range c.owed {
-				// Claimed only for subscribers of this run: a pair that no
+				// Claimed only for subscribers of this run: a delivery that no
 				// longer matches (its types changed) is served with no job.
 				if sub := r.activeSub(o.sub); sub != nil && sub.matches(c.Type) {
 					try(sub, o.attempts)

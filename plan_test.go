@@ -52,11 +52,11 @@ func TestJobArgsPanickingAreChargedToTheirPair(t *testing.T) {
 
 // InsertOpts() is called by the relay itself (plan.go insertOpts) to
 // build InsertManyParams, before insertMany's recover is in place.
-func TestReviewPanicInsertOptsInFanOutTx(t *testing.T) {
+func TestReviewPanicInsertOptsInFanoutTx(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{}, reviewSub("opts", false, false), mapSub("audit", false, "**"))
 	es := b.record(t, reviewEvent("ok", ""), reviewEvent("boom", "opts"))
-	_, err := fanOutTxOnce(t, b)
+	_, err := fanoutTxOnce(t, b)
 	require.NoError(t, err)
 	rows, pairs := loadRows(t, b.pool), loadPairs(t, b.pool)
 	require.Contains(t, rows[es[0].ID].Fanout, "opts")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,10 +13,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/safetext"
+	"github.com/standmeet/events/internal/testdb"
 )
 
 // In a batch of 50, one subscriber's mapping of one event always fails: the
@@ -84,10 +87,10 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 		return ok && p.Poisoned
 	}
 	require.Eventually(t, poisonedPair, 30*time.Second, 5*time.Millisecond)
-	info, err := outbox.Inspect(ctx, b.pool, bad.ID)
+	info, err := outbox.GetEvent(ctx, b.pool, bad.ID)
 	require.NoError(t, err)
 	require.False(t, loadRows(t, b.pool)[bad.ID].Poisoned, "the event is not poisoned as a whole: only its pair is")
-	require.True(t, info.Poisoned(), "Inspect reports the poisoned pair")
+	require.True(t, info.Poisoned(), "GetEvent reports the poisoned delivery")
 	require.False(t, info.FannedOutAt.IsZero())
 	require.Contains(t, info.Fanout, "audit")
 	require.NotContains(t, info.Fanout, "mailer")
@@ -121,28 +124,35 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 	list, err = outbox.ListDeliveries(ctx, b.pool, ListDeliveriesParams{State: DeliveryPoisoned, Subscriber: "audit"})
 	require.NoError(t, err)
 	require.Empty(t, list.Deliveries)
-	events, err := outbox.ListEvents(ctx, b.pool, ListParams{State: StatePoisoned})
+	events, err := outbox.ListEvents(ctx, b.pool, ListEventsParams{State: EventPoisoned})
 	require.NoError(t, err)
 	require.Len(t, events.Events, 1, "the event list shows it, by its poisoned pair")
 	require.Contains(t, events.Events[0].LastError, "template missing")
 
 	// Requeued before the fix: five more attempts, and the history keeps the
 	// last ten.
-	require.ErrorIs(t, outbox.RequeueDelivery(ctx, b.pool, bad.ID, "audit"), ErrNotFound)
-	require.NoError(t, outbox.RequeueDelivery(ctx, b.pool, bad.ID, "mailer"))
-	require.ErrorIs(t, outbox.RequeueDelivery(ctx, b.pool, bad.ID, "mailer"), ErrNotPoisoned)
+	audit := PoisonedFilter{EventIDs: []uuid.UUID{bad.ID}, Subscriber: "audit"}
+	mailer := PoisonedFilter{EventIDs: []uuid.UUID{bad.ID}, Subscriber: "mailer"}
+	_, err = outbox.Requeue(ctx, b.pool, audit)
+	require.ErrorIs(t, err, ErrNotFound, "audit got its job: nothing owed")
+	n, err := outbox.Requeue(ctx, b.pool, mailer)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, err = outbox.Requeue(ctx, b.pool, mailer)
+	require.ErrorIs(t, err, ErrNotPoisoned)
 	require.Eventually(t, func() bool { return badCalls.Load() == 10 && poisonedPair() }, 30*time.Second, 5*time.Millisecond)
 	p := loadPairs(t, b.pool)[bad.ID]["mailer"]
 	require.Equal(t, 5, p.Attempts)
 	require.Equal(t, 10, p.Errors, "the history survives the requeue, bounded")
 
 	fixed.Store(true)
-	require.NoError(t, outbox.RequeueDelivery(ctx, b.pool, bad.ID, "mailer"))
+	_, err = outbox.Requeue(ctx, b.pool, mailer)
+	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		info, err := outbox.Inspect(ctx, b.pool, bad.ID)
+		info, err := outbox.GetEvent(ctx, b.pool, bad.ID)
 		return err == nil && info.Fanout["mailer"] != 0
 	}, 10*time.Second, 5*time.Millisecond)
-	info, err = outbox.Inspect(ctx, b.pool, bad.ID)
+	info, err = outbox.GetEvent(ctx, b.pool, bad.ID)
 	require.NoError(t, err)
 	require.Empty(t, info.Deliveries)
 	perPair := map[string]int{}
@@ -175,10 +185,10 @@ func TestMappingThatFailsTwiceThenSucceedsIsNeverPoisoned(t *testing.T) {
 	e := b.record(t, Event{Type: "a"})[0]
 	b.start(t)
 	require.Eventually(t, func() bool {
-		info, err := outbox.Inspect(context.Background(), b.pool, e.ID)
+		info, err := outbox.GetEvent(context.Background(), b.pool, e.ID)
 		return err == nil && len(info.Fanout) == 1
 	}, 10*time.Second, 5*time.Millisecond)
-	info, err := outbox.Inspect(context.Background(), b.pool, e.ID)
+	info, err := outbox.GetEvent(context.Background(), b.pool, e.ID)
 	require.NoError(t, err)
 	require.False(t, info.Poisoned())
 	require.Zero(t, info.Attempts, "the event itself never failed")
@@ -297,7 +307,7 @@ func TestRoundBackoffDoublesAndIsCapped(t *testing.T) {
 	mu.Unlock()
 	_, err = b.pool.Exec(ctx, "ALTER TABLE outbox_events_away RENAME TO outbox_events")
 	require.NoError(t, err)
-	info, err := outbox.Inspect(ctx, b.pool, e.ID)
+	info, err := outbox.GetEvent(ctx, b.pool, e.ID)
 	require.NoError(t, err)
 	require.Zero(t, info.Attempts)
 }
@@ -321,7 +331,7 @@ func TestListPoisonedPagesNewestFirst(t *testing.T) {
 	require.NoError(t, err)
 
 	var got []uuid.UUID
-	params := ListParams{State: StatePoisoned, Limit: 3}
+	params := ListEventsParams{State: EventPoisoned, Limit: 3}
 	for {
 		page, err := outbox.ListEvents(ctx, b.pool, params)
 		require.NoError(t, err)
@@ -337,7 +347,7 @@ func TestListPoisonedPagesNewestFirst(t *testing.T) {
 	want := []uuid.UUID{es[6].ID, es[5].ID, es[4].ID, es[3].ID, es[2].ID, es[1].ID, es[0].ID}
 	require.Equal(t, want, got)
 
-	_, err = outbox.ListEvents(ctx, b.pool, ListParams{State: StatePoisoned, After: "garbage"})
+	_, err = outbox.ListEvents(ctx, b.pool, ListEventsParams{State: EventPoisoned, After: "garbage"})
 	require.ErrorContains(t, err, "After")
 }
 
@@ -346,9 +356,11 @@ func TestRequeueRefusesWhatIsNotPoisoned(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{})
 	e := b.record(t, Event{Type: "a"})[0]
-	require.ErrorIs(t, outbox.Requeue(ctx, b.pool, e.ID), ErrNotPoisoned)
-	require.ErrorIs(t, outbox.Requeue(ctx, b.pool, uuid.New()), ErrNotFound)
-	_, err := outbox.Inspect(ctx, b.pool, uuid.New())
+	_, err := outbox.Requeue(ctx, b.pool, PoisonedFilter{EventIDs: []uuid.UUID{e.ID}})
+	require.ErrorIs(t, err, ErrNotPoisoned)
+	_, err = outbox.Requeue(ctx, b.pool, PoisonedFilter{EventIDs: []uuid.UUID{uuid.New()}})
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = outbox.GetEvent(ctx, b.pool, uuid.New())
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
@@ -371,10 +383,10 @@ func TestAnIdleRelayRetriesWhatADeadRelayFailed(t *testing.T) {
 	require.NoError(t, err)
 
 	require.Eventually(t, func() bool {
-		info, err := outbox.Inspect(ctx, survivor.pool, id)
+		info, err := outbox.GetEvent(ctx, survivor.pool, id)
 		return err == nil && !info.FannedOutAt.IsZero()
 	}, 10*time.Second, 10*time.Millisecond, "the idle relay never retried the event")
-	info, err := outbox.Inspect(ctx, survivor.pool, id)
+	info, err := outbox.GetEvent(ctx, survivor.pool, id)
 	require.NoError(t, err)
 	require.Equal(t, 1, info.Attempts)
 	require.Len(t, info.Fanout, 1)
@@ -430,7 +442,7 @@ func TestSlowOnPoisonHoldsBackNothing(t *testing.T) {
 
 // A subscriber's error text is the host's: it may split a rune where
 // last_error is cut, hold a NUL byte, or be a megabyte long. Each is stored
-// in a form PostgreSQL accepts, readable with Inspect; OnPoison gets the
+// in a form PostgreSQL accepts, readable with GetEvent; OnPoison gets the
 // error as the subscriber returned it; and the healthy events of the same
 // batch go out in that very round, with no backoff.
 func TestHostErrorTextIsStoredSafely(t *testing.T) {
@@ -480,7 +492,7 @@ func TestHostErrorTextIsStoredSafely(t *testing.T) {
 
 	var fannedAt []time.Time
 	for _, e := range es {
-		info, err := outbox.Inspect(ctx, b.pool, e.ID)
+		info, err := outbox.GetEvent(ctx, b.pool, e.ID)
 		require.NoError(t, err)
 		mapErr, bad := mapErrs[e.Subject]
 		if !bad {
@@ -514,5 +526,136 @@ func TestHostErrorTextIsStoredSafely(t *testing.T) {
 	require.Len(t, fannedAt, 4)
 	for _, at := range fannedAt {
 		require.Equal(t, fannedAt[0], at, "the healthy events went out in one round")
+	}
+}
+
+// Requeue and Discard act on what the filter selects, and only that: each
+// field narrows, the zero filter takes everything poisoned, a subscriber
+// leaves the events poisoned as a whole alone, and an event named that has
+// nothing to act on is an error that lets the others through. Each case runs
+// in a transaction of its own on one fixture, rolled back.
+func TestRequeueAndDiscardByFilter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.URL(t))
+	var o Outbox
+
+	// Fanned-out events with deliveries (poisoned, or owed: "e1/audit"),
+	// events poisoned as a whole ("w1", "w2"), and one that owes nothing.
+	names := map[string]uuid.UUID{}
+	for _, n := range []string{"e1", "e2", "e3", "w1", "w2", "ok"} {
+		names[n] = uuid.Must(uuid.NewV7())
+	}
+	unknown := uuid.Must(uuid.NewV7())
+	fixture := func(t *testing.T, tx pgx.Tx) {
+		t.Helper()
+		_, err := tx.Exec(ctx, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, poisoned_at, attempts, last_error) VALUES
+			($1, 'note.changed', now(), '{}', NULL, 0, NULL),
+			($2, 'note.deleted', now(), '{}', NULL, 0, NULL),
+			($3, 'ledger.entry', now(), '{}', NULL, 0, NULL),
+			($4, 'note.changed', NULL, NULL, now(), 5, 'x'),
+			($5, 'ledger.entry', NULL, NULL, now(), 5, 'x'),
+			($6, 'note.changed', now(), '{"search": 1}', NULL, 0, NULL)`,
+			names["e1"], names["e2"], names["e3"], names["w1"], names["w2"], names["ok"])
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `INSERT INTO outbox_deliveries (event_seq, subscriber, attempts, poisoned_at)
+			SELECT e.seq, d.sub, 5, CASE WHEN d.poisoned THEN now() END
+			  FROM (VALUES ($1::uuid, 'search', true), ($1, 'mail', true), ($1, 'audit', false),
+			               ($2, 'search', true), ($3, 'mail', true)) AS d(id, sub, poisoned)
+			  JOIN outbox_events e ON e.id = d.id`, names["e1"], names["e2"], names["e3"])
+		require.NoError(t, err)
+	}
+	name := map[uuid.UUID]string{}
+	for n, id := range names {
+		name[id] = n
+	}
+	// poisoned lists what is poisoned: "e1/search" for a delivery, "w1" for
+	// an event as a whole; rows counts the event and delivery rows.
+	poisoned := func(t *testing.T, tx pgx.Tx) (list []string, rows int) {
+		t.Helper()
+		r, err := tx.Query(ctx, `SELECT e.id, coalesce(d.subscriber, '') FROM outbox_events e
+			LEFT JOIN outbox_deliveries d ON d.event_seq = e.seq AND d.poisoned_at IS NOT NULL
+			WHERE e.poisoned_at IS NOT NULL OR d.subscriber IS NOT NULL ORDER BY 1, 2`)
+		require.NoError(t, err)
+		var id uuid.UUID
+		var sub string
+		_, err = pgx.ForEachRow(r, []any{&id, &sub}, func() error {
+			if sub == "" {
+				list = append(list, name[id])
+			} else {
+				list = append(list, name[id]+"/"+sub)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.NoError(t, tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_events) + (SELECT count(*) FROM outbox_deliveries)`).Scan(&rows))
+		return list, rows
+	}
+	ids := func(ns ...string) []uuid.UUID {
+		var out []uuid.UUID
+		for _, n := range ns {
+			out = append(out, names[n])
+		}
+		return out
+	}
+	everything := []string{"e1/mail", "e1/search", "e2/search", "e3/mail", "w1", "w2"}
+
+	for _, tc := range []struct {
+		name   string
+		filter PoisonedFilter
+		acted  []string // what it requeues or discards
+		err    error    // errors.Is, for every error of the call
+	}{
+		{"zero: everything poisoned", PoisonedFilter{}, everything, nil},
+		{"type", PoisonedFilter{Type: "note.*"}, []string{"e1/mail", "e1/search", "e2/search", "w1"}, nil},
+		{"subscriber: its deliveries, no event as a whole", PoisonedFilter{Subscriber: "search"}, []string{"e1/search", "e2/search"}, nil},
+		{"type and subscriber", PoisonedFilter{Type: "note.*", Subscriber: "mail"}, []string{"e1/mail"}, nil},
+		{"type that matches nothing", PoisonedFilter{Type: "nothing.*"}, nil, nil},
+		{"subscriber with nothing poisoned", PoisonedFilter{Subscriber: "audit"}, nil, nil},
+		{"event: every poisoned delivery of it", PoisonedFilter{EventIDs: ids("e1")}, []string{"e1/mail", "e1/search"}, nil},
+		{"event poisoned as a whole", PoisonedFilter{EventIDs: ids("w1")}, []string{"w1"}, nil},
+		{"events", PoisonedFilter{EventIDs: ids("e1", "w2")}, []string{"e1/mail", "e1/search", "w2"}, nil},
+		{"event and subscriber", PoisonedFilter{EventIDs: ids("e1"), Subscriber: "mail"}, []string{"e1/mail"}, nil},
+		{"event and type", PoisonedFilter{EventIDs: ids("e1", "e2"), Type: "note.changed"}, []string{"e1/mail", "e1/search"}, ErrNotFound},
+		{"event, owed but not poisoned", PoisonedFilter{EventIDs: ids("e1"), Subscriber: "audit"}, nil, ErrNotPoisoned},
+		{"event that owes the subscriber nothing", PoisonedFilter{EventIDs: ids("e3"), Subscriber: "search"}, nil, ErrNotFound},
+		{"event poisoned as a whole, with a subscriber", PoisonedFilter{EventIDs: ids("w1"), Subscriber: "search"}, nil, ErrNotFound},
+		{"event with nothing poisoned", PoisonedFilter{EventIDs: ids("ok")}, nil, ErrNotPoisoned},
+		{"unknown event: the others go on", PoisonedFilter{EventIDs: []uuid.UUID{unknown, names["e2"]}}, []string{"e2/search"}, ErrNotFound},
+	} {
+		for _, requeue := range []bool{true, false} {
+			op, act := "Discard", o.Discard
+			if requeue {
+				op, act = "Requeue", o.Requeue
+			}
+			t.Run(op+"/"+tc.name, func(t *testing.T) {
+				tx, err := pool.Begin(ctx)
+				require.NoError(t, err)
+				defer tx.Rollback(ctx)
+				fixture(t, tx)
+				_, rowsBefore := poisoned(t, tx)
+
+				n, err := act(ctx, tx, tc.filter)
+				if tc.err == nil {
+					require.NoError(t, err)
+				} else {
+					require.ErrorIs(t, err, tc.err)
+				}
+				require.EqualValues(t, len(tc.acted), n)
+				left, rows := poisoned(t, tx)
+				var want []string
+				for _, p := range everything {
+					if !slices.Contains(tc.acted, p) {
+						want = append(want, p)
+					}
+				}
+				require.Equal(t, want, left)
+				if requeue {
+					require.Equal(t, rowsBefore, rows, "a requeue deletes nothing")
+				} else {
+					require.Equal(t, rowsBefore-len(tc.acted), rows, "a discard deletes what it discards")
+				}
+			})
+		}
 	}
 }

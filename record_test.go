@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -178,7 +179,7 @@ func TestChannelsAreQualifiedBySchema(t *testing.T) {
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	for _, ch := range []string{ChannelEvents, "tenant_a." + ChannelEvents, "tenant_b." + ChannelEvents} {
+	for _, ch := range []string{statements.ChannelEvents, "tenant_a." + statements.ChannelEvents, "tenant_b." + statements.ChannelEvents} {
 		_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
 		require.NoError(t, err)
 	}
@@ -193,17 +194,17 @@ func TestChannelsAreQualifiedBySchema(t *testing.T) {
 		_, err := Outbox{Schema: "tenant_a"}.Record(ctx, tx, Event{Type: "a"})
 		return err
 	}))
-	require.Equal(t, "tenant_a."+ChannelEvents, next())
+	require.Equal(t, "tenant_a."+statements.ChannelEvents, next())
 	_, err = pool.Exec(ctx, "SELECT tenant_b.outbox_record('b')")
 	require.NoError(t, err)
-	require.Equal(t, "tenant_b."+ChannelEvents, next())
+	require.Equal(t, "tenant_b."+statements.ChannelEvents, next())
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// Not throttled: the default schema's limiter is shared with every
 		// other test of this process, which may have just notified.
 		_, err := Outbox{NotifyInterval: NotifyEveryTransaction}.Record(ctx, tx, Event{Type: "c"})
 		return err
 	}))
-	require.Equal(t, ChannelEvents, next())
+	require.Equal(t, statements.ChannelEvents, next())
 }
 
 func TestValidateTypeErrorsAreSentinels(t *testing.T) {

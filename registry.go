@@ -13,9 +13,9 @@ import (
 // The subscriber registry makes rolling deploys safe. While the old and the
 // new release of a service run side by side, their relays know different
 // subscribers. Each relay registers the subscribers it knows, with their type
-// globs, when it starts; a relay that stamps an event writes an owed pair for
+// globs, when it starts; a relay that stamps an event writes an owed delivery for
 // every active registered subscriber it does not know whose types match; and
-// a relay that knows it delivers the pair in the deliveries lane (owed.go).
+// a relay that knows it makes the delivery in the deliveries lane (owed.go).
 // Relays record, every few seconds, which subscribers they serve
 // (heartbeat.go): one that no relay has served for RelayConfig.OrphanAfter is
 // reported orphaned.
@@ -25,7 +25,8 @@ type SubscriberInfo struct {
 	// Name is the subscriber's name.
 	Name string
 	// Types is the subscriber's type globs, as the last relay that started
-	// with it registered them; empty if only a release before 0.2.0 did.
+	// with it registered them; empty if only relays of a release that did
+	// not register types have started with it.
 	Types []string
 	// RegisteredAt is when a relay first started with it.
 	RegisteredAt time.Time
@@ -36,7 +37,7 @@ type SubscriberInfo struct {
 	LastServedAt time.Time
 	// PausedAt is when [Outbox.PauseSubscriber] paused it; zero unless paused.
 	PausedAt time.Time
-	// BackfillSince is the since of its last [Outbox.Backfill]; BackfillSeq how
+	// BackfillSince is the since of its last [Outbox.BackfillSubscriber]; BackfillSeq how
 	// far that got (by event seq); BackfillDoneAt when it finished. Zero if
 	// none.
 	BackfillSince  time.Time
@@ -65,11 +66,11 @@ func registerSubscribers(ctx context.Context, db DB, sql *statements.Set, names 
 }
 
 // RetireSubscriber retires a subscriber for good: relays started afterwards
-// do not fan out to it even if they still have it, no pair is owed to it any
-// more (its owed and poisoned pairs are deleted, in batches of 1,000, after
-// the retirement commits; no stamp in flight can write it back), its
-// pending Handle jobs end as cancelled, and the relays' sweep releases its
-// ordered chains. Relays already running keep
+// do not fan out to it even if they still have it, no delivery is owed to
+// it any more (its owed and poisoned deliveries are deleted, in batches of
+// 1,000, after the retirement commits; no stamp in flight can write it
+// back), its pending Handle jobs end as cancelled, and the relays' sweep
+// releases its ordered chains. Relays already running keep
 // delivering new events to it until they restart, but owe it nothing. With
 // db a transaction, all of it happens in that transaction.
 //
@@ -108,7 +109,7 @@ func (o Outbox) RetireSubscriber(ctx context.Context, db DB, name string) error 
 	return nil
 }
 
-// retireBatch is how many owed pairs (or catch_up lists) one statement of
+// retireBatch is how many owed deliveries (or catch_up lists) one statement of
 // RetireSubscriber clears.
 const retireBatch = 1000
 

@@ -44,14 +44,14 @@ type RelayConfig struct {
 
 	// MaxAttempts is how many times delivering one event to one subscriber
 	// may fail (its Map returns an error or panics, or River or PostgreSQL
-	// refuses its job) before that (event, subscriber) pair is poisoned:
-	// set aside for that subscriber alone, never attempted again until
-	// [Outbox.RequeueDelivery] or [Outbox.Requeue]; the event's other subscribers are not
-	// held back. Defaults to MaxAttemptsDefault (5).
+	// refuses its job) before that delivery is poisoned: set aside for that
+	// subscriber alone, never attempted again until [Outbox.Requeue]; the
+	// event's other subscribers are not held back. Defaults to
+	// MaxAttemptsDefault (5).
 	MaxAttempts int
 
 	// RetryBackoff is the pause after the first failure, of a round or of one
-	// pair; it doubles with every further failure, up to MaxRetryBackoff.
+	// delivery; it doubles with every further failure, up to MaxRetryBackoff.
 	// Defaults to RetryBackoffDefault (2 s).
 	RetryBackoff time.Duration
 
@@ -63,8 +63,8 @@ type RelayConfig struct {
 	// in its own transaction, all sharing one listening connection. One
 	// round claims, maps, inserts and stamps; while it waits on PostgreSQL
 	// another can work, so a busy relay goes faster with two. Extra rounds
-	// join only while batches come back full, or while owed pairs are due
-	// (they drain a backlog of owed pairs while fresh events flow, so that
+	// join only while batches come back full, or while owed deliveries are due
+	// (they drain a backlog of owed deliveries while fresh events flow, so that
 	// no fresh event waits for a round of it). Defaults to
 	// MaxRoundsInFlightDefault (2, measured: see docs/benchmarks.md).
 	MaxRoundsInFlight int
@@ -76,11 +76,11 @@ type RelayConfig struct {
 	// Retention is how long fanned-out events are kept. Older ones are
 	// deleted in small batches, by one relay at a time, on a goroutine of the
 	// relay that yields while it drains a backlog (see the README's
-	// "Retention"). An event that still owes something — a pair owed or
+	// "Retention"). An event that still owes something — a delivery owed or
 	// poisoned, for any subscriber, an orphaned one included — is never
-	// deleted automatically, nor is an event poisoned as a whole ([Outbox.Discard]
-	// and [Outbox.DiscardDelivery] give them up). Defaults to RetentionDefault (7 days); a negative value
-	// keeps everything.
+	// deleted automatically, nor is an event poisoned as a whole
+	// ([Outbox.Discard] gives them up). Defaults to RetentionDefault (7
+	// days); a negative value keeps everything.
 	Retention time.Duration
 
 	// RetentionInterval is how often a relay runs a retention pass.
@@ -96,7 +96,7 @@ type RelayConfig struct {
 	// none.
 	TracerProvider trace.TracerProvider
 
-	// OnPoison is called once for every (event, subscriber) pair this relay
+	// OnPoison is called once for every delivery this relay
 	// poisons (and every event it poisons as a whole), with the event and
 	// the error of its last attempt as the subscriber returned it (it names
 	// the subscriber), after the poisoning committed. An error-level log
@@ -193,14 +193,14 @@ type Relay struct {
 	mu     sync.RWMutex
 	subs   []*subscription
 	byName map[string]*subscription
-	// inTx says a FanOutTx call has borrowed the run state below: Start
+	// inTx says a FanoutTx call has borrowed the run state below: Start
 	// refuses meanwhile, and Stop has no run to stop.
 	inTx bool
 
-	// Set by Start, for one run, or by FanOutTx, for one call, while it holds
+	// Set by Start, for one run, or by FanoutTx, for one call, while it holds
 	// mu (and svc is starting, or inTx set). Read without mu only by the
 	// run's (or the call's) own goroutines.
-	run       *startstop.Run // nil for FanOutTx: never stopping
+	run       *startstop.Run // nil for FanoutTx: never stopping
 	client    *river.Client[pgx.Tx]
 	active    []*subscription // subs less the retired ones
 	known     []string        // names of active
@@ -349,9 +349,9 @@ func (r *Relay) subscription(name string) *subscription {
 	return r.byName[name]
 }
 
-// Start starts the relay: a listener for [ChannelEvents] on a dedicated
-// connection and the loop that claims and fans out events, inserting jobs
-// through client, whose schema must be the relay's [RelayConfig.Outbox].
+// Start starts the relay: a listener for the outbox's notifications on a
+// dedicated connection and the loop that claims and fans out events,
+// inserting jobs through client, whose schema must be the relay's [RelayConfig.Outbox].
 // Start returns once both are running; the first round starts at once.
 //
 // Start first registers the relay's subscribers in the database, with their
@@ -359,7 +359,7 @@ func (r *Relay) subscription(name string) *subscription {
 // returns an error if that fails. From then on every event whose
 // transaction commits after Start returned reaches every subscriber of this
 // relay that it matches, whichever relay fans it out: a relay that lacks one
-// of them (another release, during a rolling deploy) writes the pair as
+// of them (another release, during a rolling deploy) writes the delivery as
 // owed, and a relay that has it delivers it. A subscriber that was retired
 // ([Outbox.RetireSubscriber]) is left out of this run, with a warning. While it
 // runs, the relay reports in every few seconds (see [Outbox.ListRelays]).
@@ -378,7 +378,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 		if inTx {
 			return ErrStarted
 		}
-		// From here Subscribe and FanOutTx refuse (the service is starting),
+		// From here Subscribe and FanoutTx refuse (the service is starting),
 		// so prepare's I/O runs without mu: the worker's lookups of
 		// subscribers (Handle jobs) take it and must not wait for the
 		// registry.
@@ -399,7 +399,7 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	return err
 }
 
-// errLastRunLingers refuses a run, or a FanOutTx call, while an OnPoison
+// errLastRunLingers refuses a run, or a FanoutTx call, while an OnPoison
 // call of the last run, left running by a Stop that gave up, has not
 // returned: the new one would call OnPoison alongside it.
 var errLastRunLingers = fmt.Errorf("%w: an OnPoison call of the last run is still running: wait for Stopped", ErrStarted)
@@ -520,7 +520,7 @@ func (r *Relay) register(ctx context.Context, db DB) error {
 // context, is all of the relay that is left. [Relay.Stopped] is closed once
 // it has returned; until then Start returns an error wrapping [ErrStarted].
 //
-// Stop is safe before Start and safe to call twice. A [Relay.FanOutTx] call
+// Stop is safe before Start and safe to call twice. A [Relay.FanoutTx] call
 // in progress is not a run: Stop leaves it alone.
 func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
@@ -537,7 +537,7 @@ func (r *Relay) Ready() <-chan struct{} { return r.svc.Ready() }
 // is left. Before the first Start it returns a closed channel.
 func (r *Relay) Stopped() <-chan struct{} { return r.svc.Stopped() }
 
-// stopping reports whether the run is stopping; never for a FanOutTx call.
+// stopping reports whether the run is stopping; never for a FanoutTx call.
 func (r *Relay) stopping() bool { return r.run.IsStopping() }
 
 // loop is the relay's main loop. It runs rounds until stopped: straight on
@@ -582,7 +582,7 @@ type mainLoop struct {
 // deliveries lane has a backlog, one round of it — unless fresh events flow
 // and the helper loops drain the backlog (owedHelped), when this loop stays
 // on the pending lane. It reports whether to claim again at once (a batch
-// came back full, or owed pairs may still be due, or a batch failed and was
+// came back full, or owed deliveries may still be due, or a batch failed and was
 // retried row by row) and whether to go on at all.
 func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	r := l.r
@@ -641,7 +641,7 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 }
 
 // otherTurns keeps a busy main loop (full batches, or a backlog of owed
-// pairs, back to back: it never idles, where the poll would run them) from
+// deliveries, back to back: it never idles, where the poll would run them) from
 // starving its other duties: four times a second it also runs the retries
 // that are due and, with owed, a round of the deliveries lane (retention
 // runs on its own goroutine and takes its own turns). Without owed the
@@ -694,7 +694,7 @@ func (l *mainLoop) idlePass(ctx context.Context) bool {
 	}
 	// A look that found nothing counts as empty, and so does one whose claim
 	// found nothing: rows that another session holds locked (a stuck round,
-	// a long FanOutTx) must not keep this relay re-checking every 2 ms.
+	// a long FanoutTx) must not keep this relay re-checking every 2 ms.
 	if (l.recheck || l.foundNone) && time.Since(l.activeAt) >= steadyRecheck {
 		l.lull *= 2 // nothing there for a while: look again later
 	}
@@ -754,7 +754,7 @@ func (l *mainLoop) succeeded() {
 }
 
 // helper is an extra loop for rounds in flight: woken by a loop whose batch
-// came back full, or whose deliveries round found pairs, it runs rounds of
+// came back full, or whose deliveries round found deliveries, it runs rounds of
 // the busy lanes alongside, in turn, while they stay busy. Waiting for
 // notifications, polling, retries and the row-by-row retries are the main
 // loop's.

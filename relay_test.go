@@ -98,7 +98,7 @@ func TestBatchSizeIsConfigurable(t *testing.T) {
 
 // Four relays, each with its own pool and River client (as four processes
 // would), drain 5,000 events recorded while they run.
-func TestManyRelaysFanOutExactlyOnce(t *testing.T) {
+func TestManyRelaysFanoutExactlyOnce(t *testing.T) {
 	t.Parallel()
 	subs := []Subscriber{
 		mapSub("webhooks", false, "**"),
@@ -445,9 +445,9 @@ func (immediateRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now()
 
 // A round's own transaction commits without waiting for its WAL flush (a
 // lost round is redone whole: see roundTx) and merges River's GIN pending
-// lists at 128 kB (RoundSettings); a FanOutTx round is the caller's
+// lists at 128 kB (RoundSettings); a FanoutTx round is the caller's
 // transaction, whose settings the caller decides.
-func TestARoundCommitsAsynchronouslyAndFanOutTxLeavesTheCallersCommitAlone(t *testing.T) {
+func TestARoundCommitsAsynchronouslyAndFanoutTxLeavesTheCallersCommitAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	// The test servers run with synchronous_commit off; this database's
@@ -466,10 +466,10 @@ func TestARoundCommitsAsynchronouslyAndFanOutTxLeavesTheCallersCommitAlone(t *te
 	}
 	b.record(t, Event{Type: "a"})
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := b.relay.FanOutTx(ctx, tx, b.client)
+		_, err := b.relay.FanoutTx(ctx, tx, b.client)
 		return err
 	}))
-	require.Equal(t, "on 4MB", <-settings, "FanOutTx changed the caller's settings")
+	require.Equal(t, "on 4MB", <-settings, "FanoutTx changed the caller's settings")
 
 	b.record(t, Event{Type: "b"})
 	b.start(t)
@@ -623,7 +623,7 @@ func TestAListenerThatDialsIntoTheSilenceListensAgainAfterIt(t *testing.T) {
 	proxy := newBlackholeProxy(t, u.Host)
 	const ping = 300 * time.Millisecond
 	b.relay.config.Listener.Connect = proxy.connectVia(t, b.url, "relay_via_proxy")
-	b.relay.config.Listener.PingInterval = ping
+	b.relay.config.Listener.hooks.pingInterval = ping
 	b.start(t)
 	b.settle(t)
 	require.True(t, b.relay.Health().Listening)
@@ -643,8 +643,8 @@ func TestAListenerThatDialsIntoTheSilenceListensAgainAfterIt(t *testing.T) {
 	proxy.heal()
 	healedAt := time.Now()
 	// The dial in the silence gives up within the silence bound, and the
-	// next one, after at most MaxReconnectBackoff, goes through.
-	bound := 2*ping + MaxReconnectBackoffDefault + time.Second
+	// next one, after at most maxReconnectBackoffDefault, goes through.
+	bound := 2*ping + maxReconnectBackoffDefault + time.Second
 	require.Eventually(t, func() bool { return b.relay.Health().Listening }, bound, time.Millisecond,
 		"the listener never listened again after the path came back")
 	t.Logf("listening again %v after the path came back; %d connections accepted", time.Since(healedAt), proxy.accepted.Load())
@@ -781,7 +781,7 @@ func TestStopThatGivesUpNamesTheOnPoisonStillRunning(t *testing.T) {
 	require.ErrorIs(t, b.relay.Start(ctx, b.client), ErrStarted)
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = b.relay.FanOutTx(ctx, tx, b.client)
+	_, err = b.relay.FanoutTx(ctx, tx, b.client)
 	require.ErrorIs(t, err, ErrStarted)
 	require.NoError(t, tx.Rollback(ctx))
 
@@ -1055,9 +1055,9 @@ func TestHalfOpenListeningConnectionsAreNoticed(t *testing.T) {
 	proxy := newBlackholeProxy(t, u.Host)
 	const ping = 300 * time.Millisecond
 	b.relay.config.Listener.Connect = proxy.connectVia(t, b.url, "relay_via_proxy")
-	b.relay.config.Listener.PingInterval = ping
+	b.relay.config.Listener.hooks.pingInterval = ping
 	a := startAwaiter(t, b, &AwaiterConfig{Listener: ListenerConfig{
-		Connect: proxy.connectVia(t, b.url, "awaiter_via_proxy"), PingInterval: ping,
+		Connect: proxy.connectVia(t, b.url, "awaiter_via_proxy"), hooks: listenerHooks{pingInterval: ping},
 		// Polling far off: the receipt must come from the listener that
 		// reconnected, not from the re-read safety net.
 		PollInterval: time.Hour,
@@ -1308,7 +1308,7 @@ func TestDatabaseRestartLosesNothing(t *testing.T) {
 	ctx := context.Background()
 	cluster := testdb.NewCluster(t)
 	cfg := &RelayConfig{RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
-		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond}, MaxAttempts: 1}
+		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 200 * time.Millisecond}}, MaxAttempts: 1}
 	subs := []Subscriber{mapSub("audit", false, "**"), mapSub("search", true, "**")}
 	relays := []*testBundle{setup(t, setupOpts{url: cluster.URL, config: cfg}, subs...), setup(t, setupOpts{url: cluster.URL, config: cfg}, subs...)}
 
@@ -1405,7 +1405,7 @@ func TestChaosSoak(t *testing.T) {
 // the other subscribers of ledger.* events get their jobs. "ghost" is
 // registered, with note.* types, and never run: an orphan, owed every
 // note.* event. "history" is added partway through, on some of the relays,
-// and given the events since a mid-run time by a Backfill that runs (and is
+// and given the events since a mid-run time by a BackfillSubscriber that runs (and is
 // interrupted and resumed) while the chaos goes on.
 var soakTypes = []string{"order.placed", "order.paid", "note.changed", "supplier.connected", "ledger.entry"}
 
@@ -1438,7 +1438,7 @@ type soak struct {
 	// The backfill phase: relays other than the first one restarted from
 	// historyOn on have the subscriber "history"; historySince is when the
 	// first of them had registered it (Start returned), historyFrom the since
-	// its Backfill was given. bf is what the Backfill calls did.
+	// its BackfillSubscriber was given. bf is what the BackfillSubscriber calls did.
 	historyOn    atomic.Bool
 	historySince time.Time
 	historyFrom  time.Time
@@ -1540,7 +1540,7 @@ type relaySlot struct {
 func (s *soak) startSlot(slot *relaySlot) {
 	relay, err := NewRelay(slot.pool, &RelayConfig{
 		BatchSize: 1 + s.intn(60), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 300 * time.Millisecond,
-		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond}, Logger: quietLogger(),
+		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 300 * time.Millisecond}}, Logger: quietLogger(),
 	})
 	require.NoError(s.t, err)
 	// Once the deploy began, a restarted process runs the new release.
@@ -1593,7 +1593,7 @@ func (s *soak) run(duration time.Duration) {
 	}
 	writerPool := testdb.Pool(t, s.cluster.URL)
 	awaiter, err := NewAwaiter(writerPool, &AwaiterConfig{Logger: quietLogger(), NotFoundGrace: 10 * time.Second,
-		Listener: ListenerConfig{ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 300 * time.Millisecond}})
+		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 300 * time.Millisecond}}})
 	require.NoError(t, err)
 	require.NoError(t, awaiter.Start(context.Background()))
 	defer awaiter.Stop(context.Background())
@@ -1613,7 +1613,7 @@ func (s *soak) run(duration time.Duration) {
 	// on run the new release, side by side with the old one. At three
 	// eighths the backfill phase begins: the second relay restarts with
 	// "history" (relays other than the first restarted afterwards have it
-	// too), and a Backfill from an eighth of the run begins; interrupted
+	// too), and a BackfillSubscriber from an eighth of the run begins; interrupted
 	// after its first batch, it is resumed at five eighths, past the
 	// postgres restart, while the chaos goes on.
 	restartAt := time.Now().Add(duration / 2)
@@ -1762,21 +1762,21 @@ func (s *soak) togglePause() {
 	s.t.Fatalf("webhooks could not be %s", op)
 }
 
-// backfillRun is what the soak's Backfill calls did.
+// backfillRun is what the soak's BackfillSubscriber calls did.
 type backfillRun struct {
 	calls       int
-	owed        int64          // pairs the calls wrote, as they reported them
-	interrupted int64          // the seq progress had reached when the first call was interrupted; 0 if it never was
-	final       BackfillResult // the call that finished
+	owed        int64                    // pairs the calls wrote, as they reported them
+	interrupted int64                    // the seq progress had reached when the first call was interrupted; 0 if it never was
+	final       BackfillSubscriberResult // the call that finished
 	finished    bool
 }
 
-// backfill runs outbox.Backfill(ctx, db, "history", s.historyFrom) in a goroutine,
+// backfill runs outbox.BackfillSubscriber(ctx, db, "history", s.historyFrom) in a goroutine,
 // while the chaos goes on, until a call finishes; the returned channel is
 // closed then. The first call is interrupted (its context cancelled) once a
 // batch of it committed; the next one is made when resume is closed, later
 // in the run, and must go on from there: by then the events stamped since
-// the registration have their history jobs, and the resumed Backfill must
+// the registration have their history jobs, and the resumed BackfillSubscriber must
 // owe them nothing. A call the chaos breaks (a connection terminated, the
 // server restarting) is made again, as an operator would.
 func (s *soak) backfill(resume <-chan struct{}) <-chan struct{} {
@@ -1795,7 +1795,7 @@ func (s *soak) backfill(resume <-chan struct{}) <-chan struct{} {
 				ir = &interruptAfterBatch{DB: pool, batch: sql.BackfillBatch, cancel: cancel}
 				db = ir
 			}
-			res, err := outbox.Backfill(ctx, db, "history", s.historyFrom)
+			res, err := outbox.BackfillSubscriber(ctx, db, "history", s.historyFrom)
 			cancel()
 			s.bf.calls++
 			s.bf.owed += res.Owed
@@ -1823,7 +1823,7 @@ func (s *soak) backfill(resume <-chan struct{}) <-chan struct{} {
 	return done
 }
 
-// interruptAfterBatch is a DB for Backfill that cancels its context once a
+// interruptAfterBatch is a DB for BackfillSubscriber that cancels its context once a
 // batch statement returned: the statement after it fails.
 type interruptAfterBatch struct {
 	DB
@@ -2025,7 +2025,7 @@ func (s *soak) check() {
 		}
 	}
 	t.Logf("chaos soak: %d events reached the subscriber added by the rolling deploy", audited)
-	// The backfill phase happened, and its interrupted Backfill resumed.
+	// The backfill phase happened, and its interrupted BackfillSubscriber resumed.
 	backfillPhase := !s.historySince.IsZero()
 	if backfillPhase {
 		t.Logf("chaos soak: backfill of history since %v (registered %v): %d calls, %d pairs owed, interrupted at seq %d, the call that finished resumed after seq %d",
@@ -2073,7 +2073,7 @@ func (s *soak) check() {
 	}
 	pairs := loadPairs(t, s.admin)
 	history := subscriptions[slices.IndexFunc(subscriptions, func(c *subscription) bool { return c.Name == "history" })]
-	since := s.historyFrom.Truncate(time.Microsecond) // as Backfill compares it
+	since := s.historyFrom.Truncate(time.Microsecond) // as BackfillSubscriber compares it
 	historyJobs := 0
 	ghostOwed := 0
 	named := map[int64]bool{}
@@ -2327,7 +2327,7 @@ func TestTriggerWritesAreFoundByTheRechecks(t *testing.T) {
 // twenty looks in the next second (every 2 ms for 16 ms, then doubling) and
 // none after, with PollInterval an hour. The same with a pending row that
 // another session holds locked (a relay of another process stuck
-// mid-round, or a host's FanOutTx in a long transaction): every look sees
+// mid-round, or a host's FanoutTx in a long transaction): every look sees
 // it and every claim skips it, and before a claim that found nothing
 // counted as an empty look, the relay re-checked every 2 ms for as long as
 // the lock lasted (537-695 looks in 2 s).
@@ -2395,7 +2395,7 @@ func TestARelayOfASchemaIsWokenOnItsChannel(t *testing.T) {
 		return err
 	}))
 	require.Eventually(t, func() bool {
-		info, err := o.Inspect(ctx, pool, e.ID)
+		info, err := o.GetEvent(ctx, pool, e.ID)
 		require.NoError(t, err)
 		return !info.FannedOutAt.IsZero()
 	}, 5*time.Second, 2*time.Millisecond, "the schema's notification did not wake its relay")

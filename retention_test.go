@@ -87,7 +87,7 @@ func TestRetentionDeletesOnlyOldFannedOutEvents(t *testing.T) {
 	a := startAwaiter(t, b, &AwaiterConfig{NotFoundGrace: 50 * time.Millisecond})
 	_, err = a.AwaitFanout(within(t, 10*time.Second), old[0])
 	require.ErrorIs(t, err, ErrNotFound)
-	_, err = outbox.Inspect(ctx, b.pool, old[0])
+	_, err = outbox.GetEvent(ctx, b.pool, old[0])
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
@@ -147,10 +147,18 @@ func TestDiscardOnlyPoisonedEvents(t *testing.T) {
 	b := setup(t, setupOpts{})
 	poisoned := insertAged(t, b, 1, "poisoned_at, attempts")[0]
 	fanned := insertAged(t, b, 1, "fanned_out_at")[0]
-	require.ErrorIs(t, outbox.Discard(ctx, b.pool, fanned), ErrNotPoisoned)
-	require.ErrorIs(t, outbox.Discard(ctx, b.pool, uuid.Must(uuid.NewV7())), ErrNotFound)
-	require.NoError(t, outbox.Discard(ctx, b.pool, poisoned))
-	_, err := outbox.Inspect(ctx, b.pool, poisoned)
+	discard := func(id uuid.UUID) (int64, error) {
+		return outbox.Discard(ctx, b.pool, PoisonedFilter{EventIDs: []uuid.UUID{id}})
+	}
+	_, err := discard(fanned)
+	require.ErrorIs(t, err, ErrNotPoisoned)
+	_, err = discard(uuid.Must(uuid.NewV7()))
 	require.ErrorIs(t, err, ErrNotFound)
-	require.ErrorIs(t, outbox.Discard(ctx, b.pool, poisoned), ErrNotFound)
+	n, err := discard(poisoned)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, err = outbox.GetEvent(ctx, b.pool, poisoned)
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = discard(poisoned)
+	require.ErrorIs(t, err, ErrNotFound)
 }

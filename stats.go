@@ -10,8 +10,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// OutboxStats is how the outbox stands, as [Outbox.Stats] reports it.
-type OutboxStats struct {
+// Stats is how the outbox stands, as [Outbox.GetStats] reports it.
+type Stats struct {
 	// Pending counts events not yet fanned out (and not poisoned), the
 	// retrying ones included.
 	Pending int64
@@ -21,24 +21,24 @@ type OutboxStats struct {
 	// Retrying counts pending events that failed at least once and wait for
 	// their next attempt.
 	Retrying int64
-	// Poisoned counts events set aside until [Outbox.Requeue] or [Outbox.Discard]: as a
-	// whole, or for at least one subscriber (as [Outbox.ListEvents] lists them
-	// with StatePoisoned).
+	// Poisoned counts events set aside until [Outbox.Requeue] or
+	// [Outbox.Discard]: as a whole, or for at least one subscriber (as
+	// [Outbox.ListEvents] lists them with [EventPoisoned]).
 	Poisoned int64
-	// CatchingUp counts fanned-out events whose catch_up list, written by a
-	// relay of 0.1.0 during a rolling deploy, a relay of this version has
-	// not yet turned into owed pairs.
+	// CatchingUp counts fanned-out events whose catch_up list, written
+	// during a rolling deploy by a relay of a release that kept no state per
+	// delivery, no relay has yet turned into owed deliveries.
 	CatchingUp int64
-	// Owed counts (event, subscriber) pairs still to be delivered: retrying
-	// after a failure of the subscriber's Map, owed to a subscriber the
-	// stamping relay did not know, or to a paused one.
+	// Owed counts deliveries still to be made: retrying after a failure of
+	// the subscriber's Map, owed to a subscriber the stamping relay did not
+	// know, or to a paused one.
 	Owed int64
-	// PoisonedDeliveries counts pairs set aside for their subscriber alone,
-	// until [Outbox.RequeueDelivery] or [Outbox.DiscardDelivery].
+	// PoisonedDeliveries counts deliveries set aside for their subscriber
+	// alone, until [Outbox.Requeue] or [Outbox.Discard].
 	PoisonedDeliveries int64
 	// Orphaned names the registered, active subscribers that no running
 	// relay has served for Outbox.OrphanAfter (default OrphanAfterDefault):
-	// their pairs pile up. Deploy a release that has them, or
+	// their deliveries pile up. Deploy a release that has them, or
 	// [Outbox.RetireSubscriber].
 	Orphaned []string
 	// Paused names the subscribers paused by [Outbox.PauseSubscriber].
@@ -52,22 +52,22 @@ type OutboxStats struct {
 	BlockedChains int64
 }
 
-// Stats reports how the outbox stands, in one query whose every figure comes
+// GetStats reports how the outbox stands, in one query whose every figure comes
 // from a small partial index, so it stays fast on a table of millions of
 // rows: fit for a readiness probe, an alert or a dashboard.
-func (o Outbox) Stats(ctx context.Context, db DB) (OutboxStats, error) {
+func (o Outbox) GetStats(ctx context.Context, db DB) (Stats, error) {
 	sql, err := statementsFor(o.Schema)
 	if err != nil {
-		return OutboxStats{}, err
+		return Stats{}, err
 	}
 	var (
-		st  OutboxStats
+		st  Stats
 		lag *float64
 	)
 	if err := db.QueryRow(ctx, sql.Stats, cmp.Or(o.OrphanAfter, OrphanAfterDefault).Microseconds()).Scan(
 		&st.Pending, &st.Retrying, &st.Poisoned, &st.CatchingUp, &st.FannedOutLastMinute, &lag,
 		&st.Owed, &st.PoisonedDeliveries, &st.Orphaned, &st.Paused, &st.BlockedChains); err != nil {
-		return OutboxStats{}, fmt.Errorf("events: stats: %w", err)
+		return Stats{}, fmt.Errorf("events: stats: %w", err)
 	}
 	if len(st.Orphaned) == 0 {
 		st.Orphaned = nil
@@ -103,7 +103,7 @@ type Health struct {
 }
 
 // Health reports the relay's state. It reads no database: combine it with
-// [Outbox.Stats] for the outbox's.
+// [Outbox.GetStats] for the outbox's.
 func (r *Relay) Health() Health {
 	// Not the OnPoison calls a stopped run may still be finishing: Running is
 	// about serving events.
@@ -133,7 +133,7 @@ func (r *Relay) Healthy() bool {
 	return h.Running && (h.Listening || h.PollOnly) && h.ConsecutiveFailures == 0 && time.Since(h.LastSuccessAt) < fresh
 }
 
-// registerGauges reports the backlog and the lag, read with Stats when the
+// registerGauges reports the backlog and the lag, read with GetStats when the
 // metrics are collected.
 func (r *Relay) registerGauges() (metric.Registration, error) {
 	backlog, err := r.meter.Int64ObservableGauge(MetricBacklog, metric.WithUnit("{event}"),
@@ -148,7 +148,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 	}
 	o := Outbox{Schema: r.sql.Schema}
 	return r.meter.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
-		st, err := o.Stats(ctx, r.pool)
+		st, err := o.GetStats(ctx, r.pool)
 		if err != nil {
 			return err
 		}

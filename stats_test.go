@@ -20,15 +20,15 @@ func TestStatsCountsEachState(t *testing.T) {
 	exec(t, b.pool, "INSERT INTO outbox_events (id, type, fanned_out_at, fanout) SELECT gen_random_uuid(), 'x', now(), '{}' FROM generate_series(1, 5)")
 	b.record(t, Event{Type: "pending"})
 
-	st, err := outbox.Stats(ctx, b.pool)
+	st, err := outbox.GetStats(ctx, b.pool)
 	require.NoError(t, err)
-	require.Equal(t, OutboxStats{Pending: 3, Retrying: 2, Poisoned: 4, CatchingUp: 3, FannedOutLastMinute: 5, Lag: st.Lag}, st)
+	require.Equal(t, Stats{Pending: 3, Retrying: 2, Poisoned: 4, CatchingUp: 3, FannedOutLastMinute: 5, Lag: st.Lag}, st)
 	require.InDelta(t, 2*time.Hour, st.Lag, float64(time.Minute), "the oldest pending event is the retrying one, 2 hours old")
 
 	empty := setup(t, setupOpts{})
-	st, err = outbox.Stats(ctx, empty.pool)
+	st, err = outbox.GetStats(ctx, empty.pool)
 	require.NoError(t, err)
-	require.Equal(t, OutboxStats{}, st)
+	require.Equal(t, Stats{}, st)
 }
 
 // Stats answers from indexes: fast on a table of a million rows, also right
@@ -56,7 +56,7 @@ func TestStatsOnAMillionRowsBeforeAnalyze(t *testing.T) {
 	var best time.Duration
 	for i := range 5 {
 		start := time.Now()
-		st, err := outbox.Stats(ctx, b.pool)
+		st, err := outbox.GetStats(ctx, b.pool)
 		took := time.Since(start)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), st.Pending)

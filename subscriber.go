@@ -202,7 +202,7 @@ func (s *subscription) matches(eventType string) bool {
 
 // jobFor maps e to the subscriber's job. It also reads what the relay
 // needs of the job's args itself, Kind and the args' own tags (InsertOpts):
-// host code, like Map, so a panic in any of them is an error of the pair.
+// host code, like Map, so a panic in any of them is an error of the delivery.
 // (River calls them again in its insert, where insertMany recovers.)
 func (s *subscription) jobFor(ctx context.Context, e Event) (m mapped, err error) {
 	what := "Map"

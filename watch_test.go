@@ -447,7 +447,7 @@ func TestWatchedTableWritesSendNoNotification(t *testing.T) {
 	conn, err := pgx.Connect(ctx, b.url)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "LISTEN "+ChannelEvents)
+	_, err = conn.Exec(ctx, "LISTEN "+statements.ChannelEvents)
 	require.NoError(t, err)
 
 	b.start(t)

@@ -103,7 +103,7 @@ func TestStartRefusesARiverClientOfAnotherSchema(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.Equal(t, "Outbox.Schema", ve.Field)
 	require.Contains(t, err.Error(), `"billing"`)
-	_, err = b.relay.FanOutTx(context.Background(), nil, b.client)
+	_, err = b.relay.FanoutTx(context.Background(), nil, b.client)
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
 

@@ -71,9 +71,9 @@ type noteArgs struct {
 
 func (noteArgs) Kind() string { return "note.index" }
 
-// FanOutTx turns what a transaction recorded into jobs in that same
+// FanoutTx turns what a transaction recorded into jobs in that same
 // transaction: no goroutine, no LISTEN, nothing left after a rollback.
-func TestFanOutTx(t *testing.T) {
+func TestFanoutTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := eventstest.Pool(t)
@@ -90,15 +90,15 @@ func TestFanOutTx(t *testing.T) {
 	require.NoError(t, err)
 	recorded, err := events.RecordMany(ctx, tx, []events.Event{{Type: "note.changed", Subject: "note:1"}, {Type: "other"}})
 	require.NoError(t, err)
-	require.Equal(t, 2, eventstest.FanOutTx(ctx, t, tx, relay, client))
+	require.Equal(t, 2, eventstest.FanoutTx(ctx, t, tx, relay, client))
 	var outbox events.Outbox // the tables on the search_path
-	info, err := outbox.Inspect(ctx, tx, recorded[0].ID)
+	info, err := outbox.GetEvent(ctx, tx, recorded[0].ID)
 	require.NoError(t, err)
 	require.Len(t, info.Fanout, 1)
 	var kind string
 	require.NoError(t, tx.QueryRow(ctx, "SELECT kind FROM river_job WHERE id = $1", info.Fanout["index"]).Scan(&kind))
 	require.Equal(t, "note.index", kind)
-	require.Equal(t, 0, eventstest.FanOutTx(ctx, t, tx, relay, client), "nothing is left")
+	require.Equal(t, 0, eventstest.FanoutTx(ctx, t, tx, relay, client), "nothing is left")
 	require.NoError(t, tx.Rollback(ctx))
 
 	var jobs int

@@ -53,7 +53,7 @@ func (mailArgs) Kind() string { return "mail.confirmation" }
 
 // A test checks what jobs its subscribers make of an event, synchronously,
 // in one transaction: no goroutines, no LISTEN, nothing left afterwards.
-func ExampleFanOutTx() {
+func ExampleFanoutTx() {
 	ctx := context.Background()
 	t := &testing.T{} // in a real test, the test's own *testing.T
 	pool, closePool, err := eventstest.NewPool(ctx)
@@ -85,7 +85,7 @@ func ExampleFanOutTx() {
 	if err := placeOrder(ctx, tx, 7); err != nil {
 		log.Fatal(err)
 	}
-	eventstest.FanOutTx(ctx, t, tx, relay, client)
+	eventstest.FanoutTx(ctx, t, tx, relay, client)
 	var kind, args string
 	if err := tx.QueryRow(ctx, "SELECT kind, args::text FROM river_job").Scan(&kind, &args); err != nil {
 		log.Fatal(err)

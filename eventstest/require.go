@@ -103,13 +103,13 @@ func describeAll(es []events.Event) string {
 	return strings.Join(parts, ", ")
 }
 
-// FanOutTx fans out, inside tx, every event pending now (committed ones and
+// FanoutTx fans out, inside tx, every event pending now (committed ones and
 // those tx recorded itself) with relay's subscribers, inserting the jobs
-// through client: see [events.Relay.FanOutTx]. It fails t on an error and
+// through client: see [events.Relay.FanoutTx]. It fails t on an error and
 // returns how many events it claimed. The relay must not be started.
-func FanOutTx(ctx context.Context, t T, tx pgx.Tx, relay *events.Relay, client *river.Client[pgx.Tx]) int {
+func FanoutTx(ctx context.Context, t T, tx pgx.Tx, relay *events.Relay, client *river.Client[pgx.Tx]) int {
 	t.Helper()
-	n, err := relay.FanOutTx(ctx, tx, client)
+	n, err := relay.FanoutTx(ctx, tx, client)
 	if err != nil {
 		t.Fatalf("eventstest: fan out: %v", err)
 	}

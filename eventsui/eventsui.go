@@ -14,10 +14,10 @@
 // which subscribers each event is poisoned; an event's page shows each
 // subscriber's delivery (delivered with its job, owed, or poisoned) with its
 // error history, kept across requeues, and Requeue and Discard (behind a
-// confirmation page) of one pair. The relays page lists the relays of the
+// confirmation page) of one delivery. The relays page lists the relays of the
 // last day (host, PID, version, subscribers, running, stopped or dead,
 // listening or polling, failures, last round); the subscribers page each
-// subscriber's state, owed and poisoned pairs, oldest owed, when and by
+// subscriber's state, owed and poisoned deliveries, oldest owed, when and by
 // which relay it was last served, backfill, a warning naming the fix for an
 // orphaned one (deploy it, or retire it), and Pause and Resume
 // (ActionPause, ActionResume). The ordered subjects page (/chains) lists
@@ -148,7 +148,7 @@ var templateFS embed.FS
 //go:embed static
 var staticFS embed.FS
 
-var states = []events.ListState{events.StatePending, events.StateRetrying, events.StatePoisoned, events.StateRecent}
+var states = []events.EventState{events.EventPending, events.EventRetrying, events.EventPoisoned, events.EventRecent}
 
 // invalidConfig is a refused Config field, as the root package reports one.
 func invalidConfig(field, format string, args ...any) error {
@@ -225,11 +225,13 @@ func NewHandler(db events.DB, config *Config) (http.Handler, error) {
 }
 
 func (h *handler) requeue(r *http.Request, id uuid.UUID) error {
-	return h.config.Outbox.Requeue(r.Context(), h.db, id)
+	_, err := h.config.Outbox.Requeue(r.Context(), h.db, events.PoisonedFilter{EventIDs: []uuid.UUID{id}})
+	return err
 }
 
 func (h *handler) discard(r *http.Request, id uuid.UUID) error {
-	return h.config.Outbox.Discard(r.Context(), h.db, id)
+	_, err := h.config.Outbox.Discard(r.Context(), h.db, events.PoisonedFilter{EventIDs: []uuid.UUID{id}})
+	return err
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -247,7 +249,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // page is what every template gets.
 type page struct {
 	Title, Nav, Prefix, RiverUIURL, Flash string
-	States                                []events.ListState
+	States                                []events.EventState
 	ReadOnly                              bool
 	// Webhooks: whether the webhook endpoints pages exist.
 	Webhooks bool
@@ -313,7 +315,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, title
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	o := h.config.Outbox
-	st, err := o.Stats(r.Context(), h.db)
+	st, err := o.GetStats(r.Context(), h.db)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -322,7 +324,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("range") == "24h" {
 		span = 24 * time.Hour
 	}
-	minutes, err := o.FanoutByMinute(r.Context(), h.db, time.Now().Add(-span))
+	minutes, err := o.CountFanoutByMinute(r.Context(), h.db, time.Now().Add(-span))
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -331,7 +333,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	p.Refresh = h.refresh(r)
 	h.render(w, http.StatusOK, "overview", struct {
 		page
-		Stats          events.OutboxStats
+		Stats          events.Stats
 		Range          string
 		Fanned, Lag    chart
 		RefreshChoices []int
@@ -342,7 +344,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	params := events.ListParams{State: events.ListState(cmp.Or(q.Get("state"), string(events.StatePending))),
+	params := events.ListEventsParams{State: events.EventState(cmp.Or(q.Get("state"), string(events.EventPending))),
 		Type: q.Get("type"), Subject: q.Get("subject"), After: q.Get("after")}
 	if !slices.Contains(states, params.State) {
 		h.fail(w, r, http.StatusBadRequest, "Bad request", "Unknown state: use pending, retrying, poisoned or recent.")
@@ -377,14 +379,14 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		query = "?" + filter.Encode()
 	}
 	var poisonedFor map[uuid.UUID][]string
-	if params.State == events.StatePoisoned {
+	if params.State == events.EventPoisoned {
 		poisonedFor = h.poisonedFor(r, res.Events)
 	}
 	p := h.page(string(params.State)+" events", string(params.State), r)
 	p.Refresh = h.refresh(r)
 	h.render(w, http.StatusOK, "list", struct {
 		page
-		State               events.ListState
+		State               events.EventState
 		Type, Subject, Next string
 		NextURL             string
 		Filter              string // the filter as a query, "?type=…", for the bulk actions
@@ -407,7 +409,7 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	e, err := h.config.Outbox.Inspect(r.Context(), h.db, id)
+	e, err := h.config.Outbox.GetEvent(r.Context(), h.db, id)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -415,7 +417,7 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 	// River's state of each job, in one query; without it (River's table
 	// unreadable, say) the page still shows the job IDs.
 	var jobs []job
-	fanout, jobsErr := h.config.Outbox.FanoutJobs(r.Context(), h.db, id)
+	fanout, jobsErr := h.config.Outbox.ListFanoutJobs(r.Context(), h.db, id)
 	if jobsErr != nil {
 		h.config.Logger.WarnContext(r.Context(), "eventsui: reading the fanout's River jobs", slog.String("err", jobsErr.Error()))
 		for name, jobID := range e.Fanout {
@@ -487,7 +489,7 @@ func (h *handler) confirmDiscard(w http.ResponseWriter, r *http.Request) {
 	if !ok || !h.guard(w, r, ActionDiscard) {
 		return
 	}
-	e, err := h.config.Outbox.Inspect(r.Context(), h.db, id)
+	e, err := h.config.Outbox.GetEvent(r.Context(), h.db, id)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -532,7 +534,7 @@ func (h *handler) confirmBulk(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	params := events.ListParams{State: events.StatePoisoned, Type: q.Get("type"), Subject: q.Get("subject"), Limit: bulkMax}
+	params := events.ListEventsParams{State: events.EventPoisoned, Type: q.Get("type"), Subject: q.Get("subject"), Limit: bulkMax}
 	res, err := h.config.Outbox.ListEvents(r.Context(), h.db, params)
 	var invalid *events.ValidationError
 	if errors.As(err, &invalid) {
@@ -550,7 +552,7 @@ func (h *handler) confirmBulk(w http.ResponseWriter, r *http.Request) {
 		c.IDs = append(c.IDs, e.ID)
 	}
 	c.Shown = res.Events[:min(len(res.Events), 20)]
-	filter := url.Values{"state": {string(events.StatePoisoned)}}
+	filter := url.Values{"state": {string(events.EventPoisoned)}}
 	var of string
 	if params.Type != "" {
 		filter.Set("type", params.Type)

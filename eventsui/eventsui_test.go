@@ -156,7 +156,7 @@ func TestRequeueAndDiscardArePostOnlyAndGuarded(t *testing.T) {
 	require.Equal(t, http.StatusMethodNotAllowed, code, "GET changes nothing")
 	code, _ = post(t, srv.URL+"/events/"+poisoned.String()+"/requeue", "cross-site")
 	require.Equal(t, http.StatusForbidden, code, "a cross-origin POST is refused")
-	info, err := outbox.Inspect(ctx, pool, poisoned)
+	info, err := outbox.GetEvent(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.True(t, info.Poisoned())
 
@@ -166,7 +166,7 @@ func TestRequeueAndDiscardArePostOnlyAndGuarded(t *testing.T) {
 	code, loc := post(t, srv.URL+"/events/"+poisoned.String()+"/requeue", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.True(t, strings.HasPrefix(loc, "/events/"+poisoned.String()), loc)
-	info, err = outbox.Inspect(ctx, pool, poisoned)
+	info, err = outbox.GetEvent(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.False(t, info.Poisoned())
 	_, body := get(t, srv.URL+loc)
@@ -180,7 +180,7 @@ func TestRequeueAndDiscardArePostOnlyAndGuarded(t *testing.T) {
 	u, err := url.Parse(loc)
 	require.NoError(t, err)
 	require.Equal(t, "poisoned", u.Query().Get("state"))
-	_, err = outbox.Inspect(ctx, pool, poisoned)
+	_, err = outbox.GetEvent(ctx, pool, poisoned)
 	require.ErrorIs(t, err, events.ErrNotFound)
 }
 
@@ -213,7 +213,7 @@ func TestAuthorizationAndReadOnly(t *testing.T) {
 	code, _ = post(t, readOnly.URL+"/events/"+poisoned.String()+"/discard", "same-origin")
 	require.Equal(t, http.StatusForbidden, code)
 
-	info, err := outbox.Inspect(ctx, pool, poisoned)
+	info, err := outbox.GetEvent(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.True(t, info.Poisoned(), "nothing changed")
 }
@@ -297,7 +297,7 @@ func TestDiscardAsksFirst(t *testing.T) {
 	require.Contains(t, body, "Discard this poisoned event for good?")
 	require.Contains(t, body, "no &lt;i&gt;template&lt;/i&gt;", "the event's last error, escaped")
 	require.Contains(t, body, `id="cancel" href="/outbox/events/`+poisoned.String()+`"`)
-	_, err := outbox.Inspect(ctx, pool, poisoned)
+	_, err := outbox.GetEvent(ctx, pool, poisoned)
 	require.NoError(t, err, "showing the confirmation changes nothing")
 
 	code, _ = get(t, base+"/events/"+pending.String()+"/discard")
@@ -306,13 +306,13 @@ func TestDiscardAsksFirst(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 	code, _ = post(t, base+"/events/"+poisoned.String()+"/discard", "cross-site")
 	require.Equal(t, http.StatusForbidden, code, "the confirmed POST is refused cross-origin")
-	_, err = outbox.Inspect(ctx, pool, poisoned)
+	_, err = outbox.GetEvent(ctx, pool, poisoned)
 	require.NoError(t, err)
 
 	code, loc := post(t, base+"/events/"+poisoned.String()+"/discard", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.True(t, strings.HasPrefix(loc, "/outbox/events?state=poisoned"), loc)
-	_, err = outbox.Inspect(ctx, pool, poisoned)
+	_, err = outbox.GetEvent(ctx, pool, poisoned)
 	require.ErrorIs(t, err, events.ErrNotFound)
 }
 
@@ -384,7 +384,7 @@ func hiddenIDs(t *testing.T, body string) url.Values {
 func poisonedNow(t *testing.T, pool *pgxpool.Pool, ids ...uuid.UUID) (n int) {
 	t.Helper()
 	for _, id := range ids {
-		info, err := outbox.Inspect(context.Background(), pool, id)
+		info, err := outbox.GetEvent(context.Background(), pool, id)
 		if err == nil && info.Poisoned() {
 			n++
 		}
@@ -414,7 +414,8 @@ func TestBulkRequeueByFilterConfirmsTheCount(t *testing.T) {
 	require.Equal(t, 4, poisonedNow(t, pool, append(ledger, note)...))
 
 	// One of them is requeued by someone else meanwhile: skipped, not an error.
-	require.NoError(t, outbox.Requeue(context.Background(), pool, ledger[2]))
+	_, err := outbox.Requeue(context.Background(), pool, events.PoisonedFilter{EventIDs: []uuid.UUID{ledger[2]}})
+	require.NoError(t, err)
 	code, loc := postForm(t, srv.URL+"/bulk/requeue", "same-origin", form)
 	require.Equal(t, http.StatusSeeOther, code)
 	u, err := url.Parse(loc)
@@ -457,7 +458,7 @@ func TestBulkDiscardByFilterIsGuarded(t *testing.T) {
 	code, loc := postForm(t, srv.URL+"/bulk/discard", "same-origin", form)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Contains(t, loc, "done=1+events+discarded.")
-	_, err := outbox.Inspect(ctx, pool, ledger[2])
+	_, err := outbox.GetEvent(ctx, pool, ledger[2])
 	require.ErrorIs(t, err, events.ErrNotFound)
 	require.Equal(t, 3, poisonedNow(t, pool, ledger[0], ledger[1], note))
 }
@@ -487,7 +488,7 @@ func svgPath(t *testing.T, body, chartID, class string) string {
 	return m[1]
 }
 
-func TestOverviewChartsFanOutAndLag(t *testing.T) {
+func TestOverviewChartsFanoutAndLag(t *testing.T) {
 	t.Parallel()
 	pool := eventstest.Pool(t)
 	// 2 events fanned out 10 minutes ago after waiting 30 s; 1 just now,
@@ -661,7 +662,7 @@ func TestBrowserOperatorFlows(t *testing.T) {
 		return err
 	}))
 	poisoned := func(e events.Event) bool {
-		info, err := outbox.Inspect(ctx, pool, e.ID)
+		info, err := outbox.GetEvent(ctx, pool, e.ID)
 		return err == nil && info.Poisoned()
 	}
 	require.Eventually(t, func() bool {
@@ -713,14 +714,14 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	require.Equal(t, "delivered", b.text(`#deliveries tr[data-subscriber="audit"] .delivery-state`))
 	require.Equal(t, "poisoned", b.text(`#deliveries tr[data-subscriber="search"] .delivery-state`))
 	require.Contains(t, b.text(`table.history[data-subscriber="search"]`), "search index is read-only")
-	b.do(chromedp.WaitVisible(chromedp.CSS(`#deliveries tr[data-subscriber="search"] button.pair-requeue`)))
+	b.do(chromedp.WaitVisible(chromedp.CSS(`#deliveries tr[data-subscriber="search"] button.delivery-requeue`)))
 	b.screenshot("event-poisoned")
 	b.do(chromedp.Click(chromedp.ID("requeue")), chromedp.WaitVisible(chromedp.CSS(".flash")))
 	b.reloadUntil("each job's final state", func() (bool, string) {
 		rows, err := chromedp.Run(bctx, chromedp.Nodes(chromedp.CSSAll("#jobs tbody tr"), chromedp.AtLeast(0)))
 		require.NoError(t, err)
 		if len(rows) < 2 {
-			info, _ := outbox.Inspect(ctx, pool, requeued.ID)
+			info, _ := outbox.GetEvent(ctx, pool, requeued.ID)
 			return false, fmt.Sprintf("%s, %d rows, fanout %v", b.text("#state"), len(rows), info.Fanout)
 		}
 		search, audit := b.text(`#jobs tr[data-subscriber="search"] .job-state`), b.text(`#jobs tr[data-subscriber="audit"] .job-state`)
@@ -743,7 +744,7 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	require.Contains(t, b.text(".flash"), "discarded")
 	// Its poisoned delivery is dropped; the row (fanned out to nobody else)
 	// stays for retention.
-	info, err := outbox.Inspect(ctx, pool, discarded.ID)
+	info, err := outbox.GetEvent(ctx, pool, discarded.ID)
 	require.NoError(t, err)
 	require.False(t, info.Poisoned())
 	require.Empty(t, info.Deliveries)
@@ -762,8 +763,8 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	require.Equal(t, "2 events requeued.", b.text(".flash"))
 	b.screenshot("poisoned-after-bulk")
 	require.Eventually(t, func() bool {
-		a, err1 := outbox.Inspect(ctx, pool, ledger1.ID)
-		c, err2 := outbox.Inspect(ctx, pool, ledger2.ID)
+		a, err1 := outbox.GetEvent(ctx, pool, ledger1.ID)
+		c, err2 := outbox.GetEvent(ctx, pool, ledger2.ID)
 		return err1 == nil && err2 == nil && len(a.Fanout) > 0 && len(c.Fanout) > 0 && len(a.Deliveries)+len(c.Deliveries) == 0
 	}, 20*time.Second, 20*time.Millisecond, "the relay delivers the requeued entries")
 

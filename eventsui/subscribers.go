@@ -16,15 +16,15 @@ import (
 )
 
 // The per-subscriber pages: which relays run and what they serve
-// (/relays), each subscriber's state with its owed and poisoned pairs
-// (/subscribers, with Pause and Resume), and the per-pair actions of an
+// (/relays), each subscriber's state with its owed and poisoned deliveries
+// (/subscribers, with Pause and Resume), and the per-delivery actions of an
 // event's page (Requeue, and Discard behind a confirmation page).
 
-// The subscribers' and pairs' actions.
+// The subscribers' and deliveries' actions.
 const (
 	// ActionPause and ActionResume pause and resume one subscriber
 	// ([events.Outbox.PauseSubscriber], [events.Outbox.ResumeSubscriber]). Requeue and
-	// discard of one (event, subscriber) pair are ActionRequeue and
+	// discard of one delivery are ActionRequeue and
 	// ActionDiscard, like the event's.
 	ActionPause  Action = "subscriber.pause"
 	ActionResume Action = "subscriber.resume"
@@ -64,9 +64,9 @@ func (h *handler) subscriberRoutes() {
 	h.mux.HandleFunc("GET "+p+"/subscribers", h.subscribers)
 	h.mux.HandleFunc("POST "+p+"/subscribers/{name}/pause", h.pauseResume(ActionPause))
 	h.mux.HandleFunc("POST "+p+"/subscribers/{name}/resume", h.pauseResume(ActionResume))
-	h.mux.HandleFunc("POST "+p+"/events/{id}/deliveries/{subscriber}/requeue", h.pairChange(ActionRequeue))
-	h.mux.HandleFunc("GET "+p+"/events/{id}/deliveries/{subscriber}/discard", h.confirmPairDiscard)
-	h.mux.HandleFunc("POST "+p+"/events/{id}/deliveries/{subscriber}/discard", h.pairChange(ActionDiscard))
+	h.mux.HandleFunc("POST "+p+"/events/{id}/deliveries/{subscriber}/requeue", h.deliveryChange(ActionRequeue))
+	h.mux.HandleFunc("GET "+p+"/events/{id}/deliveries/{subscriber}/discard", h.confirmDeliveryDiscard)
+	h.mux.HandleFunc("POST "+p+"/events/{id}/deliveries/{subscriber}/discard", h.deliveryChange(ActionDiscard))
 }
 
 func (h *handler) relays(w http.ResponseWriter, r *http.Request) {
@@ -109,7 +109,7 @@ func (h *handler) subscribers(w http.ResponseWriter, r *http.Request) {
 		h.dbError(w, r, err)
 		return
 	}
-	counts, err := o.DeliveriesBySubscriber(ctx, h.db)
+	counts, err := o.CountDeliveries(ctx, h.db)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -119,7 +119,7 @@ func (h *handler) subscribers(w http.ResponseWriter, r *http.Request) {
 		h.dbError(w, r, err)
 		return
 	}
-	st, err := o.Stats(ctx, h.db)
+	st, err := o.GetStats(ctx, h.db)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -179,8 +179,9 @@ func (h *handler) pauseResume(action Action) http.HandlerFunc {
 	}
 }
 
-// pairChange serves Requeue and Discard of one (event, subscriber) pair.
-func (h *handler) pairChange(action Action) http.HandlerFunc {
+// deliveryChange serves Requeue and Discard of one delivery: an event to one
+// subscriber.
+func (h *handler) deliveryChange(action Action) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !h.refuse(w, r, action) {
 			return
@@ -190,12 +191,12 @@ func (h *handler) pairChange(action Action) http.HandlerFunc {
 			return
 		}
 		subscriber := r.PathValue("subscriber")
-		f, done := h.config.Outbox.RequeueDelivery, "requeued"
+		f, done := h.config.Outbox.Requeue, "requeued"
 		if action == ActionDiscard {
-			f, done = h.config.Outbox.DiscardDelivery, "discarded"
+			f, done = h.config.Outbox.Discard, "discarded"
 		}
-		if err := f(r.Context(), h.db, id, subscriber); err != nil {
-			h.pairError(w, r, err)
+		if _, err := f(r.Context(), h.db, events.PoisonedFilter{EventIDs: []uuid.UUID{id}, Subscriber: subscriber}); err != nil {
+			h.deliveryError(w, r, err)
 			return
 		}
 		target := h.config.Prefix + "/events/" + id.String()
@@ -203,9 +204,9 @@ func (h *handler) pairChange(action Action) http.HandlerFunc {
 	}
 }
 
-// pairError is dbError for a pair: not owed to that subscriber (404) or
+// deliveryError is dbError for a delivery: not owed to that subscriber (404) or
 // not poisoned (409).
-func (h *handler) pairError(w http.ResponseWriter, r *http.Request, err error) {
+func (h *handler) deliveryError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, events.ErrNotFound):
 		h.fail(w, r, http.StatusNotFound, "Not found", "The event owes that subscriber nothing (it may have been delivered, discarded, or deleted).")
@@ -216,13 +217,13 @@ func (h *handler) pairError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-func (h *handler) confirmPairDiscard(w http.ResponseWriter, r *http.Request) {
+func (h *handler) confirmDeliveryDiscard(w http.ResponseWriter, r *http.Request) {
 	id, ok := h.id(w, r)
 	if !ok || !h.guard(w, r, ActionDiscard) {
 		return
 	}
 	subscriber := r.PathValue("subscriber")
-	e, err := h.config.Outbox.Inspect(r.Context(), h.db, id)
+	e, err := h.config.Outbox.GetEvent(r.Context(), h.db, id)
 	if err != nil {
 		h.dbError(w, r, err)
 		return
@@ -230,10 +231,10 @@ func (h *handler) confirmPairDiscard(w http.ResponseWriter, r *http.Request) {
 	i := slices.IndexFunc(e.Deliveries, func(d events.DeliveryInfo) bool { return d.Subscriber == subscriber })
 	switch {
 	case i < 0:
-		h.pairError(w, r, events.ErrNotFound)
+		h.deliveryError(w, r, events.ErrNotFound)
 		return
 	case !e.Deliveries[i].Poisoned():
-		h.pairError(w, r, events.ErrNotPoisoned)
+		h.deliveryError(w, r, events.ErrNotPoisoned)
 		return
 	}
 	shown := e
@@ -241,12 +242,12 @@ func (h *handler) confirmPairDiscard(w http.ResponseWriter, r *http.Request) {
 	h.render(w, http.StatusOK, "confirm", confirm{page: h.page("Discard delivery?", "", r),
 		Question: fmt.Sprintf("Discard this event for subscriber %s for good?", subscriber),
 		Detail:   "That subscriber never gets it; the event and every other subscriber's delivery stay. This cannot be undone.",
-		Action:   pairURL(h.config.Prefix, id, subscriber) + "/discard", Button: "Discard for " + subscriber, Danger: true,
+		Action:   deliveryURL(h.config.Prefix, id, subscriber) + "/discard", Button: "Discard for " + subscriber, Danger: true,
 		Shown: []events.EventInfo{shown}, Cancel: h.config.Prefix + "/events/" + id.String()})
 }
 
-// pairURL is the path of an event's pair.
-func pairURL(prefix string, id uuid.UUID, subscriber string) string {
+// deliveryURL is the path of an event's delivery.
+func deliveryURL(prefix string, id uuid.UUID, subscriber string) string {
 	return prefix + "/events/" + id.String() + "/deliveries/" + url.PathEscape(subscriber)
 }
 
@@ -257,13 +258,14 @@ type delivery struct {
 	// State is delivered, owed or poisoned.
 	State string
 	Job   *job
-	Pair  *events.DeliveryInfo
-	// URL is the pair's path, for its actions.
+	// Info is the state of a delivery owed or poisoned.
+	Info *events.DeliveryInfo
+	// URL is the delivery's path, for its actions.
 	URL string
 }
 
 // deliveries merges an event's jobs (the subscribers delivered) and its
-// owed and poisoned pairs, by subscriber.
+// owed and poisoned deliveries, by subscriber.
 func (h *handler) deliveries(e *events.EventInfo, jobs []job) []delivery {
 	var out []delivery
 	for i := range jobs {
@@ -275,25 +277,37 @@ func (h *handler) deliveries(e *events.EventInfo, jobs []job) []delivery {
 		if d.Poisoned() {
 			state = "poisoned"
 		}
-		out = append(out, delivery{Subscriber: d.Subscriber, State: state, Pair: d, URL: pairURL(h.config.Prefix, e.ID, d.Subscriber)})
+		out = append(out, delivery{Subscriber: d.Subscriber, State: state, Info: d, URL: deliveryURL(h.config.Prefix, e.ID, d.Subscriber)})
 	}
 	slices.SortStableFunc(out, func(a, b delivery) int { return cmp.Compare(a.Subscriber, b.Subscriber) })
 	return out
 }
 
-// poisonedFor names, for a page of poisoned events, the subscribers each is
-// poisoned for; an error is logged and the column left empty.
+// poisonedFor names, for a page of poisoned events, the subscribers of each
+// one's poisoned deliveries; an error is logged and the column left empty.
 func (h *handler) poisonedFor(r *http.Request, list []events.EventInfo) map[uuid.UUID][]string {
-	ids := make([]uuid.UUID, len(list))
-	for i, e := range list {
-		ids[i] = e.ID
-	}
-	names, err := h.config.Outbox.PoisonedSubscribers(r.Context(), h.db, ids)
-	if err != nil {
-		h.config.Logger.WarnContext(r.Context(), "eventsui: reading the poisoned subscribers", slog.String("err", err.Error()))
+	if len(list) == 0 {
 		return nil
 	}
-	return names
+	p := events.ListDeliveriesParams{State: events.DeliveryPoisoned, EventIDs: make([]uuid.UUID, len(list)), Limit: 1000}
+	for i, e := range list {
+		p.EventIDs[i] = e.ID
+	}
+	names := map[uuid.UUID][]string{}
+	for {
+		page, err := h.config.Outbox.ListDeliveries(r.Context(), h.db, p)
+		if err != nil {
+			h.config.Logger.WarnContext(r.Context(), "eventsui: reading the poisoned deliveries", slog.String("err", err.Error()))
+			return nil
+		}
+		for _, d := range page.Deliveries {
+			names[d.EventID] = append(names[d.EventID], d.Subscriber)
+		}
+		if page.Next == "" {
+			return names
+		}
+		p.After = page.Next
+	}
 }
 
 // formatAgo is how long ago t was, for a table: to the second under an

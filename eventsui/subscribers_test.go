@@ -205,7 +205,7 @@ func TestEventShowsEachSubscribersDelivery(t *testing.T) {
 	code, loc := post(t, base+"/events/"+poisoned.String()+"/deliveries/mail/requeue", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, "/outbox/events/"+poisoned.String()+"?done="+url.QueryEscape("Event "+poisoned.String()+" requeued for mail."), loc)
-	info, err := outbox.Inspect(ctx, pool, poisoned)
+	info, err := outbox.GetEvent(ctx, pool, poisoned)
 	require.NoError(t, err)
 	require.Len(t, info.Deliveries, 2)
 	require.False(t, info.Deliveries[0].Poisoned(), "mail's pair is owed again")
@@ -221,27 +221,31 @@ func TestPairActionsAreGuarded(t *testing.T) {
 	ctx := context.Background()
 	pool, poisoned, owed, _ := pairs(t)
 	srv := serve(t, pool, eventsui.Config{Authorize: allowAll})
-	pairURL := srv.URL + "/events/" + poisoned.String() + "/deliveries/mail"
+	deliveryURL := srv.URL + "/events/" + poisoned.String() + "/deliveries/mail"
 	stillPoisoned := func(msg string) {
 		t.Helper()
-		info, err := outbox.Inspect(ctx, pool, poisoned)
+		info, err := outbox.GetEvent(ctx, pool, poisoned)
 		require.NoError(t, err)
 		require.True(t, info.Deliveries[0].Subscriber == "mail" && info.Deliveries[0].Poisoned(), msg)
 	}
 
-	code, _ := get(t, pairURL+"/requeue")
+	code, _ := get(t, deliveryURL+"/requeue")
 	require.Equal(t, http.StatusMethodNotAllowed, code, "GET changes nothing")
 	for _, action := range []string{"requeue", "discard"} {
-		code, _ = post(t, pairURL+"/"+action, "cross-site")
+		code, _ = post(t, deliveryURL+"/"+action, "cross-site")
 		require.Equal(t, http.StatusForbidden, code, "%s: cross-origin", action)
 	}
 	stillPoisoned("cross-origin posts change nothing")
 
+	_, body := get(t, srv.URL+"/events/"+poisoned.String())
+	require.Contains(t, body, "delivery-requeue", "the control: allowed, the buttons show")
+	require.Contains(t, body, "delivery-discard")
+
 	viewOnly := serve(t, pool, eventsui.Config{Authorize: func(_ *http.Request, a eventsui.Action) bool { return a == eventsui.ActionView }})
-	code, body := get(t, viewOnly.URL+"/events/"+poisoned.String())
+	code, body = get(t, viewOnly.URL+"/events/"+poisoned.String())
 	require.Equal(t, http.StatusOK, code)
-	require.NotContains(t, body, "pair-requeue", "no button the hook would refuse")
-	require.NotContains(t, body, "pair-discard")
+	require.NotContains(t, body, "delivery-requeue", "no button the hook would refuse")
+	require.NotContains(t, body, "delivery-discard")
 	code, _ = post(t, viewOnly.URL+"/events/"+poisoned.String()+"/deliveries/mail/requeue", "same-origin")
 	require.Equal(t, http.StatusForbidden, code)
 	code, _ = get(t, viewOnly.URL+"/events/"+poisoned.String()+"/deliveries/mail/discard")
@@ -249,8 +253,8 @@ func TestPairActionsAreGuarded(t *testing.T) {
 
 	readOnly := serve(t, pool, eventsui.Config{Authorize: allowAll, ReadOnly: true})
 	_, body = get(t, readOnly.URL+"/events/"+poisoned.String())
-	require.NotContains(t, body, "pair-requeue")
-	require.NotContains(t, body, "pair-discard")
+	require.NotContains(t, body, "delivery-requeue")
+	require.NotContains(t, body, "delivery-discard")
 	code, _ = post(t, readOnly.URL+"/events/"+poisoned.String()+"/deliveries/mail/discard", "same-origin")
 	require.Equal(t, http.StatusForbidden, code)
 	stillPoisoned("refused posts change nothing")
@@ -268,17 +272,17 @@ func TestPairActionsAreGuarded(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, code)
 
 	// The confirmation, then the discard: that pair alone goes.
-	code, body = get(t, pairURL+"/discard")
+	code, body = get(t, deliveryURL+"/discard")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "Discard this event for subscriber mail for good?")
 	require.Contains(t, body, `<form method="post" action="/events/`+poisoned.String()+`/deliveries/mail/discard">`)
 	require.Contains(t, body, "&lt;img src=x onerror=alert(1)&gt;", "the pair's last error, escaped")
 	require.NotContains(t, body, "<img")
 	stillPoisoned("the confirmation changes nothing")
-	code, loc := post(t, pairURL+"/discard", "same-origin")
+	code, loc := post(t, deliveryURL+"/discard", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code)
 	require.True(t, strings.HasPrefix(loc, "/events/"+poisoned.String()+"?done="), loc)
-	info, err := outbox.Inspect(ctx, pool, poisoned)
+	info, err := outbox.GetEvent(ctx, pool, poisoned)
 	require.NoError(t, err, "the event stays")
 	require.Len(t, info.Deliveries, 1)
 	require.Equal(t, "search", info.Deliveries[0].Subscriber, "search's pair stays")

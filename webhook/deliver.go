@@ -528,7 +528,7 @@ func (w *Webhooks) Replay(ctx context.Context, client *river.Client[pgx.Tx], eve
 	if err := w.checkClient(client); err != nil {
 		return err
 	}
-	info, err := w.outbox.Inspect(ctx, w.pool, eventID)
+	info, err := w.outbox.GetEvent(ctx, w.pool, eventID)
 	if err != nil {
 		return err
 	}

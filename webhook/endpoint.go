@@ -380,8 +380,9 @@ func (w *Webhooks) Get(ctx context.Context, id uuid.UUID) (Endpoint, error) {
 }
 
 // getForDelivery is Get with the endpoint's breaker. An endpoint without a
-// health row (created by a 0.1.0 process after migration 005, during a
-// rolling deploy) gets one, so that its breaker and rate limit work.
+// health row (created after migration 005, during a rolling deploy, by a
+// process of a release that wrote none) gets one, so that its breaker and
+// rate limit work.
 func (w *Webhooks) getForDelivery(ctx context.Context, id uuid.UUID) (Endpoint, error) {
 	var (
 		h   health

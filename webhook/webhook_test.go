@@ -422,10 +422,10 @@ func TestAutoDisableRecordsAnEvent(t *testing.T) {
 	got, err := b.wh.Get(ctx, ep.ID)
 	require.NoError(t, err)
 	require.False(t, got.Enabled)
-	page, err := outbox.ListEvents(ctx, b.pool, events.ListParams{State: events.StateRecent, Type: EventEndpointDisabled})
+	page, err := outbox.ListEvents(ctx, b.pool, events.ListEventsParams{State: events.EventRecent, Type: EventEndpointDisabled})
 	require.NoError(t, err)
 	if len(page.Events) == 0 {
-		page, err = outbox.ListEvents(ctx, b.pool, events.ListParams{State: events.StatePending, Type: EventEndpointDisabled})
+		page, err = outbox.ListEvents(ctx, b.pool, events.ListEventsParams{State: events.EventPending, Type: EventEndpointDisabled})
 		require.NoError(t, err)
 	}
 	require.Len(t, page.Events, 1)

@@ -80,7 +80,7 @@ func TestChainsBlockedResumeAndSkip(t *testing.T) {
 		return append([]uuid.UUID(nil), handled...)
 	}
 	blocked := func() bool {
-		st, err := events.Outbox{}.Stats(ctx, pool)
+		st, err := events.Outbox{}.GetStats(ctx, pool)
 		require.NoError(t, err)
 		return st.BlockedChains == 1
 	}

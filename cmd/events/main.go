@@ -1,8 +1,8 @@
 // Command events is the operator's tool for the outbox of
 // github.com/standmeet/events: migrations, stats, listing, inspecting,
-// requeuing and discarding events or single (event, subscriber) pairs, the
-// subscribers and relays, pausing a subscriber, the installed watches, and
-// the webhook endpoints with their attempts.
+// requeuing and discarding poisoned events or single deliveries (an event to
+// one subscriber), the subscribers and relays, pausing a subscriber, the
+// installed watches, and the webhook endpoints with their attempts.
 //
 //	go install github.com/standmeet/events/cmd/events@latest
 //	events [--database-url URL] [--schema S] [--json] <command> [arguments]
@@ -18,14 +18,18 @@
 //	list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
 //	                               STATE is pending, retrying, poisoned or recent
 //	inspect ID                     one event: fields, payload, attempts, fanout, and the
-//	                               subscribers it is still owed or poisoned for, with their errors
-//	requeue ID... [--subscriber S] put poisoned events back in the queue: every poisoned
-//	                               subscriber of each, or only S
+//	                               deliveries it still owes or has poisoned, with their errors
+//	requeue --event ID... [--type GLOB] [--subscriber S]
+//	                               put poisoned events back in the queue: every poisoned delivery
+//	                               of each (or only S's), or the event if poisoned as a whole
 //	requeue --all-poisoned [--type GLOB] [--subscriber S] [--yes]
-//	                               every poisoned event (of type GLOB), or every poisoned pair of S
-//	discard ID... [--subscriber S] give poisoned events up for good (for S only)
+//	                               everything poisoned (of type GLOB; with --subscriber, only S's
+//	                               deliveries), after confirming the count
+//	discard --event ID... [--type GLOB] [--subscriber S]
+//	discard --all-poisoned [--type GLOB] [--subscriber S] [--yes]
+//	                               give poisoned deliveries, and events poisoned as a whole, up for good
 //	deliveries [poisoned|owed] [--subscriber S] [--type GLOB] [--limit N] [--after CURSOR]
-//	                               the (event, subscriber) pairs poisoned or still owed
+//	                               the deliveries (event, subscriber) poisoned or still owed
 //	subscribers [--orphan-after D] the registry: state (active, paused, retired, ORPHANED), types,
 //	                               owed, oldest owed, poisoned, last served and by which relay,
 //	                               backfill progress; a warning for each orphan naming the fix

@@ -155,6 +155,7 @@ func TestRequeueAndDiscard(t *testing.T) {
 	// Not confirmed: nothing changes.
 	code, _, errOut := runCLI(t, url, "n\n", "requeue", "--all-poisoned", "--type", "ledger.**")
 	require.Equal(t, exitError, code)
+	require.Contains(t, errOut, "requeue 0 poisoned deliveries of type ledger.** and 1 event(s) poisoned as a whole? [y/N]")
 	require.Contains(t, errOut, "not confirmed")
 	code, out, _ := runCLI(t, url, "", "--json", "list", "poisoned")
 	require.Equal(t, exitOK, code)
@@ -163,16 +164,16 @@ func TestRequeueAndDiscard(t *testing.T) {
 	// Confirmed on stdin.
 	code, out, errOut = runCLI(t, url, "y\n", "requeue", "--all-poisoned", "--type", "ledger.**")
 	require.Equal(t, exitOK, code, errOut)
-	require.Contains(t, out, "requeued  "+poisoned.String())
+	require.Equal(t, "requeued  1  of type ledger.**\n", out)
 	code, out, _ = runCLI(t, url, "", "--json", "list", "pending")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, out, poisoned.String(), "requeued events are pending again")
 
 	// Discard refuses what is not poisoned, and an unknown ID: exit 1.
-	code, _, errOut = runCLI(t, url, "", "discard", fanned.String())
+	code, _, errOut = runCLI(t, url, "", "discard", "--event", fanned.String())
 	require.Equal(t, exitError, code)
 	require.Contains(t, errOut, "not poisoned")
-	code, _, errOut = runCLI(t, url, "", "requeue", uuid.Must(uuid.NewV7()).String())
+	code, _, errOut = runCLI(t, url, "", "requeue", "--event", uuid.Must(uuid.NewV7()).String())
 	require.Equal(t, exitError, code)
 	require.Contains(t, errOut, "not found")
 }
@@ -206,7 +207,13 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{"list", "pending", "--type", "a*"},
 		{"inspect", "not-an-id"},
 		{"requeue"},
-		{"requeue", "--type", "a", uuid.Must(uuid.NewV7()).String()},
+		{"requeue", "--type", "a"},
+		{"requeue", uuid.Must(uuid.NewV7()).String()},
+		{"requeue", "--event", "not-an-id"},
+		{"requeue", "--all-poisoned", "--event", uuid.Must(uuid.NewV7()).String()},
+		{"requeue", "--all-poisoned", "--type", "a*"},
+		{"requeue", "--event", uuid.Must(uuid.NewV7()).String(), "--type", "a*"},
+		{"discard", "--yes", "--event", uuid.Must(uuid.NewV7()).String()},
 		{"watch", "add"},
 	} {
 		code, out, errOut := runCLI(t, url, "", args...)
@@ -291,7 +298,7 @@ func TestErrorsArePrefixedOnce(t *testing.T) {
 	code, _, errOut = runCLI(t, url, "", "inspect", id.String())
 	require.Equal(t, exitError, code)
 	require.Equal(t, "events: event not found: "+id.String()+"\n", errOut)
-	code, _, errOut = runCLI(t, url, "", "discard", id.String())
+	code, _, errOut = runCLI(t, url, "", "discard", "--event", id.String())
 	require.Equal(t, exitError, code)
 	require.Equal(t, "events: event not found: "+id.String()+"\nevents: 1 of 1 event(s) not discarded\n", errOut)
 	// A usage error: one prefix too.

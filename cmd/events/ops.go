@@ -15,9 +15,9 @@ import (
 )
 
 // The per-subscriber commands: who serves what (relays, subscribers), the
-// (event, subscriber) pairs still owed or poisoned (deliveries), and the
-// operator's hands on one subscriber (pause, resume) or one pair (requeue
-// and discard with --subscriber).
+// deliveries (event, subscriber) still owed or poisoned, and the operator's
+// hands on one subscriber (pause, resume) or one delivery (requeue and
+// discard with --subscriber).
 
 // silentAfter is how long a relay that has not stopped may go without
 // reporting in before the CLI calls it dead: relays report every 5 s.
@@ -155,7 +155,7 @@ func (c *cli) subscribers(args []string) error {
 	if err != nil {
 		return err
 	}
-	counts, err := c.outbox.DeliveriesBySubscriber(c.ctx, c.pool)
+	counts, err := c.outbox.CountDeliveries(c.ctx, c.pool)
 	if err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ func (c *cli) subscribers(args []string) error {
 	if err != nil {
 		return err
 	}
-	st, err := c.outbox.Stats(c.ctx, c.pool)
+	st, err := c.outbox.GetStats(c.ctx, c.pool)
 	if err != nil {
 		return err
 	}
@@ -231,7 +231,7 @@ func (c *cli) subscribers(args []string) error {
 	})
 }
 
-// deliveryJSON is a pair as --json prints it.
+// deliveryJSON is a delivery as --json prints it.
 type deliveryJSON struct {
 	EventID       uuid.UUID             `json:"event_id"`
 	Seq           int64                 `json:"seq"`
@@ -331,8 +331,8 @@ func (c *cli) pauseResume(cmd, done string, args []string) error {
 	})
 }
 
-// eachPair is each for the pairs (id, subscriber) of ids.
-func (c *cli) eachPair(done, subscriber string, ids []uuid.UUID, f func(uuid.UUID, string) error) error {
+// eachDelivery is each for the deliveries of ids to subscriber.
+func (c *cli) eachDelivery(done, subscriber string, ids []uuid.UUID, f func(uuid.UUID, string) error) error {
 	var ok []uuid.UUID
 	var failed int
 	for _, id := range ids {
@@ -358,12 +358,12 @@ func (c *cli) eachPair(done, subscriber string, ids []uuid.UUID, f func(uuid.UUI
 		return err
 	}
 	if failed > 0 {
-		return fmt.Errorf("%d of %d pair(s) not %s", failed, len(ids), done)
+		return fmt.Errorf("%d of %d deliveries not %s", failed, len(ids), done)
 	}
 	return nil
 }
 
-// deliveriesJSON is an event's owed and poisoned pairs as --json prints
+// deliveriesJSON is an event's owed and poisoned deliveries as --json prints
 // them (in inspect).
 func deliveriesJSON(ds []events.DeliveryInfo) []deliveryJSON {
 	out := []deliveryJSON{}
@@ -373,7 +373,7 @@ func deliveriesJSON(ds []events.DeliveryInfo) []deliveryJSON {
 	return out
 }
 
-// printDeliveries writes inspect's lines for an event's pairs: each owed or
+// printDeliveries writes inspect's lines for an event's deliveries: each owed or
 // poisoned subscriber, then its error history.
 func printDeliveries(w *tabwriter.Writer, ds []events.DeliveryInfo) {
 	for _, d := range ds {
@@ -393,38 +393,4 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
-}
-
-// requeuePairs requeues every poisoned pair filter selects, after counting
-// them and asking (unless yes).
-func (c *cli) requeuePairs(filter events.DeliveryFilter, yes bool) error {
-	var n int64
-	p := events.ListDeliveriesParams{State: events.DeliveryPoisoned, Type: filter.Type, Subscriber: filter.Subscriber, Limit: 1000}
-	for {
-		page, err := c.outbox.ListDeliveries(c.ctx, c.pool, p)
-		var invalid *events.ValidationError
-		if errors.As(err, &invalid) {
-			return usagef("requeue: --%s %s", strings.ToLower(invalid.Field), invalid.Reason)
-		}
-		if err != nil {
-			return err
-		}
-		n += int64(len(page.Deliveries))
-		if page.Next == "" {
-			break
-		}
-		p.After = page.Next
-	}
-	if n > 0 && !yes && !c.confirm(fmt.Sprintf("requeue %d poisoned deliveries for %s%s?", n, filter.Subscriber, ofType(filter.Type))) {
-		return errors.New("requeue: not confirmed (answer y, or pass --yes)")
-	}
-	if n > 0 {
-		var err error
-		if n, err = c.outbox.RequeueDeliveries(c.ctx, c.pool, filter); err != nil {
-			return err
-		}
-	}
-	return c.output(map[string]any{"requeued_pairs": n, "subscriber": filter.Subscriber}, func(w *tabwriter.Writer) {
-		fmt.Fprintf(w, "requeued\t%d pair(s)\tfor %s\n", n, clean(filter.Subscriber))
-	})
 }

@@ -225,15 +225,15 @@ func TestPairActions(t *testing.T) {
 	}
 
 	// A pair not poisoned: refused, exit 1, nothing changed.
-	code, _, errOut := runCLI(t, url, "", "requeue", owed.String(), "--subscriber", "search")
+	code, _, errOut := runCLI(t, url, "", "requeue", "--event", owed.String(), "--subscriber", "search")
 	require.Equal(t, exitError, code)
 	require.Contains(t, errOut, "not poisoned")
-	code, _, errOut = runCLI(t, url, "", "discard", "--subscriber", "ghost", poisoned.String())
+	code, _, errOut = runCLI(t, url, "", "discard", "--subscriber", "ghost", "--event", poisoned.String())
 	require.Equal(t, exitError, code)
 	require.Contains(t, errOut, "not found")
 
 	// Requeue one pair: that pair alone, the other subscriber's untouched.
-	code, out, errOut := runCLI(t, url, "", "requeue", poisoned.String(), "--subscriber", "mail")
+	code, out, errOut := runCLI(t, url, "", "requeue", "--event", poisoned.String(), "--subscriber", "mail")
 	require.Equal(t, exitOK, code, errOut)
 	require.Equal(t, "requeued  "+poisoned.String()+"  for mail\n", out)
 	exists, isPoisoned := pair(poisoned, "mail")
@@ -246,7 +246,7 @@ func TestPairActions(t *testing.T) {
 	// pair stay.
 	_, err := pool.Exec(ctx, `UPDATE outbox_deliveries SET poisoned_at = now() WHERE subscriber = 'mail'`)
 	require.NoError(t, err)
-	code, out, errOut = runCLI(t, url, "", "--json", "discard", poisoned.String(), "--subscriber", "mail")
+	code, out, errOut = runCLI(t, url, "", "--json", "discard", "--event", poisoned.String(), "--subscriber", "mail")
 	require.Equal(t, exitOK, code, errOut)
 	var res struct {
 		Discarded  []uuid.UUID `json:"discarded"`
@@ -283,6 +283,7 @@ func TestPairActions(t *testing.T) {
 		{"deliveries", "sideways"}, {"deliveries", "owed", "poisoned"}, {"deliveries", "--type", "a*"},
 		{"requeue", "--subscriber", "mail"}, {"requeue", "--subscriber", "mail", "--type", "note.*", poisoned.String()},
 		{"requeue", "--all-poisoned", "--subscriber", "mail", poisoned.String()},
+		{"requeue", "--all-poisoned", "--subscriber", "mail", "--event", poisoned.String()},
 		{"discard", "--subscriber", "mail"}, {"relays", "x"}, {"subscribers", "x"},
 	} {
 		code, out, errOut := runCLI(t, url, "", args...)
@@ -313,16 +314,22 @@ func TestRequeueAllPoisonedOfOneSubscriber(t *testing.T) {
 
 	code, out, errOut := runCLI(t, url, "y\n", "requeue", "--all-poisoned", "--subscriber", "mail", "--type", "note.*")
 	require.Equal(t, exitOK, code, errOut)
-	require.Equal(t, "requeued  1 pair(s)  for mail\n", out)
+	require.Equal(t, "requeued  1  for mail of type note.*\n", out)
 	require.Zero(t, countPoisoned("mail"))
 	require.Equal(t, 2, countPoisoned("search"), "another subscriber's pairs stay poisoned")
 
 	code, out, errOut = runCLI(t, url, "", "--json", "requeue", "--all-poisoned", "--subscriber", "mail")
 	require.Equal(t, exitOK, code, errOut)
-	require.JSONEq(t, `{"requeued_pairs": 0, "subscriber": "mail"}`, out, "nothing left, nothing asked")
+	require.JSONEq(t, `{"requeued_count": 0, "subscriber": "mail", "type": ""}`, out, "nothing left, nothing asked")
+
+	// Discard in bulk: the same filter, --yes instead of the question.
+	code, out, errOut = runCLI(t, url, "", "discard", "--all-poisoned", "--subscriber", "search", "--yes")
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "discarded  2  for search\n", out)
+	require.Zero(t, countPoisoned("search"))
 }
 
-// The event-level forms act on every poisoned pair of the event.
+// The event-level forms act on every poisoned delivery of the event.
 func TestEventRequeueTakesEveryPoisonedPair(t *testing.T) {
 	t.Parallel()
 	url, poisoned, _ := pairsFixture(t)
@@ -330,7 +337,7 @@ func TestEventRequeueTakesEveryPoisonedPair(t *testing.T) {
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `UPDATE outbox_deliveries SET poisoned_at = now() WHERE subscriber = 'search'`)
 	require.NoError(t, err)
-	code, out, errOut := runCLI(t, url, "", "requeue", poisoned.String())
+	code, out, errOut := runCLI(t, url, "", "requeue", "--event", poisoned.String())
 	require.Equal(t, exitOK, code, errOut)
 	require.Equal(t, "requeued  "+poisoned.String()+"\n", out)
 	var left int

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/standmeet/events"
+	"github.com/standmeet/events/internal/glob"
 )
 
 // Exit codes.
@@ -46,16 +47,18 @@ commands:
                              (--watch: again every N seconds until interrupted)
   list STATE [--type GLOB] [--subject S] [--limit N] [--after CURSOR]
                              STATE: pending, retrying, poisoned or recent
-  inspect ID                 one event in full, with its owed and poisoned subscribers and their errors
-  requeue ID...              put poisoned events back in the queue (every poisoned subscriber of each)
-  requeue ID... --subscriber S
-                             requeue the event for subscriber S only
+  inspect ID                 one event in full, with its owed and poisoned deliveries and their errors
+  requeue --event ID... [--type GLOB] [--subscriber S]
+                             put poisoned events back in the queue: each event's poisoned deliveries
+                             (only S's with --subscriber), or the event if poisoned as a whole
   requeue --all-poisoned [--type GLOB] [--subscriber S] [--yes]
-                             (with --subscriber: every poisoned pair of S, of type GLOB)
-  discard ID... [--subscriber S]
-                             give poisoned events up for good (with --subscriber: for S only)
+                             everything poisoned (of type GLOB; with --subscriber, S's deliveries only),
+                             after confirming the count
+  discard --event ID... [--type GLOB] [--subscriber S]
+  discard --all-poisoned [--type GLOB] [--subscriber S] [--yes]
+                             give poisoned deliveries, and events poisoned as a whole, up for good
   deliveries [poisoned|owed] [--subscriber S] [--type GLOB] [--limit N] [--after CURSOR]
-                             the (event, subscriber) pairs poisoned (default) or still owed
+                             the deliveries (event, subscriber) poisoned (default) or still owed
   subscribers [--orphan-after D]
                              the registry: state, owed, oldest owed, poisoned, last served and by
                              which relay, backfill; orphaned ones (unserved for D, 15m) are warned of
@@ -219,7 +222,7 @@ func (c *cli) migrate(args []string) error {
 	}
 	switch {
 	case len(pos) == 1 && pos[0] == "list":
-		all, err := c.outbox.MigrationStatus(c.ctx, c.pool)
+		all, err := c.outbox.ListMigrations(c.ctx, c.pool)
 		if err != nil {
 			return err
 		}
@@ -242,7 +245,7 @@ func (c *cli) migrate(args []string) error {
 	case len(pos) > 0:
 		return usagef("migrate: unexpected %q", pos[0])
 	case dryRun:
-		all, err := c.outbox.MigrationStatus(c.ctx, c.pool)
+		all, err := c.outbox.ListMigrations(c.ctx, c.pool)
 		if err != nil {
 			return err
 		}
@@ -276,7 +279,7 @@ type statsJSON struct {
 	Poisoned            int64   `json:"poisoned"`
 	CatchingUp          int64   `json:"catching_up"`
 	FannedOutLastMinute int64   `json:"fanned_out_last_minute"`
-	// The (event, subscriber) pairs still owed and poisoned, and the
+	// The deliveries still owed and poisoned, and the
 	// subscribers orphaned and paused.
 	Owed               int64    `json:"owed"`
 	PoisonedDeliveries int64    `json:"poisoned_deliveries"`
@@ -325,7 +328,7 @@ func (c *cli) stats(args []string) error {
 // statsOnce prints Stats once; in a watch, each table is headed by the time
 // it was read, and each JSON object is one line (JSON Lines).
 func (c *cli) statsOnce(watching bool) error {
-	st, err := c.outbox.Stats(c.ctx, c.pool)
+	st, err := c.outbox.GetStats(c.ctx, c.pool)
 	if err != nil {
 		return err
 	}
@@ -378,7 +381,7 @@ type eventJSON struct {
 	LastError     string           `json:"last_error,omitempty"`
 	NextAttemptAt *time.Time       `json:"next_attempt_at"`
 	PoisonedAt    *time.Time       `json:"poisoned_at"`
-	// Deliveries are the owed and poisoned pairs; inspect only.
+	// Deliveries are the owed and poisoned deliveries; inspect only.
 	Deliveries []deliveryJSON `json:"deliveries,omitempty"`
 }
 
@@ -388,7 +391,7 @@ func toJSON(e events.EventInfo) eventJSON {
 }
 
 func (c *cli) list(args []string) error {
-	var p events.ListParams
+	var p events.ListEventsParams
 	pos, err := flags("list", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&p.Type, "type", "", "")
 		fs.StringVar(&p.Subject, "subject", "", "")
@@ -401,7 +404,7 @@ func (c *cli) list(args []string) error {
 	if len(pos) != 1 {
 		return usagef("list: give one state: pending, retrying, poisoned or recent")
 	}
-	p.State = events.ListState(pos[0])
+	p.State = events.EventState(pos[0])
 	page, err := c.outbox.ListEvents(c.ctx, c.pool, p)
 	var invalid *events.ValidationError
 	if errors.As(err, &invalid) {
@@ -437,7 +440,7 @@ func (c *cli) inspect(args []string) error {
 	if err != nil {
 		return usagef("inspect: %q is not an event ID", args[0])
 	}
-	e, err := c.outbox.Inspect(c.ctx, c.pool, id)
+	e, err := c.outbox.GetEvent(c.ctx, c.pool, id)
 	if err != nil {
 		return err
 	}
@@ -475,71 +478,141 @@ func (c *cli) inspect(args []string) error {
 	})
 }
 
-func (c *cli) requeue(args []string) error {
+func (c *cli) requeue(args []string) error { return c.settle("requeue", "requeued", args) }
+
+func (c *cli) discard(args []string) error { return c.settle("discard", "discarded", args) }
+
+// eventFlags collects the values of a repeated --event flag.
+type eventFlags []string
+
+func (e *eventFlags) String() string { return strings.Join(*e, ",") }
+
+func (e *eventFlags) Set(v string) error { *e = append(*e, v); return nil }
+
+// settle serves requeue and discard (cmd): the events named with --event, or
+// with --all-poisoned everything poisoned, each narrowed by --type and
+// --subscriber, as events.PoisonedFilter selects.
+func (c *cli) settle(cmd, done string, args []string) error {
 	var all, yes bool
 	var typ, subscriber string
-	pos, err := flags("requeue", args, func(fs *flag.FlagSet) {
+	var named eventFlags
+	pos, err := flags(cmd, args, func(fs *flag.FlagSet) {
+		fs.Var(&named, "event", "")
 		fs.BoolVar(&all, "all-poisoned", false, "")
 		fs.BoolVar(&yes, "yes", false, "")
 		fs.StringVar(&typ, "type", "", "")
 		fs.StringVar(&subscriber, "subscriber", "", "")
 	})
-	if err != nil {
-		return err
-	}
-	ids, err := c.ids("requeue", pos)
 	switch {
-	case subscriber != "" && all:
-		if len(pos) > 0 {
-			return usagef("requeue: give IDs or --all-poisoned, not both")
-		}
-		return c.requeuePairs(events.DeliveryFilter{Type: typ, Subscriber: subscriber}, yes)
-	case subscriber != "":
-		if typ != "" {
-			return usagef("requeue: --type goes with --all-poisoned")
-		}
-		if err != nil {
-			return err
-		}
-		return c.eachPair("requeued", subscriber, ids, func(id uuid.UUID, s string) error {
-			return c.outbox.RequeueDelivery(c.ctx, c.pool, id, s)
-		})
-	case all && len(pos) > 0:
-		return usagef("requeue: give IDs or --all-poisoned, not both")
-	case !all && typ != "":
-		return usagef("requeue: --type goes with --all-poisoned")
-	case !all && err != nil:
+	case err != nil:
 		return err
-	case all:
-		if ids, err = c.allPoisoned(typ); err != nil {
-			return err
-		}
-		if len(ids) == 0 {
-			return c.report("requeued", nil)
-		}
-		if !yes && !c.confirm(fmt.Sprintf("requeue %d poisoned event(s)%s?", len(ids), ofType(typ))) {
-			return errors.New("requeue: not confirmed (answer y, or pass --yes)")
-		}
+	case len(pos) > 0:
+		return usagef("%s: name events with --event ID", cmd)
+	case all && len(named) > 0:
+		return usagef("%s: give --event or --all-poisoned, not both", cmd)
+	case !all && len(named) == 0:
+		return usagef("%s: give --event ID (one or more) or --all-poisoned", cmd)
+	case yes && !all:
+		return usagef("%s: --yes goes with --all-poisoned", cmd)
 	}
-	return c.each("requeued", ids, func(id uuid.UUID) error { return c.outbox.Requeue(c.ctx, c.pool, id) })
-}
-
-func (c *cli) discard(args []string) error {
-	var subscriber string
-	pos, err := flags("discard", args, func(fs *flag.FlagSet) { fs.StringVar(&subscriber, "subscriber", "", "") })
+	act := c.outbox.Requeue
+	if cmd == "discard" {
+		act = c.outbox.Discard
+	}
+	filter := events.PoisonedFilter{Type: typ, Subscriber: subscriber}
+	if all {
+		return c.settleAll(cmd, done, act, filter, yes)
+	}
+	ids, err := c.ids(cmd, named)
 	if err != nil {
 		return err
 	}
-	ids, err := c.ids("discard", pos)
-	if err != nil {
+	if typ != "" {
+		// Refused before the first event, not once per event.
+		if _, err := glob.Compile(typ); err != nil {
+			return usagef("%s: --type %v", cmd, err)
+		}
+	}
+	one := func(id uuid.UUID, _ string) error {
+		f := filter
+		f.EventIDs = []uuid.UUID{id}
+		_, err := act(c.ctx, c.pool, f)
 		return err
 	}
 	if subscriber != "" {
-		return c.eachPair("discarded", subscriber, ids, func(id uuid.UUID, s string) error {
-			return c.outbox.DiscardDelivery(c.ctx, c.pool, id, s)
-		})
+		return c.eachDelivery(done, subscriber, ids, one)
 	}
-	return c.each("discarded", ids, func(id uuid.UUID) error { return c.outbox.Discard(c.ctx, c.pool, id) })
+	return c.each(done, ids, func(id uuid.UUID) error { return one(id, "") })
+}
+
+// settleAll requeues or discards (act) everything poisoned that filter
+// selects, after counting it and asking (unless yes).
+func (c *cli) settleAll(cmd, done string, act func(context.Context, events.DB, events.PoisonedFilter) (int64, error),
+	filter events.PoisonedFilter, yes bool,
+) error {
+	deliveries, whole, err := c.countPoisoned(filter)
+	var invalid *events.ValidationError
+	if errors.As(err, &invalid) {
+		return usagef("%s: --%s %s", cmd, strings.ToLower(invalid.Field), invalid.Reason)
+	}
+	if err != nil {
+		return err
+	}
+	scope := ofType(filter.Type)
+	if filter.Subscriber != "" {
+		scope = " for " + clean(filter.Subscriber) + scope
+	}
+	var n int64
+	if deliveries+whole > 0 {
+		question := fmt.Sprintf("%s %d poisoned deliveries%s", cmd, deliveries, scope)
+		if whole > 0 {
+			question += fmt.Sprintf(" and %d event(s) poisoned as a whole", whole)
+		}
+		if !yes && !c.confirm(question+"?") {
+			return fmt.Errorf("%s: not confirmed (answer y, or pass --yes)", cmd)
+		}
+		if n, err = act(c.ctx, c.pool, filter); err != nil {
+			return err
+		}
+	}
+	return c.output(map[string]any{done + "_count": n, "type": filter.Type, "subscriber": filter.Subscriber},
+		func(w *tabwriter.Writer) { fmt.Fprintf(w, "%s\t%d\t%s\n", done, n, strings.TrimPrefix(scope, " ")) })
+}
+
+// countPoisoned counts what filter (no EventIDs) selects: poisoned
+// deliveries, and events poisoned as a whole (none with a subscriber).
+func (c *cli) countPoisoned(filter events.PoisonedFilter) (deliveries, whole int64, err error) {
+	dp := events.ListDeliveriesParams{State: events.DeliveryPoisoned, Type: filter.Type, Subscriber: filter.Subscriber, Limit: 1000}
+	for {
+		page, err := c.outbox.ListDeliveries(c.ctx, c.pool, dp)
+		if err != nil {
+			return 0, 0, err
+		}
+		deliveries += int64(len(page.Deliveries))
+		if page.Next == "" {
+			break
+		}
+		dp.After = page.Next
+	}
+	if filter.Subscriber != "" {
+		return deliveries, 0, nil
+	}
+	ep := events.ListEventsParams{State: events.EventPoisoned, Type: filter.Type, Limit: 1000}
+	for {
+		page, err := c.outbox.ListEvents(c.ctx, c.pool, ep)
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, e := range page.Events {
+			if e.FannedOutAt.IsZero() { // poisoned as a whole: never fanned out
+				whole++
+			}
+		}
+		if page.Next == "" {
+			return deliveries, whole, nil
+		}
+		ep.After = page.Next
+	}
 }
 
 // ids parses event IDs.
@@ -556,29 +629,6 @@ func (c *cli) ids(cmd string, args []string) ([]uuid.UUID, error) {
 		ids[i] = id
 	}
 	return ids, nil
-}
-
-// allPoisoned lists the IDs of every poisoned event of type glob typ.
-func (c *cli) allPoisoned(typ string) ([]uuid.UUID, error) {
-	var ids []uuid.UUID
-	p := events.ListParams{State: events.StatePoisoned, Type: typ, Limit: 1000}
-	for {
-		page, err := c.outbox.ListEvents(c.ctx, c.pool, p)
-		var invalid *events.ValidationError
-		if errors.As(err, &invalid) {
-			return nil, usagef("requeue: --%s %s", strings.ToLower(invalid.Field), invalid.Reason)
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, e := range page.Events {
-			ids = append(ids, e.ID)
-		}
-		if page.Next == "" {
-			return ids, nil
-		}
-		p.After = page.Next
-	}
 }
 
 // each applies f to every ID, reports what worked, and fails if any failed.

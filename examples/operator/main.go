@@ -116,7 +116,7 @@ func run(ctx context.Context, addr string) error {
 		return err
 	}
 	for {
-		info, err := outbox.Inspect(ctx, pool, poisoned.ID)
+		info, err := outbox.GetEvent(ctx, pool, poisoned.ID)
 		if err != nil {
 			return err
 		}

@@ -98,7 +98,7 @@ func retentionUnderLoad(ctx context.Context, h *harness, o Options, rep *Report)
 	var took []time.Duration
 	for range 10 {
 		start := time.Now()
-		if _, err := outbox.Stats(ctx, pool); err != nil {
+		if _, err := outbox.GetStats(ctx, pool); err != nil {
 			return err
 		}
 		took = append(took, time.Since(start))
@@ -150,7 +150,7 @@ func retentionUnderLoad(ctx context.Context, h *harness, o Options, rep *Report)
 	if err := <-writing; err != nil {
 		return err
 	}
-	st, err := outbox.Stats(ctx, pool)
+	st, err := outbox.GetStats(ctx, pool)
 	if err != nil {
 		return err
 	}

@@ -134,8 +134,8 @@ func workingClient(pool *pgxpool.Pool, relay *events.Relay, riverDefaults bool) 
 	return river.NewClient(riverpgxv5.New(pool), cfg)
 }
 
-// fanOut times one relay draining the backlog with an insert-only client.
-func (o orderedRun) fanOut(ctx context.Context, h *harness) (time.Duration, error) {
+// fanout times one relay draining the backlog with an insert-only client.
+func (o orderedRun) fanout(ctx context.Context, h *harness) (time.Duration, error) {
 	pool, err := h.database(ctx, 20)
 	if err != nil {
 		return 0, err
@@ -364,7 +364,7 @@ func runOrdered(ctx context.Context, h *harness, opts Options, rep *Report) erro
 		var cost [2]handledResult
 		for i, ordered := range []bool{false, true} {
 			o := orderedRun{ordered: ordered, subjects: subjects, n: n, batch: opts.Batch}
-			d, err := o.fanOut(ctx, h)
+			d, err := o.fanout(ctx, h)
 			if err != nil {
 				return err
 			}

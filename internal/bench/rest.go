@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/standmeet/events"
+	"github.com/standmeet/events/internal/statements"
 )
 
 // startRelay starts one relay with the benchmark's subscribers on pool.
@@ -235,7 +236,7 @@ func listenFanned(ctx context.Context, pool *pgxpool.Pool) (fl *fannedListener, 
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+events.ChannelFanned); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+statements.ChannelFanned); err != nil {
 		conn.Close(context.Background())
 		return nil, nil, err
 	}

@@ -20,35 +20,77 @@ SELECT seq, id, type, subject, scope, payload, created_at, fanned_out_at, fanout
   FROM /* TEMPLATE: schema */outbox_events
  WHERE id = $1;
 
+-- Requeue and Discard of one event, by ID: $1 the event's ID, $2 a type
+-- regexp or NULL, $3 a subscriber or NULL. The event is selected when it
+-- exists and its type matches $2; without $3 it is acted on as a whole (the
+-- event itself if it is poisoned, and every poisoned pair of it), with $3
+-- only its pair of $3. Each returns whether there is anything to act on
+-- (the event, or with $3 its pair of $3, owed or poisoned) and how many
+-- rows it changed (the event itself counts one, each pair one).
+
 -- name: Requeue
--- Requeue of one event ($1): the event itself if it is poisoned, and every
--- poisoned pair of it. Attempts start again; the pairs' error history stays.
-WITH ev AS (SELECT seq FROM /* TEMPLATE: schema */outbox_events WHERE id = $1),
+-- Attempts start again; the pairs' error history stays.
+WITH ev AS (
+    SELECT seq FROM /* TEMPLATE: schema */outbox_events
+     WHERE id = $1 AND ($2::text IS NULL OR ('.' || type) ~ $2)),
 requeued AS (
     UPDATE /* TEMPLATE: schema */outbox_events SET poisoned_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL
-     WHERE id = $1 AND poisoned_at IS NOT NULL
+     WHERE seq IN (SELECT seq FROM ev) AND poisoned_at IS NOT NULL AND $3::text IS NULL
     RETURNING seq),
 pairs AS (
     UPDATE /* TEMPLATE: schema */outbox_deliveries SET poisoned_at = NULL, attempts = 0, next_attempt_at = now()
-     WHERE event_seq IN (SELECT seq FROM ev) AND poisoned_at IS NOT NULL
+     WHERE event_seq IN (SELECT seq FROM ev) AND poisoned_at IS NOT NULL AND ($3::text IS NULL OR subscriber = $3)
     RETURNING event_seq)
-SELECT EXISTS (SELECT 1 FROM ev), EXISTS (SELECT 1 FROM requeued) OR EXISTS (SELECT 1 FROM pairs),
+SELECT CASE WHEN $3::text IS NULL THEN EXISTS (SELECT 1 FROM ev)
+            ELSE EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_deliveries
+                          WHERE event_seq IN (SELECT seq FROM ev) AND subscriber = $3) END,
+       (SELECT count(*) FROM requeued) + (SELECT count(*) FROM pairs),
        (SELECT pg_notify(/* TEMPLATE_BEGIN: channel_events */'standmeet_events'/* TEMPLATE_END */, ''));
 
 -- name: Discard
--- Discard of one event ($1): its poisoned pairs are dropped; the row itself
--- is deleted only when the event was poisoned as a whole (never fanned out,
--- so no subscriber's fanout record lives on it).
-WITH ev AS (SELECT seq FROM /* TEMPLATE: schema */outbox_events WHERE id = $1),
+-- The poisoned pairs are dropped; the row itself is deleted only when the
+-- event was poisoned as a whole (never fanned out, so no subscriber's
+-- fanout record lives on it).
+WITH ev AS (
+    SELECT seq FROM /* TEMPLATE: schema */outbox_events
+     WHERE id = $1 AND ($2::text IS NULL OR ('.' || type) ~ $2)),
 pairs AS (
     DELETE FROM /* TEMPLATE: schema */outbox_deliveries
-     WHERE event_seq IN (SELECT seq FROM ev) AND poisoned_at IS NOT NULL
+     WHERE event_seq IN (SELECT seq FROM ev) AND poisoned_at IS NOT NULL AND ($3::text IS NULL OR subscriber = $3)
     RETURNING event_seq),
 discarded AS (
     DELETE FROM /* TEMPLATE: schema */outbox_events
-     WHERE id = $1 AND poisoned_at IS NOT NULL AND fanned_out_at IS NULL
+     WHERE seq IN (SELECT seq FROM ev) AND poisoned_at IS NOT NULL AND fanned_out_at IS NULL AND $3::text IS NULL
     RETURNING seq)
-SELECT EXISTS (SELECT 1 FROM ev), EXISTS (SELECT 1 FROM discarded) OR EXISTS (SELECT 1 FROM pairs);
+SELECT CASE WHEN $3::text IS NULL THEN EXISTS (SELECT 1 FROM ev)
+            ELSE EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_deliveries
+                          WHERE event_seq IN (SELECT seq FROM ev) AND subscriber = $3) END,
+       (SELECT count(*) FROM discarded) + (SELECT count(*) FROM pairs);
+
+-- By filter, a batch at a time, the events poisoned as a whole: $1 type
+-- regexp or NULL, $2 batch size. The poisoned pairs by filter are
+-- RequeueDeliveries and DiscardDeliveries (deliveries.sql).
+
+-- name: RequeueEvents
+WITH q AS (
+    UPDATE /* TEMPLATE: schema */outbox_events SET poisoned_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL
+     WHERE seq IN (
+           SELECT seq FROM /* TEMPLATE: schema */outbox_events
+            WHERE poisoned_at IS NOT NULL AND ($1::text IS NULL OR ('.' || type) ~ $1)
+            LIMIT $2 FOR UPDATE SKIP LOCKED)
+    RETURNING 1)
+SELECT count(*), (SELECT pg_notify(/* TEMPLATE_BEGIN: channel_events */'standmeet_events'/* TEMPLATE_END */, '')) FROM q;
+
+-- name: DiscardEvents
+-- As Discard: only events never fanned out are deleted.
+WITH q AS (
+    DELETE FROM /* TEMPLATE: schema */outbox_events
+     WHERE seq IN (
+           SELECT seq FROM /* TEMPLATE: schema */outbox_events
+            WHERE poisoned_at IS NOT NULL AND fanned_out_at IS NULL AND ($1::text IS NULL OR ('.' || type) ~ $1)
+            LIMIT $2 FOR UPDATE SKIP LOCKED)
+    RETURNING 1)
+SELECT count(*) FROM q;
 
 -- name: Stats
 -- $1 OrphanAfter in µs. Each figure from a small partial index (the

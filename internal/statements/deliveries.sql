@@ -88,8 +88,8 @@ SELECT c.event_seq, c.subscriber, c.poisoned,
                                            (SELECT id::text FROM /* TEMPLATE: schema */outbox_events WHERE seq = c.event_seq)) END
   FROM c;
 
--- Pairs for operators. A pair is named by its event's ID ($1) and its
--- subscriber ($2).
+-- Pairs for operators. Requeue and Discard of one event, or of its pair
+-- of one subscriber, are in admin.sql.
 
 -- name: DeliveriesOf
 -- $1 the event's seq.
@@ -100,36 +100,15 @@ SELECT e.seq, e.id, e.type, e.subject, d.subscriber, d.attempts, d.last_error, d
 
 -- name: ListDeliveries
 -- $1 limit, $2 'owed' or 'poisoned', $3 type regexp or NULL, $4 subscriber
--- or NULL, $5 and $6 the cursor (seq, subscriber) or NULL.
+-- or NULL, $5 and $6 the cursor (seq, subscriber) or NULL, $7 event IDs or
+-- NULL.
 SELECT e.seq, e.id, e.type, e.subject, d.subscriber, d.attempts, d.last_error, d.errors, d.next_attempt_at, d.poisoned_at, d.created_at
   FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
  WHERE (d.poisoned_at IS NOT NULL) = ($2 = 'poisoned')
    AND ($3::text IS NULL OR ('.' || e.type) ~ $3) AND ($4::text IS NULL OR d.subscriber = $4)
    AND ($5::bigint IS NULL OR (d.event_seq, d.subscriber) > ($5, $6::text))
+   AND ($7::uuid[] IS NULL OR e.id = ANY($7))
  ORDER BY d.event_seq, d.subscriber LIMIT $1;
-
--- name: RequeueDelivery
-WITH p AS (
-    SELECT d.event_seq, d.poisoned_at
-      FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
-     WHERE e.id = $1 AND d.subscriber = $2),
-q AS (
-    UPDATE /* TEMPLATE: schema */outbox_deliveries SET poisoned_at = NULL, attempts = 0, next_attempt_at = now()
-     WHERE (event_seq, subscriber) IN (SELECT event_seq, $2 FROM p WHERE poisoned_at IS NOT NULL)
-    RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM p), EXISTS (SELECT 1 FROM q),
-       (SELECT pg_notify(/* TEMPLATE_BEGIN: channel_events */'standmeet_events'/* TEMPLATE_END */, ''));
-
--- name: DiscardDelivery
-WITH p AS (
-    SELECT d.event_seq, d.poisoned_at
-      FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
-     WHERE e.id = $1 AND d.subscriber = $2),
-q AS (
-    DELETE FROM /* TEMPLATE: schema */outbox_deliveries
-     WHERE (event_seq, subscriber) IN (SELECT event_seq, $2 FROM p WHERE poisoned_at IS NOT NULL)
-    RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM p), EXISTS (SELECT 1 FROM q);
 
 -- By filter, a batch at a time: $1 type regexp or NULL, $2 subscriber or
 -- NULL, $3 batch size.

@@ -34,11 +34,3 @@ SELECT subscriber, count(*) FILTER (WHERE poisoned_at IS NULL),
        min(created_at) FILTER (WHERE poisoned_at IS NULL), count(*) FILTER (WHERE poisoned_at IS NOT NULL)
   FROM /* TEMPLATE: schema */outbox_deliveries
  GROUP BY subscriber;
-
--- name: PoisonedSubscribers
--- $1 event IDs.
-SELECT e.id, d.subscriber
-  FROM /* TEMPLATE: schema */outbox_events e
-  JOIN /* TEMPLATE: schema */outbox_deliveries d ON d.event_seq = e.seq
- WHERE e.id = ANY($1) AND d.poisoned_at IS NOT NULL
- ORDER BY e.id, d.subscriber;

@@ -82,15 +82,15 @@ type Set struct {
 
 	// Per-pair operator statements (deliveries.sql).
 	DeliveriesOf, ListDeliveries         string
-	RequeueDelivery, DiscardDelivery     string
 	RequeueDeliveries, DiscardDeliveries string
 
 	// Receipts and operators (admin.sql).
-	Await, AwaitDone, Inspect, Requeue string
-	Discard, Stats                     string
+	Await, AwaitDone, Inspect, Requeue    string
+	Discard, RequeueEvents, DiscardEvents string
+	Stats                                 string
 
 	// The operator's view (opsview.sql).
-	FanoutJobs, FanoutByMinute, DeliveriesBySubscriber, PoisonedSubscribers string
+	FanoutJobs, FanoutByMinute, DeliveriesBySubscriber string
 
 	// Retention (retention.sql): Prune deletes up to $2 fanned-out rows
 	// older than $1 µs, under PruneLock.

@@ -21,7 +21,7 @@ import (
 
 // A named schema whose name needs quoting (upper case) works like a
 // lower-case one: every statement, the channels, the watch triggers.
-func TestReview20MixedCaseSchemaEndToEnd(t *testing.T) {
+func TestAMixedCaseSchemaEndToEnd(t *testing.T) {
 	t.Parallel()
 	exerciseAll(t, testdb.Pool(t, testdb.EmptyURL(t)), "Billing_EU", ListenerConfig{PollInterval: time.Hour})
 }

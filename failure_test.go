@@ -23,19 +23,19 @@ import (
 // the panic value carries the *pgconn.PgError but %v drops it, and the
 // round's transaction is aborted, so isRowFault's probe fails: the row is
 // never charged, and the rows after it in the batch are held back.
-func TestReviewPanicMiddlewareOnAbortedTx(t *testing.T) {
+func TestPanicMiddlewareOnAbortedTx(t *testing.T) {
 	t.Parallel()
 	for _, panics := range []bool{false, true} {
 		t.Run(fmt.Sprintf("panics=%v", panics), func(t *testing.T) {
 			t.Parallel()
-			reviewMiddlewareOnAbortedTx(t, panics)
+			middlewareOnAbortedTx(t, panics)
 		})
 	}
 }
 
-// reviewMiddlewareOnAbortedTx: with panics false (control) the middleware
+// middlewareOnAbortedTx: with panics false (control) the middleware
 // returns River's error, and the bad pair is poisoned as usual.
-func reviewMiddlewareOnAbortedTx(t *testing.T, panics bool) {
+func middlewareOnAbortedTx(t *testing.T, panics bool) {
 	b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}},
 		Subscriber{Name: "audit", Types: []string{"**"},
 			Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {

@@ -18,7 +18,7 @@ import (
 // the refused event survives), the pool gets no connection back inside a
 // transaction, no backend is left idle in a transaction, and the refused
 // event ends charged as a whole while every other event is fanned out.
-func TestReview18bStampBatchFailureRollsBackWhole(t *testing.T) {
+func TestAFailedStampBatchRollsBackTheWholeRound(t *testing.T) {
 	t.Parallel()
 	type mode struct {
 		mode    pgx.QueryExecMode
@@ -98,11 +98,11 @@ func TestReview18bStampBatchFailureRollsBackWhole(t *testing.T) {
 
 // FanoutTx, a recovered panic (MarshalJSON inside River): the host's tx
 // is still usable, and what the call did to the other events.
-func TestReviewPanicFanoutTxLeavesHostTxUsable(t *testing.T) {
+func TestPanicFanoutTxLeavesHostTxUsable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, setupOpts{}, reviewSub("marshals", false, false), mapSub("audit", false, "**"))
-	b.record(t, reviewEvent("ok", ""), reviewEvent("boom", "marshal"), reviewEvent("ok2", ""))
+	b := setup(t, setupOpts{}, panicSub("marshals", false, false), mapSub("audit", false, "**"))
+	b.record(t, panicEvent("ok", ""), panicEvent("boom", "marshal"), panicEvent("ok2", ""))
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()

@@ -175,47 +175,47 @@ func (p *blackholeProxy) heal() {
 	p.silence[p.gen] = make(chan struct{})
 }
 
-// reviewArgs panics in the method named by Panic ("kind", "opts", "marshal").
-type reviewArgs struct {
+// panicArgs panics in the method named by Panic ("kind", "opts", "marshal").
+type panicArgs struct {
 	EventID uuid.UUID `json:"event_id"`
 	Panic   string    `json:"-"`
 }
 
-func (a reviewArgs) Kind() string {
+func (a panicArgs) Kind() string {
 	if a.Panic == "kind" {
-		panic("review: Kind panicked")
+		panic("panicArgs: Kind panicked")
 	}
-	return "test.review"
+	return "test.panic"
 }
 
-func (a reviewArgs) InsertOpts() river.InsertOpts {
+func (a panicArgs) InsertOpts() river.InsertOpts {
 	if a.Panic == "opts" {
-		panic("review: InsertOpts panicked")
+		panic("panicArgs: InsertOpts panicked")
 	}
 	return river.InsertOpts{}
 }
 
-func (a reviewArgs) MarshalJSON() ([]byte, error) {
+func (a panicArgs) MarshalJSON() ([]byte, error) {
 	if a.Panic == "marshal" {
-		panic("review: MarshalJSON panicked")
+		panic("panicArgs: MarshalJSON panicked")
 	}
 	return json.Marshal(map[string]uuid.UUID{"event_id": a.EventID})
 }
 
-// reviewSub maps events to reviewArgs; an event whose subject is "boom-<m>"
+// panicSub maps events to panicArgs; an event whose subject is "boom-<m>"
 // (or whose payload says {"panic":"<m>"}) panics in method m.
-func reviewSub(name string, ordered, coalesce bool) Subscriber {
+func panicSub(name string, ordered, coalesce bool) Subscriber {
 	return Subscriber{Name: name, Types: []string{"**"}, Ordered: ordered, Coalesce: coalesce,
 		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
 			var p struct {
 				Panic string `json:"panic"`
 			}
 			_ = json.Unmarshal(e.Payload, &p)
-			return reviewArgs{EventID: e.ID, Panic: p.Panic}, nil, nil
+			return panicArgs{EventID: e.ID, Panic: p.Panic}, nil, nil
 		}}
 }
 
-func reviewEvent(subject, panicIn string) Event {
+func panicEvent(subject, panicIn string) Event {
 	return Event{Type: "a", Subject: subject, Payload: []byte(fmt.Sprintf(`{"panic":%q}`, panicIn))}
 }
 

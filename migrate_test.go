@@ -160,7 +160,7 @@ func watchFunctionsNotify(t *testing.T, pool *pgxpool.Pool, schema string) (own,
 // nothing, and the up migration "succeeds" while every watch's own function
 // keeps notifying. (Dollar-quoted or E-prefixed literals read the same either way;
 // the library's Literal already guards against this setting.)
-func TestReview21Migration10QuietsOwnFunctionsWithStandardConformingStringsOff(t *testing.T) {
+func TestMigration10QuietsOwnFunctionsWithStandardConformingStringsOff(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.New(t)
@@ -187,7 +187,7 @@ func TestReview21Migration10QuietsOwnFunctionsWithStandardConformingStringsOff(t
 // Guard (passes): migration 010 both ways in a named schema that needs
 // quoting, run as Migrate runs it (search_path set to the schema): the
 // own functions qualify outbox_notify() with the quoted schema.
-func TestReview21Migration10InAMixedCaseSchema(t *testing.T) {
+func TestMigration10InAMixedCaseSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const schema = "Billing_EU"
@@ -229,7 +229,7 @@ func TestReview21Migration10InAMixedCaseSchema(t *testing.T) {
 // Guard (passes): migration 010's DO block skips a watch function owned by
 // a role the migrating role does not act as, instead of failing the
 // migration, and still quiets the ones it owns.
-func TestReview21Migration10SkipsAnotherRolesWatchFunction(t *testing.T) {
+func TestMigration10SkipsAnotherRolesWatchFunction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.New(t)

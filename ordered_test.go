@@ -1404,11 +1404,11 @@ func TestOrderedWorkerRunsOnInItsChain(t *testing.T) {
 
 // Kind() of an ordered, coalescing subscriber's args is called by the
 // relay (orderChains) to decide whether to replace the pending tail.
-func TestReviewPanicOrderedCoalesceKind(t *testing.T) {
+func TestPanicOrderedCoalesceKind(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{}, reviewSub("chain", true, true), mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{}, panicSub("chain", true, true), mapSub("audit", false, "**"))
 	orderedCoalescePending(t, b)
-	es := b.record(t, reviewEvent("s", "kind"), reviewEvent("other", ""))
+	es := b.record(t, panicEvent("s", "kind"), panicEvent("other", ""))
 	_, err := fanoutTxOnce(t, b)
 	require.NoError(t, err)
 	rows, pairs := loadRows(t, b.pool), loadPairs(t, b.pool)
@@ -1418,11 +1418,11 @@ func TestReviewPanicOrderedCoalesceKind(t *testing.T) {
 
 // MarshalJSON of a job that replaces a pending tail is called by the
 // relay (chainPlan.queue, json.Marshal): River never sees that job.
-func TestReviewPanicOrderedCoalesceMarshal(t *testing.T) {
+func TestPanicOrderedCoalesceMarshal(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{}, reviewSub("chain", true, true), mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{}, panicSub("chain", true, true), mapSub("audit", false, "**"))
 	orderedCoalescePending(t, b)
-	b.record(t, reviewEvent("s", "marshal"), reviewEvent("other", ""))
+	b.record(t, panicEvent("s", "marshal"), panicEvent("other", ""))
 	_, err := fanoutTxOnce(t, b)
 	// As when MarshalJSON returns an error: FanoutTx, which retries nothing
 	// job by job, fails the call with an error that says why.
@@ -1434,7 +1434,7 @@ func TestReviewPanicOrderedCoalesceMarshal(t *testing.T) {
 func orderedCoalescePending(t *testing.T, b *testBundle) {
 	t.Helper()
 	for i := range 2 {
-		b.record(t, reviewEvent("s", ""))
+		b.record(t, panicEvent("s", ""))
 		n, err := fanoutTxOnce(t, b)
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "round %d", i)

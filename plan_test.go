@@ -17,19 +17,19 @@ import (
 func TestJobArgsPanickingAreChargedToTheirPair(t *testing.T) {
 	t.Parallel()
 	for method, want := range map[string]string{
-		"kind":    `"panics": the job args' Kind or InsertOpts panicked: review: Kind panicked`,
-		"opts":    `"panics": the job args' Kind or InsertOpts panicked: review: InsertOpts panicked`,
-		"marshal": "River's insert (the job args' methods, insert hooks or middleware) panicked: review: MarshalJSON panicked",
+		"kind":    `"panics": the job args' Kind or InsertOpts panicked: panicArgs: Kind panicked`,
+		"opts":    `"panics": the job args' Kind or InsertOpts panicked: panicArgs: InsertOpts panicked`,
+		"marshal": "River's insert (the job args' methods, insert hooks or middleware) panicked: panicArgs: MarshalJSON panicked",
 	} {
 		t.Run(method, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, setupOpts{config: &RelayConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond, MaxAttempts: 2}},
-				reviewSub("panics", false, false), mapSub("audit", false, "**"))
+				panicSub("panics", false, false), mapSub("audit", false, "**"))
 			es := make([]Event, 10)
 			for i := range es {
-				es[i] = reviewEvent(fmt.Sprintf("ok-%d", i), "")
+				es[i] = panicEvent(fmt.Sprintf("ok-%d", i), "")
 			}
-			es[4] = reviewEvent("boom", method)
+			es[4] = panicEvent("boom", method)
 			es = b.record(t, es...)
 			b.start(t)
 			waitDelivered(t, b.pool, 20*time.Second)
@@ -52,10 +52,10 @@ func TestJobArgsPanickingAreChargedToTheirPair(t *testing.T) {
 
 // InsertOpts() is called by the relay itself (plan.go insertOpts) to
 // build InsertManyParams, before insertMany's recover is in place.
-func TestReviewPanicInsertOptsInFanoutTx(t *testing.T) {
+func TestPanicInsertOptsInFanoutTx(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{}, reviewSub("opts", false, false), mapSub("audit", false, "**"))
-	es := b.record(t, reviewEvent("ok", ""), reviewEvent("boom", "opts"))
+	b := setup(t, setupOpts{}, panicSub("opts", false, false), mapSub("audit", false, "**"))
+	es := b.record(t, panicEvent("ok", ""), panicEvent("boom", "opts"))
 	_, err := fanoutTxOnce(t, b)
 	require.NoError(t, err)
 	rows, pairs := loadRows(t, b.pool), loadPairs(t, b.pool)

@@ -701,7 +701,7 @@ func TestStopDuringAStartBlockedOnRegistration(t *testing.T) {
 // to a claim of nothing, rows that keep arriving quietly (one every 10 ms, as
 // trigger rows do) are still found by the re-checks: a claim that finds rows
 // starts them over.
-func TestReview22ALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testing.T) {
+func TestALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))

@@ -368,7 +368,7 @@ func TestScopeFromAWatchAndFromRecord(t *testing.T) {
 // InstallWatch's go doc: "Installing the same spec again changes nothing",
 // whatever the watch's literals hold (here a prefix reading like a notify
 // call).
-func TestReview22InstallWatchOfAnUnchangedWatchWritesNothingWhateverItsPrefix(t *testing.T) {
+func TestInstallWatchOfAnUnchangedWatchWritesNothingWhateverItsPrefix(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.New(t)
@@ -393,7 +393,7 @@ func TestReview22InstallWatchOfAnUnchangedWatchWritesNothingWhateverItsPrefix(t 
 // all created the same own function, and all but one failed on pg_proc's
 // unique index, 23505), and an install of a watch already up to date, which
 // writes nothing.
-func TestReview22ConcurrentInstallWatches(t *testing.T) {
+func TestConcurrentInstallWatches(t *testing.T) {
 	t.Parallel()
 	for _, first := range []bool{true, false} {
 		name := map[bool]string{true: "first install", false: "up to date"}[first]

@@ -118,7 +118,7 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	}
 	h := r.Health()
 	var orphaned []string
-	err := r.pool.QueryRow(ctx, r.sql.Heartbeat, r.runID, host, os.Getpid(), libraryVersion(), r.known, r.startedAt,
+	err := r.pool.QueryRow(ctx, r.sql.Heartbeat, r.runID, host, os.Getpid(), libraryVersion(), r.known,
 		h.Listening, h.PollOnly, h.ConsecutiveFailures, lastRound, r.config.Outbox.OrphanAfter.Microseconds(), r.client.ID()).Scan(&orphaned)
 	if err != nil {
 		return err

@@ -1086,17 +1086,32 @@ func (r *Relay) releaseRetiredChains(ctx context.Context) error {
 func (r *Relay) releaseChains(ctx context.Context, subs []string, done string) error {
 	released := int64(0)
 	for !r.stopping() && ctx.Err() == nil {
-		// One round trip a sweep: the batch runs as one implicit
-		// transaction.
-		var (
-			n int64
-			b pgx.Batch
-		)
-		b.Queue(r.sql.Ordered.ChainRelease, subs, orderedSweepBatch, nilIfEmpty(r.sql.Schema)).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&n, nil)
+		// The links go and the chains left empty with them, in one
+		// transaction; an empty chain is dropped only under its lock and
+		// after a fresh look (ChainLockEmpty, then ChainDropEmpty).
+		var n int64
+		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, r.sql.Ordered.ChainRelease, subs, orderedSweepBatch, nilIfEmpty(r.sql.Schema)).Scan(&n, nil); err != nil {
+				return err
+			}
+			rows, err := tx.Query(ctx, r.sql.Ordered.ChainLockEmpty, subs)
+			if err != nil {
+				return err
+			}
+			var (
+				sub, subject          string
+				subscribers, subjects []string
+			)
+			if _, err := pgx.ForEachRow(rows, []any{&sub, &subject}, func() error {
+				subscribers, subjects = append(subscribers, sub), append(subjects, subject)
+				return nil
+			}); err != nil || len(subscribers) == 0 {
+				return err
+			}
+			_, err = tx.Exec(ctx, r.sql.Ordered.ChainDropEmpty, subscribers, subjects)
+			return err
 		})
-		b.Queue(r.sql.Ordered.ChainDropEmpty, subs)
-		if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
+		if err != nil {
 			return err
 		}
 		released += n

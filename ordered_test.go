@@ -1747,3 +1747,303 @@ func waitJobsCompleted(t *testing.T, pool *pgxpool.Pool) {
 		return !left
 	}, 30*time.Second, 10*time.Millisecond, "the subject's jobs never all completed")
 }
+
+// Chain releases (releaseChains: Ordered turned off, or the subscriber
+// retired) while workers run on in the chain, and the dead-worker rescue
+// (ChainRescue) against a held registry and a reused client ID.
+
+// A chain released (here: the next release turned Ordered off, during a
+// rolling deploy) while a worker of the previous release runs on in it —
+// the head's completion took the jobs behind it — leaves those jobs to that
+// worker: their batch completes outside a chain (migration 015), and jobs
+// given back in no chain are available, not pending. Before, the batch was
+// fenced, handBack (ChainHandBack) put every taken job back to pending as
+// a job behind a head, and with no chain left nothing ever released them:
+// the events were never handled, River UI showed the jobs pending for good.
+func TestOrderedReleasedChainStillCompletesTakenJobs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	exec(t, pool, "CREATE TABLE ledger_effects (event_id uuid PRIMARY KEY)")
+	entered := make(chan struct{})
+	hold := newGate()
+	t.Cleanup(hold.open)
+	var runs atomic.Int32
+	sub := func(ordered bool) Subscriber {
+		return Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: ordered,
+			HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
+				if runs.Add(1) == 2 { // the first job taken behind the head
+					close(entered)
+					<-hold.c
+				}
+				_, err := tx.Exec(ctx, "INSERT INTO ledger_effects VALUES ($1) ON CONFLICT DO NOTHING", e.ID)
+				return err
+			}}
+	}
+	// The ordered release fans out four events of one subject: a head and
+	// three jobs waiting behind it.
+	fanner := startNode(t, url, nodeOpts{noWork: true}, sub(true))
+	es := recordEach(t, pool, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"},
+		Event{Type: "x", Subject: "s"})
+	waitFannedOut(t, pool, 10*time.Second)
+	fanner.stop(t)
+	// A worker of the ordered release runs the head, and its completion
+	// takes the three behind it.
+	startNode(t, url, nodeOpts{}, sub(true))
+	recv(t, entered, 20*time.Second, "the worker never ran on in its chain")
+	// Meanwhile the next release, with Ordered off, releases the chain.
+	startNode(t, url, nodeOpts{}, sub(false))
+	require.Eventually(t, func() bool {
+		var chains int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_chains").Scan(&chains))
+		return chains == 0
+	}, 20*time.Second, 10*time.Millisecond, "the chain was never released")
+	hold.open()
+
+	// Every event is handled once, every job ends completed.
+	if !holdsWithin(20*time.Second, func() bool {
+		var effects, left int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM ledger_effects),
+			(SELECT count(*) FROM river_job WHERE state <> 'completed')`).Scan(&effects, &left))
+		return effects == len(es) && left == 0
+	}) {
+		t.Fatalf("events never handled; jobs stranded: %s", chainJobStates(t, pool))
+	}
+}
+
+// holdsWithin polls cond every 20 ms until it holds or d passes.
+func holdsWithin(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// chainJobStates describes River's jobs and the chains, for a failure's
+// message.
+func chainJobStates(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) string {
+	t.Helper()
+	var s string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT concat(
+		(SELECT string_agg(id || ':' || state || '/attempt ' || attempt, ', ' ORDER BY id) FROM river_job), ' | links: ',
+		(SELECT string_agg(job_id::text, ', ' ORDER BY job_id) FROM outbox_chain_jobs), ' | chains: ',
+		(SELECT count(*) FROM outbox_chains))`).Scan(&s))
+	return s
+}
+
+// A release that drops a retired subscriber's empty chains races a relay
+// of the previous release that still appends to the chain (ChainRetired:
+// such relays "still deliver to it until they restart"). The chain row goes
+// only with no link in a snapshot taken under its lock (ChainLockEmpty,
+// then ChainDropEmpty). Before, one DELETE waited for the append's lock on
+// the chain row (upserted by ChainAppendLate) and rechecked the row, but
+// its NOT EXISTS subquery still read the snapshot it started with, without
+// the link the append had just committed: the chain row went, the link
+// stayed, and ChainRetired, which lists subscribers with a chain row, never
+// released it: its job stayed pending for good, nowhere listed. The append
+// is the relay's own statement (ChainAppendLate) with the job it inserts
+// pending, held open in a transaction as a round's stamp holds it.
+func TestOrderedReleaseNeverDropsAChainAnAppendHolds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	ledger := Subscriber{Name: "ledger", Types: []string{"x"}, Ordered: true, Handle: func(context.Context, Event) error { return nil }}
+	audit := Subscriber{Name: "audit", Types: []string{"audit.*"}, Handle: func(context.Context, Event) error { return nil }}
+	old := startNode(t, url, nodeOpts{noWork: true}, ledger, audit)
+	recordEach(t, pool, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"})
+	waitFannedOut(t, pool, 10*time.Second)
+	old.stop(t)
+	require.NoError(t, Outbox{}.RetireSubscriber(ctx, pool, "ledger"))
+	e := recordEach(t, pool, Event{Type: "y", Subject: "s"})[0] // matches neither: only its seq and ID are used
+
+	// A relay of the previous release (it still has ledger) appends a job
+	// to the chain in its round's stamp, not committed yet.
+	sql, err := statementsFor("")
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	args, err := json.Marshal(HandleArgs{Subscriber: "ledger", Event: e})
+	require.NoError(t, err)
+	var job int64
+	require.NoError(t, tx.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue, state, tags)
+		VALUES ($1, 'events.handle', 25, 'default', 'pending', $2) RETURNING id`,
+		args, []string{tagSubscriber + "ledger", tagOrdered}).Scan(&job))
+	_, err = tx.Exec(ctx, sql.Ordered.ChainAppendLate, []string{"ledger"}, []string{"s"}, []int64{1}, []int64{job}, []int64{job},
+		[]string{"ledger"}, []string{"s"}, []int64{job}, []int64{e.Seq}, []string{e.ID.String()}, []string{"x"}, nil)
+	require.NoError(t, err)
+
+	// The new release (without ledger) sweeps: it releases the two links it
+	// sees, and either leaves the chain row the append holds alone or waits
+	// on it to drop it.
+	startNode(t, url, nodeOpts{}, audit)
+	require.True(t, holdsWithin(20*time.Second, func() bool {
+		var released bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM outbox_chain_jobs)
+			OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM%outbox_chains%')`).Scan(&released))
+		return released
+	}), "the release never released the links it sees")
+	require.NoError(t, tx.Commit(ctx))
+
+	// Every job of the retired subscriber ends (cancelled by the worker, as
+	// its other jobs did); no link is left without its chain.
+	if !holdsWithin(10*time.Second, func() bool {
+		var pending, links int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM river_job WHERE state = 'pending'),
+			(SELECT count(*) FROM outbox_chain_jobs)`).Scan(&pending, &links))
+		return pending == 0 && links == 0
+	}) {
+		t.Fatalf("a job of the retired subscriber is held for good: %s", chainJobStates(t, pool))
+	}
+}
+
+// The dead-worker rescue takes a process for dead when its relay's
+// heartbeat has not landed for deadWorkerAfter. The heartbeat also stamps
+// last_served_at on the registry rows of the subscribers the relay serves,
+// and skips a row someone holds rather than wait: here an operator retires
+// another subscriber (audit) with Outbox.RetireSubscriber in a transaction
+// of theirs, which holds the row FOR UPDATE until it commits. Before, the
+// heartbeat waited on it, the sweep found every relay row of the client
+// silent and gave the live worker's head back to River: the head ran a
+// second time beside the first. The bound is the test's (1 s, heartbeats
+// every 100 ms, as in TestOrderedHungLiveWorkerKeepsItsJob); in production
+// it is 30 s.
+func TestOrderedLiveWorkerWithAHeldRegistryKeepsItsHead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	ran := newRunLog()
+	started := make(chan struct{})
+	release := newGate()
+	t.Cleanup(release.open)
+	var runs atomic.Int32
+	ledger := Subscriber{Name: "ledger", Types: []string{"x"}, Ordered: true, Handle: func(ctx context.Context, e Event) error {
+		ran.begin(e)
+		if runs.Add(1) == 1 {
+			close(started)
+			<-release.c // slow, but alive: its process reports in
+		}
+		ran.end(e, true)
+		return nil
+	}}
+	audit := Subscriber{Name: "audit", Types: []string{"audit.*"}, Handle: func(context.Context, Event) error { return nil }}
+	fast := &RelayConfig{Outbox: Outbox{OrphanAfter: 300 * time.Millisecond}}
+	startNode(t, url, nodeOpts{config: fast, clientID: "worker-alive", deadWorkerAfter: time.Second}, ledger, audit)
+	e := recordEach(t, pool, Event{Type: "x", Subject: "s"})[0]
+	recv(t, started, 20*time.Second, "the run never started")
+
+	// An operator retires audit in a transaction of theirs that lasts 3 s.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.NoError(t, Outbox{}.RetireSubscriber(ctx, tx, "audit"))
+	time.Sleep(3 * time.Second)
+	require.NoError(t, tx.Commit(ctx))
+	time.Sleep(500 * time.Millisecond)
+
+	_, state, attempt := jobOf(t, pool, "ledger", e.ID)
+	release.open()
+	ran.mu.Lock()
+	overlaps := append([]string(nil), ran.overlaps...)
+	ran.mu.Unlock()
+	require.Empty(t, overlaps, "the live worker's head ran twice at once")
+	require.Equal(t, "running", state, "a live worker's job was taken from it")
+	require.Equal(t, 1, attempt)
+}
+
+// A process that dies holding a head and comes back under the same River
+// client ID — River's Config.ID set to a stable name, as a StatefulSet's
+// pod name is, restarted within seconds — has its dead incarnation's head
+// given back: a relay row that started after the job's attempt cannot be
+// the process that runs it, so ChainRescue does not count it. Before, it
+// asked every relay row of the client to be silent, the restarted
+// process's row reported in, and the head stayed running until River's
+// rescuer (an hour by default), its subject with it. Death is simulated as
+// in TestOrderedDeadWorkersHeadIsGivenBack.
+func TestOrderedDeadWorkerRestartedUnderTheSameClientIDIsRescued(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ran := newRunLog()
+	hung := make(chan struct{})
+	never := newGate()
+	var runs atomic.Int32
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true,
+		Handle: func(ctx context.Context, e Event) error {
+			if string(e.Payload) == `{"n": 1}` && runs.Add(1) == 1 {
+				close(hung)
+				<-never.c // the dead process's run: it never returns
+			}
+			ran.begin(e)
+			ran.end(e, true)
+			return nil
+		}}
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	fast := &RelayConfig{Outbox: Outbox{OrphanAfter: 300 * time.Millisecond}}
+	dead := startNode(t, url, nodeOpts{config: fast, clientID: "worker-0"}, sub)
+	t.Cleanup(never.open)
+	es := recordEach(t, pool, Event{Type: "a", Subject: "s", Payload: []byte(`{"n":1}`)}, Event{Type: "a", Subject: "s", Payload: []byte(`{"n":2}`)})
+	recv(t, hung, 20*time.Second, "the first run never started")
+	require.NoError(t, dead.relay.Stop(ctx))
+	exec(t, pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE river_client_id = 'worker-0'")
+
+	// The process restarts, under the same River client ID.
+	startNode(t, url, nodeOpts{config: fast, clientID: "worker-0", deadWorkerAfter: 2 * time.Second}, sub)
+	require.True(t, holdsWithin(20*time.Second, func() bool { return len(ran.handled("s")) == 2 }),
+		"the dead incarnation's head was never given back: its subject waits for River's rescue")
+	require.Equal(t, ids(es), ran.handled("s"))
+}
+
+// As TestOrderedReleasedChainStillCompletesTakenJobs, for a retired
+// subscriber whose previous release still works its jobs (ChainRetired:
+// relays that were running "still deliver to it until they restart"): the
+// chain is released while that release's worker runs on in it, and the
+// jobs it took end, none pending for good in no chain.
+func TestOrderedRetiredReleaseStillCompletesTakenJobs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	entered := make(chan struct{})
+	hold := newGate()
+	t.Cleanup(hold.open)
+	var runs atomic.Int32
+	ledger := Subscriber{Name: "ledger", Types: []string{"x"}, Ordered: true, Handle: func(ctx context.Context, e Event) error {
+		if runs.Add(1) == 2 { // the first job taken behind the head
+			close(entered)
+			<-hold.c
+		}
+		return nil
+	}}
+	audit := Subscriber{Name: "audit", Types: []string{"audit.*"}, Handle: func(context.Context, Event) error { return nil }}
+	fanner := startNode(t, url, nodeOpts{noWork: true}, ledger, audit)
+	recordEach(t, pool, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"},
+		Event{Type: "x", Subject: "s"})
+	waitFannedOut(t, pool, 10*time.Second)
+	fanner.stop(t)
+	startNode(t, url, nodeOpts{}, ledger, audit) // the previous release, still running
+	recv(t, entered, 20*time.Second, "the worker never ran on in its chain")
+	require.NoError(t, Outbox{}.RetireSubscriber(ctx, pool, "ledger"))
+	startNode(t, url, nodeOpts{}, audit) // the release without ledger
+	require.True(t, holdsWithin(20*time.Second, func() bool {
+		var chains int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_chains").Scan(&chains))
+		return chains == 0
+	}), "the chain was never released")
+	hold.open()
+
+	if !holdsWithin(15*time.Second, func() bool {
+		var left int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state IN ('pending', 'running')").Scan(&left))
+		return left == 0
+	}) {
+		t.Fatalf("the retired subscriber's jobs are held for good: %s", chainJobStates(t, pool))
+	}
+}

@@ -223,7 +223,6 @@ type Relay struct {
 
 	// Heartbeats (heartbeat.go), for one run.
 	runID     uuid.UUID
-	startedAt time.Time
 	lastRound atomic.Int64             // unix nanoseconds of the last round that fanned out
 	orphaned  atomic.Pointer[[]string] // as the last heartbeat read them
 }
@@ -424,7 +423,7 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 	}
 	r.failing.Store(0)
 	r.lastSuccess.Store(time.Now().UnixNano())
-	r.runID, r.startedAt = uuid.Must(uuid.NewV7()), time.Now()
+	r.runID = uuid.Must(uuid.NewV7())
 	r.lastRound.Store(0)
 	r.orphaned.Store(nil)
 	return nil

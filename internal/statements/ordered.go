@@ -9,7 +9,8 @@ type Ordered struct {
 	ChainAdvance, ChainSweep              string
 	ChainComplete, ChainHandBack          string
 	ChainOutOfTurn                        string
-	ChainRelease, ChainDropEmpty          string
+	ChainRelease, ChainLockEmpty          string
+	ChainDropEmpty                        string
 	ChainRetired                          string
 	ChainRescue                           string
 	ChainResume, ChainSkip                string

@@ -136,18 +136,22 @@ SELECT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l
 -- spent), and, if it is the chain's head, River runs it again at once, with
 -- its own retries from there. The others are as they were before they were
 -- taken, their attempt not counted: the head available, the jobs behind it
--- pending. River's insert notification on channel
+-- pending. A job in no chain any more (released while it ran: Ordered turned
+-- off, or its subscriber retired) is available too, as any job of the
+-- subscriber: pending, nothing would ever release it. River's insert
+-- notification on channel
 -- "<$3 or current schema>.river_insert" wakes its producers.
 WITH h AS (
     SELECT u.id, u.att, u.id = $4 AS failed,
            EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l
                      JOIN /* TEMPLATE: schema */outbox_chains c ON c.subscriber = l.subscriber AND c.subject = l.subject
-                    WHERE l.job_id = u.id AND c.head_job = u.id) AS head
+                    WHERE l.job_id = u.id AND c.head_job = u.id) AS head,
+           NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l WHERE l.job_id = u.id) AS unlinked
       FROM unnest($1::bigint[], $2::integer[]) AS u(id, att)),
 back AS (
     UPDATE /* TEMPLATE: schema */river_job AS j
        SET state = CASE WHEN h.failed AND j.attempt >= j.max_attempts THEN 'discarded'::/* TEMPLATE: schema */river_job_state
-                        WHEN h.head THEN 'available'::/* TEMPLATE: schema */river_job_state
+                        WHEN h.head OR h.unlinked THEN 'available'::/* TEMPLATE: schema */river_job_state
                         ELSE 'pending'::/* TEMPLATE: schema */river_job_state END,
            finalized_at = CASE WHEN h.failed AND j.attempt >= j.max_attempts THEN now() ELSE j.finalized_at END,
            errors = CASE WHEN h.failed THEN array_append(j.errors, jsonb_build_object('at', now(), 'attempt', j.attempt, 'error', $5::text, 'trace', ''))
@@ -205,8 +209,12 @@ SELECT coalesce(array_agg(s.name ORDER BY s.name), '{}')
 -- name: ChainRescue
 -- Gives back to River the heads of the chains of subscribers $1 that run on
 -- a River client whose process died: every relay row of that client (the
--- last one in attempted_by) was never marked stopped and has not reported
--- in for $2 µs, and the run began longer ago than that. As River's rescuer
+-- last one in attempted_by) that started before the run did was never
+-- marked stopped and has not reported in for $2 µs, and the run began
+-- longer ago than that. A relay row that started after the run cannot be
+-- the process running it: a process restarted under the same client ID (a
+-- stable River Config.ID, as a StatefulSet's pod name) does not keep its
+-- dead predecessor's jobs alive. As River's rescuer
 -- does, but within a minute rather than an hour: the job is available
 -- again (discarded if its attempts are spent), an error recorded, River's
 -- producers told ($3 schema or NULL for River's channel). The dead run can
@@ -225,10 +233,10 @@ WITH dead AS (
        AND (SELECT c.head_job FROM /* TEMPLATE: schema */outbox_chains c
              WHERE c.subscriber = l.subscriber AND c.subject = l.subject) = j.id
        AND j.attempted_at < now() - $2::bigint * interval '1 microsecond'
-       -- Every relay row of the client silent and never stopped (none at
-       -- all: NULL, not dead).
+       -- Every relay row of the client that started before the run silent
+       -- and never stopped (none at all: NULL, not dead).
        AND (SELECT bool_and(r.stopped_at IS NULL AND r.last_seen_at < now() - $2::bigint * interval '1 microsecond')
-              FROM /* TEMPLATE: schema */outbox_relays r WHERE r.river_client_id = a.client)
+              FROM /* TEMPLATE: schema */outbox_relays r WHERE r.river_client_id = a.client AND r.started_at <= j.attempted_at)
        FOR UPDATE OF j SKIP LOCKED),
 up AS (
     UPDATE /* TEMPLATE: schema */river_job AS j
@@ -243,13 +251,13 @@ up AS (
      WHERE j.id = d.id
     RETURNING j.id, j.queue, j.state::text AS state, d.client),
 -- The jobs behind such a head that the dead run had taken to run on
--- (outbox_chain_complete) go back to pending, their attempt not counted:
--- they follow the head in their turn.
+-- (outbox_chain_complete) go back to pending: they follow the head in their
+-- turn. Their attempt stays counted: were the run alive after all, its
+-- completion, fenced on the attempt, must never match the attempt of the
+-- run that takes them next.
 behind AS (
     UPDATE /* TEMPLATE: schema */river_job AS j
-       SET state = 'pending'::/* TEMPLATE: schema */river_job_state, attempt = j.attempt - 1,
-           attempted_at = CASE WHEN j.attempt = 1 THEN NULL ELSE j.attempted_at END,
-           attempted_by = j.attempted_by[1:array_length(j.attempted_by, 1) - 1]
+       SET state = 'pending'::/* TEMPLATE: schema */river_job_state
       FROM dead d
       JOIN /* TEMPLATE: schema */outbox_chain_jobs h ON h.job_id = d.id
       JOIN /* TEMPLATE: schema */outbox_chain_jobs l ON l.subscriber = h.subscriber AND l.subject = h.subject AND l.job_id <> d.id
@@ -258,10 +266,28 @@ SELECT up.id, up.state, up.client,
        pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', up.queue)::text)
   FROM up;
 
--- name: ChainDropEmpty
--- Deletes the chain rows of subscribers $1 that have no link left.
-DELETE FROM /* TEMPLATE: schema */outbox_chains c
+-- name: ChainLockEmpty
+-- Locks the chain rows of subscribers $1 that have no link left, skipping
+-- those another transaction holds (a round appending to them). A row this
+-- returns may have links after all: an append that committed while the
+-- statement ran is not in its snapshot. ChainDropEmpty, the next statement,
+-- looks again.
+SELECT c.subscriber, c.subject FROM /* TEMPLATE: schema */outbox_chains c
  WHERE c.subscriber = ANY($1::text[])
+   AND NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l WHERE l.subscriber = c.subscriber AND l.subject = c.subject)
+   FOR UPDATE SKIP LOCKED;
+
+-- name: ChainDropEmpty
+-- Deletes the chain rows ($1 subscribers, $2 subjects) that ChainLockEmpty
+-- locked, in the same transaction, and that have no link left. A statement
+-- of its own, with a snapshot taken once the locks are held, so that it
+-- sees every link appended before them (under READ COMMITTED a DELETE that
+-- waits on a row rechecks the row, but its subquery keeps the snapshot it
+-- started with: the chain went, the link an append had just added stayed,
+-- in no chain, its job held for good).
+DELETE FROM /* TEMPLATE: schema */outbox_chains c
+ USING unnest($1::text[], $2::text[]) AS u(sub, subj)
+ WHERE c.subscriber = u.sub AND c.subject = u.subj
    AND NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l WHERE l.subscriber = c.subscriber AND l.subject = c.subject);
 
 -- name: ChainResume

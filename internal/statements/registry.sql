@@ -124,26 +124,35 @@ UPDATE /* TEMPLATE: schema */outbox_subscribers SET backfill_done_at = now() WHE
 
 -- name: Heartbeat
 -- $1 relay id, $2 host, $3 pid, $4 version, $5 subscribers served, $6
--- started, $7 listening, $8 poll only, $9 consecutive failures, $10 last
--- round, $11 OrphanAfter in µs, $12 the River client's ID. It also marks
--- the subscribers served, forgets relays not seen for a day, and returns
--- the orphaned subscribers: registered, active, served by no relay for
+-- listening, $7 poll only, $8 consecutive failures, $9 last
+-- round, $10 OrphanAfter in µs, $11 the River client's ID. The run starts
+-- at its first heartbeat, on the server's clock, as River's attempted_at is:
+-- ChainRescue compares them. It also marks the subscribers served (those no
+-- one else holds), forgets relays not seen for a day, and returns the
+-- orphaned subscribers: registered, active, served by no relay for
 -- OrphanAfter (as Stats counts them), other than its own.
 WITH hb AS (
     INSERT INTO /* TEMPLATE: schema */outbox_relays AS r
            (id, host, pid, version, subscribers, started_at, last_seen_at, listening, poll_only, consecutive_failures, last_round_at,
             river_client_id)
-    VALUES ($1, $2, $3, $4, $5::text[], $6, now(), $7, $8, $9, $10, $12)
+    VALUES ($1, $2, $3, $4, $5::text[], now(), now(), $6, $7, $8, $9, $11)
     ON CONFLICT (id) DO UPDATE
        SET last_seen_at = now(), subscribers = EXCLUDED.subscribers, listening = EXCLUDED.listening,
            consecutive_failures = EXCLUDED.consecutive_failures, last_round_at = EXCLUDED.last_round_at, stopped_at = NULL),
+-- A registry row another transaction holds (an operator's
+-- RetireSubscriber, however long it lasts) is skipped this time, never
+-- waited for: the heartbeat is what tells the relays that this process is
+-- alive (ChainRescue), and must land whatever holds the registry. FOR NO KEY
+-- UPDATE, as the UPDATE itself locks, so the rounds' FOR KEY SHARE does not
+-- make it skip.
 served AS (
     UPDATE /* TEMPLATE: schema */outbox_subscribers SET last_served_at = now()
-     WHERE name = ANY($5::text[]) AND retired_at IS NULL),
+     WHERE name IN (SELECT name FROM /* TEMPLATE: schema */outbox_subscribers
+                     WHERE name = ANY($5::text[]) AND retired_at IS NULL FOR NO KEY UPDATE SKIP LOCKED)),
 gone AS (
     DELETE FROM /* TEMPLATE: schema */outbox_relays WHERE last_seen_at < now() - interval '1 day')
 SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM /* TEMPLATE: schema */outbox_subscribers
- WHERE retired_at IS NULL AND coalesce(last_served_at, registered_at) < now() - $11::bigint * interval '1 microsecond'
+ WHERE retired_at IS NULL AND coalesce(last_served_at, registered_at) < now() - $10::bigint * interval '1 microsecond'
    AND NOT (name = ANY($5::text[]));
 
 -- name: RelayStopped

@@ -33,8 +33,9 @@ import (
 // (HandleTx, blocks on a discarded head) and "feed" (Map through
 // OrderedMiddleware, continues past one) — whose handlers fail at random.
 // Relays are stopped abruptly, clients stopped with their jobs cancelled,
-// connections terminated, the child SIGKILLed (its running jobs then given
-// to others, as River's rescuer does), and some ledger handlers hang until
+// connections terminated, the child SIGKILLed (the other relays see its
+// relay fall silent and give back the heads it ran: the library's
+// dead-worker rescue, nothing hand-made), and some ledger handlers hang until
 // River's rescuer has given their job to another worker: zombies. An
 // operator resumes or skips blocked subjects. Every handler run is logged
 // in the database (its start and end through a pool the chaos leaves alone;
@@ -82,19 +83,33 @@ func TestOrderedWorkerProcess(t *testing.T) {
 	logPool, err := pgxpool.New(ctx, withAppName(url, chaosLogApp+"-"+id))
 	require.NoError(t, err)
 	h := &chaosHandlers{log: logPool, proc: id}
-	relay, err := NewRelay(pool, &RelayConfig{Logger: quietLogger()})
+	// A relay of its own, as every process that works ordered jobs should
+	// run: its heartbeat tells the others when the process is gone.
+	relay, err := NewRelay(pool, &RelayConfig{Logger: quietLogger(), Outbox: Outbox{OrphanAfter: chaosOrphanAfter}})
 	require.NoError(t, err)
 	for _, s := range h.subscribers() {
 		require.NoError(t, relay.Subscribe(s))
 	}
 	client := h.client(t, pool, relay, id)
 	require.NoError(t, client.Start(ctx))
+	require.NoError(t, relay.Start(ctx, client))
 	select {} // until killed
 }
 
 // chaosJobTimeout is the clients' JobTimeout: the test's rescuer gives a
 // hung run's job to another worker only after it, as River's does.
 const chaosJobTimeout = 2 * time.Second
+
+// chaosOrphanAfter makes every relay of the checker report in every
+// 200 ms (OrphanAfter / 3), and chaosDeadWorkerAfter is how long a silent
+// relay's River client must have been silent before the others give back
+// the heads it ran: fifteen heartbeats, so a live process on a busy
+// machine is not taken for dead, and a SIGKILLed child's heads run again
+// within seconds.
+const (
+	chaosOrphanAfter     = 600 * time.Millisecond
+	chaosDeadWorkerAfter = 3 * time.Second
+)
 
 // chaosLogApp starts the application_name of the log pools, which the
 // chaos never terminates.
@@ -268,6 +283,8 @@ type orderedChaos struct {
 	// run's end logged later (a statement the server still ran after the
 	// kill) is not when the run ended.
 	killedAt map[string]time.Time
+	// childHeld counts the jobs killed children left running.
+	childHeld int
 
 	// What the operator skipped, per (subscriber, subject): the head
 	// events it gave up.
@@ -361,8 +378,10 @@ func (c *orderedChaos) rescuer(stop <-chan struct{}) {
 func (c *orderedChaos) startSlot(s *chaosSlot) {
 	t := c.t
 	relay, err := NewRelay(s.pool, &RelayConfig{BatchSize: 1 + rand.IntN(40), RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
-		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 200 * time.Millisecond}}, Logger: quietLogger()})
+		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 200 * time.Millisecond}}, Logger: quietLogger(),
+		Outbox: Outbox{OrphanAfter: chaosOrphanAfter}})
 	require.NoError(t, err)
+	relay.hooks.deadWorkerAfter = chaosDeadWorkerAfter
 	for _, sub := range c.h.subscribers() {
 		require.NoError(t, relay.Subscribe(sub))
 	}
@@ -405,9 +424,19 @@ func (c *orderedChaos) startChild() {
 	c.child = cmd
 }
 
-// killChild SIGKILLs the child; its running jobs are given to other
-// workers (as River's rescuer does) and its unfinished runs end now.
+// killChild SIGKILLs the child; its unfinished runs end now. Nothing here
+// gives its running jobs back: the relays do (a dead worker's heads,
+// ChainRescue), after chaosDeadWorkerAfter, and River's rescuer would take
+// an hour, longer than the run may take to settle.
 func (c *orderedChaos) killChild() {
+	// A process whose relay never reported in is left to River's rescuer
+	// (an hour): kill the child once its relay has.
+	require.Eventually(c.t, func() bool {
+		var up bool
+		require.NoError(c.t, c.admin.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relays WHERE river_client_id = $1)`,
+			c.childID).Scan(&up))
+		return up
+	}, 30*time.Second, 5*time.Millisecond, "the child's relay never reported in")
 	require.NoError(c.t, c.child.Process.Kill())
 	_ = c.child.Wait()
 	// The server finishes a statement the child had sent (a fetch, a log
@@ -422,7 +451,10 @@ func (c *orderedChaos) killChild() {
 	require.NoError(c.t, c.admin.QueryRow(context.Background(), "SELECT clock_timestamp()").Scan(&at))
 	c.killedAt[c.childID] = at
 	exec(c.t, c.admin, `UPDATE chaos_runs SET ended_at = clock_timestamp(), outcome = 'killed' WHERE proc = $1 AND ended_at IS NULL`, c.childID)
-	c.rescue(c.childID)
+	var held int
+	require.NoError(c.t, c.admin.QueryRow(context.Background(), `SELECT count(*) FROM river_job
+		WHERE state = 'running' AND attempted_by[array_upper(attempted_by, 1)] = $1`, c.childID).Scan(&held))
+	c.childHeld += held
 }
 
 // rescue makes the jobs that the River client id left running available
@@ -575,7 +607,11 @@ func (c *orderedChaos) run(total int, duration time.Duration) {
 
 	// Calm: the child goes for good, everything drains; the operator keeps
 	// resolving blocked subjects.
+	// Settled within a minute on a quiet machine (the dead child's heads
+	// come back after chaosDeadWorkerAfter); the bound leaves room for a busy
+	// one, and River's rescuer, the stall it guards against, takes an hour.
 	c.killChild()
+	lastKill := time.Now()
 	settled := false
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
@@ -584,6 +620,7 @@ func (c *orderedChaos) run(total int, duration time.Duration) {
 			+ (SELECT count(*) FROM outbox_deliveries) + (SELECT count(*) FROM outbox_chains)`).Scan(&left))
 		if left == 0 {
 			settled = true
+			t.Logf("ordered chaos: settled %v after the last kill", time.Since(lastKill).Round(time.Millisecond))
 			break
 		}
 		time.Sleep(50 * time.Millisecond) // polling the condition above
@@ -806,8 +843,16 @@ func (c *orderedChaos) check() {
 			}
 		}
 	}
-	t.Logf("ordered chaos: %d events over %d subjects; %d runs; ledger: %d handled, %d skipped, %d zombies hung, %d commits refused; feed: %d discarded and passed; %d overlaps across subjects; faults: %s",
-		handled+skipped, len(bySubject), len(runs), handled, skipped, c.hung.Load(), refused, discarded, overlapsAcross, strings.Join(faults, ", "))
+	// The jobs the relays gave back from killed children (ChainRescue's
+	// error on the job): nothing else in the run does.
+	var givenBack int
+	require.NoError(t, c.admin.QueryRow(ctx, `SELECT count(*) FROM river_job
+		WHERE EXISTS (SELECT FROM jsonb_array_elements(to_jsonb(errors)) e WHERE e->>'error' LIKE '%stopped heartbeating%')`).Scan(&givenBack))
+	t.Logf("ordered chaos: %d events over %d subjects; %d runs; ledger: %d handled, %d skipped, %d zombies hung, %d commits refused; feed: %d discarded and passed; %d overlaps across subjects; killed children left %d jobs running, the relays gave %d back; faults: %s",
+		handled+skipped, len(bySubject), len(runs), handled, skipped, c.hung.Load(), refused, discarded, overlapsAcross, c.childHeld, givenBack, strings.Join(faults, ", "))
+	if c.childHeld > 0 {
+		require.Positive(t, givenBack, "killed children left jobs running, but no relay gave one back")
+	}
 	if c.hung.Load() > 0 {
 		require.Positive(t, refused, "zombies hung, but no commit was refused")
 	}

@@ -209,12 +209,12 @@ SELECT coalesce(array_agg(s.name ORDER BY s.name), '{}')
 -- name: ChainRescue
 -- Gives back to River the heads of the chains of subscribers $1 that run on
 -- a River client whose process died: every relay row of that client (the
--- last one in attempted_by) that started before the run did was never
--- marked stopped and has not reported in for $2 µs, and the run began
--- longer ago than that. A relay row that started after the run cannot be
--- the process running it: a process restarted under the same client ID (a
--- stable River Config.ID, as a StatefulSet's pod name) does not keep its
--- dead predecessor's jobs alive. As River's rescuer
+-- last one in attempted_by) that started before the run did (or, if none
+-- did, every one) was never marked stopped and has not reported in for $2
+-- µs, and the run began longer ago than that. A relay row that started
+-- after the run cannot be the process running it: a process restarted under
+-- the same client ID (a stable River Config.ID, as a StatefulSet's pod
+-- name) does not keep its dead predecessor's jobs alive. As River's rescuer
 -- does, but within a minute rather than an hour: the job is available
 -- again (discarded if its attempts are spent), an error recorded, River's
 -- producers told ($3 schema or NULL for River's channel). The dead run can
@@ -234,9 +234,12 @@ WITH dead AS (
              WHERE c.subscriber = l.subscriber AND c.subject = l.subject) = j.id
        AND j.attempted_at < now() - $2::bigint * interval '1 microsecond'
        -- Every relay row of the client that started before the run silent
-       -- and never stopped (none at all: NULL, not dead).
-       AND (SELECT bool_and(r.stopped_at IS NULL AND r.last_seen_at < now() - $2::bigint * interval '1 microsecond')
-              FROM /* TEMPLATE: schema */outbox_relays r WHERE r.river_client_id = a.client AND r.started_at <= j.attempted_at)
+       -- and never stopped; if none started before it (River fetched the
+       -- job before the relay's first heartbeat), every relay row of the
+       -- client (none at all: NULL, not dead).
+       AND (SELECT coalesce(bool_and(r.silent) FILTER (WHERE r.started_at <= j.attempted_at), bool_and(r.silent))
+              FROM (SELECT r.started_at, r.stopped_at IS NULL AND r.last_seen_at < now() - $2::bigint * interval '1 microsecond' AS silent
+                      FROM /* TEMPLATE: schema */outbox_relays r WHERE r.river_client_id = a.client) r)
        FOR UPDATE OF j SKIP LOCKED),
 up AS (
     UPDATE /* TEMPLATE: schema */river_job AS j

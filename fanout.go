@@ -279,7 +279,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		b     pgx.Batch
 		batch []claimedRow
 	)
-	b.BeginTx(pgx.TxOptions{AccessMode: pgx.ReadWrite})
+	b.BeginTx(ownTx)
 	b.Queue(r.sql.RoundSettings)
 	b.Queue(claimSQL, args...).Query(func(rows pgx.Rows) (err error) {
 		batch, err = collectClaimed(rows, l)

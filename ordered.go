@@ -679,7 +679,7 @@ func (w *handleWorker) runBatch(ctx context.Context, sub *subscription, jobs []*
 	}
 	// The handlers' writes, the completions and the take commit together,
 	// or none of them.
-	err = pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, w.pool, ownTx, func(tx pgx.Tx) error {
 		for i, e := range es {
 			if err := start(i); err != nil {
 				return err
@@ -1005,7 +1005,14 @@ func (r *Relay) chainSweeper(ctx context.Context) {
 	if len(subs) == 0 && len(unordered) == 0 {
 		return
 	}
+	sweeps := 0
 	startstop.Every(ctx, r.run.Stopping(), 0, orderedSweepInterval, func() {
+		if sweeps%orderedRepairEvery == 0 {
+			if err := r.repairChains(ctx); err != nil && ctx.Err() == nil && !r.stopping() {
+				r.logger.WarnContext(ctx, "events: repairing ordered chains failed", slog.String("err", err.Error()))
+			}
+		}
+		sweeps++
 		if len(unordered) > 0 {
 			if err := r.releaseChains(ctx, unordered, "events: released the waiting jobs of subscribers that this release does not order (Ordered was turned off)"); err != nil && ctx.Err() == nil && !r.stopping() {
 				r.logger.WarnContext(ctx, "events: releasing the chains of unordered subscribers failed", slog.String("err", err.Error()))
@@ -1060,6 +1067,33 @@ func (r *Relay) rescueHeads(ctx context.Context, subs []string) error {
 	return rows.Err()
 }
 
+// orderedRepairEvery is how many sweeps apart a relay repairs what a
+// release before migration 015 may leave (repairChains): the statement
+// reads every link and every pending ordered job.
+const orderedRepairEvery = 10
+
+// repairChains releases the jobs that a release before migration 015 may
+// leave held for good (ChainRepair): links whose chain is gone, ordered
+// jobs pending in no chain. They run as any job of their subscriber.
+func (r *Relay) repairChains(ctx context.Context) error {
+	released := int64(0)
+	for !r.stopping() && ctx.Err() == nil {
+		var n int64
+		if err := r.pool.QueryRow(ctx, r.sql.Ordered.ChainRepair, orderedSweepBatch, nilIfEmpty(r.sql.Schema), tagOrdered).Scan(&n, nil); err != nil {
+			return err
+		}
+		released += n
+		if n < orderedSweepBatch {
+			break
+		}
+	}
+	if released > 0 {
+		r.logger.WarnContext(ctx, "events: released ordered jobs held in no chain (left by a release before migration 015)",
+			slog.Int64("jobs", released))
+	}
+	return nil
+}
+
 // releaseRetiredChains releases the chains of retired subscribers, which no
 // relay orders any more: retiring is final, and a retired subscriber's
 // chain would otherwise hold its waiting jobs for good behind a head that
@@ -1090,7 +1124,7 @@ func (r *Relay) releaseChains(ctx context.Context, subs []string, done string) e
 		// transaction; an empty chain is dropped only under its lock and
 		// after a fresh look (ChainLockEmpty, then ChainDropEmpty).
 		var n int64
-		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, r.pool, ownTx, func(tx pgx.Tx) error {
 			if err := tx.QueryRow(ctx, r.sql.Ordered.ChainRelease, subs, orderedSweepBatch, nilIfEmpty(r.sql.Schema)).Scan(&n, nil); err != nil {
 				return err
 			}
@@ -1130,7 +1164,7 @@ func (r *Relay) releaseChains(ctx context.Context, subs []string, done string) e
 func (r *Relay) sweepChains(ctx context.Context, subs, cont []string) error {
 	for !r.stopping() && ctx.Err() == nil {
 		n := 0
-		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, r.pool, ownTx, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, r.sql.Ordered.ChainSweep, subs, cont, orderedSweepBatch, nilIfEmpty(r.sql.Schema), orderedSweepLockClass)
 			if err != nil {
 				return err

@@ -2047,3 +2047,262 @@ func TestOrderedRetiredReleaseStillCompletesTakenJobs(t *testing.T) {
 		t.Fatalf("the retired subscriber's jobs are held for good: %s", chainJobStates(t, pool))
 	}
 }
+
+// The jobs a dead worker had taken behind its head go back to pending with
+// their attempt counted, as River's rescuer counts the attempt of every job
+// a dead process had fetched, and an error saying why: were the process
+// alive after all (taken for dead), its completion, fenced on the attempt,
+// could otherwise match the attempt of the run that takes them next, and
+// complete them under it. Here the dead process completed A, took B and C,
+// and hangs in B.
+func TestOrderedDeadWorkersTakenJobsKeepTheirAttempt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	hung := make(chan struct{})
+	never := newGate()
+	var bRuns atomic.Int32
+	ran := newRunLog()
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true,
+		Handle: func(ctx context.Context, e Event) error {
+			if string(e.Payload) == `{"n": 2}` && bRuns.Add(1) == 1 {
+				close(hung)
+				<-never.c // the dead process's run: it never returns
+				return nil
+			}
+			ran.begin(e)
+			ran.end(e, true)
+			return nil
+		}}
+	fast := &RelayConfig{Outbox: Outbox{OrphanAfter: 300 * time.Millisecond}}
+	fanner := startNode(t, url, nodeOpts{noWork: true}, sub)
+	es := recordEach(t, pool, Event{Type: "a", Subject: "s", Payload: []byte(`{"n":1}`)},
+		Event{Type: "a", Subject: "s", Payload: []byte(`{"n":2}`)}, Event{Type: "a", Subject: "s", Payload: []byte(`{"n":3}`)})
+	waitFannedOut(t, pool, 10*time.Second)
+	fanner.stop(t)
+
+	dead := startNode(t, url, nodeOpts{config: fast, clientID: "worker-dead"}, sub)
+	t.Cleanup(never.open)
+	recv(t, hung, 20*time.Second, "the dead worker never ran on in its chain")
+	// The process dies (as in TestOrderedDeadWorkersHeadIsGivenBack).
+	require.NoError(t, dead.relay.Stop(ctx))
+	exec(t, pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE river_client_id = 'worker-dead'")
+
+	startNode(t, url, nodeOpts{config: fast, clientID: "worker-live", deadWorkerAfter: 2 * time.Second}, sub)
+	require.True(t, holdsWithin(30*time.Second, func() bool { return len(ran.handled("s")) == 3 }),
+		"the subject never moved again: %s", chainJobStates(t, pool))
+	// C ran once, in its second attempt: the first was the dead run's take.
+	_, state, attempt := jobOf(t, pool, "ledger", es[2].ID)
+	require.Equal(t, "completed", state)
+	require.Equal(t, 2, attempt, "the taken job's attempt was uncounted")
+	var why string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(errors[1]->>'error', '')
+		FROM river_job WHERE args->'event'->>'id' = $1`, es[2].ID.String()).Scan(&why))
+	require.Contains(t, why, "stopped heartbeating after it took this ordered job")
+	require.Equal(t, ids(es), ran.handled("s"))
+}
+
+// ChainRescue counts only the relay rows of a client that started before
+// the job's run. A process whose relay is restarted in place (Relay.Stop,
+// then Relay.Start with the same River client, which goes on working its
+// jobs) and whose stop was not recorded (RelayStopped is best effort: one
+// second, errors ignored) would have its own live head taken away: the only
+// row older than the run is the silent one. Start marks the last run's row
+// stopped again, so the live head stays the live worker's.
+func TestOrderedRelayRestartedInPlaceKeepsItsLiveHead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	started := make(chan struct{})
+	slow := newGate()
+	var runs atomic.Int32
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true,
+		Handle: func(ctx context.Context, e Event) error {
+			if runs.Add(1) == 1 {
+				close(started)
+				<-slow.c // slow, but alive
+			}
+			return nil
+		}}
+	var (
+		mu    sync.Mutex
+		looks []time.Time
+	)
+	const after = time.Second
+	fast := &RelayConfig{Outbox: Outbox{OrphanAfter: 300 * time.Millisecond}}
+	n := startNode(t, url, nodeOpts{config: fast, clientID: "worker-alive", deadWorkerAfter: after, rescued: func() {
+		mu.Lock()
+		looks = append(looks, time.Now())
+		mu.Unlock()
+	}}, sub)
+	t.Cleanup(slow.open)
+	e := recordEach(t, pool, Event{Type: "a", Subject: "s"})[0]
+	recv(t, started, 20*time.Second, "the run never started")
+
+	// The relay is restarted in place; its stop's UPDATE did not land.
+	require.NoError(t, n.relay.Stop(ctx))
+	exec(t, pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE river_client_id = 'worker-alive'")
+	rctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, n.relay.Start(rctx, n.client))
+
+	since := time.Now().Add(after + 500*time.Millisecond)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		k := 0
+		for _, at := range looks {
+			if at.After(since) {
+				k++
+			}
+		}
+		return k >= 3
+	}, 30*time.Second, 20*time.Millisecond, "the relay stopped looking for dead workers")
+	_, state, attempt := jobOf(t, pool, "ledger", e.ID)
+	require.Equal(t, int32(1), runs.Load(), "the live head ran a second time beside the first")
+	require.Equal(t, "running", state, "a live worker's job was taken from it")
+	require.Equal(t, 1, attempt)
+}
+
+// oldChainHandBack is ChainHandBack as the release before 015 sends it
+// (1737c8f): a job in no chain goes back to pending.
+const oldChainHandBack = `
+WITH h AS (
+    SELECT u.id, u.att, u.id = $4 AS failed,
+           EXISTS (SELECT 1 FROM outbox_chain_jobs l
+                     JOIN outbox_chains c ON c.subscriber = l.subscriber AND c.subject = l.subject
+                    WHERE l.job_id = u.id AND c.head_job = u.id) AS head
+      FROM unnest($1::bigint[], $2::integer[]) AS u(id, att)),
+back AS (
+    UPDATE river_job AS j
+       SET state = CASE WHEN h.failed AND j.attempt >= j.max_attempts THEN 'discarded'::river_job_state
+                        WHEN h.head THEN 'available'::river_job_state
+                        ELSE 'pending'::river_job_state END,
+           finalized_at = CASE WHEN h.failed AND j.attempt >= j.max_attempts THEN now() ELSE j.finalized_at END,
+           errors = CASE WHEN h.failed THEN array_append(j.errors, jsonb_build_object('at', now(), 'attempt', j.attempt, 'error', $5::text, 'trace', ''))
+                         ELSE j.errors END,
+           attempt = CASE WHEN h.failed THEN j.attempt ELSE j.attempt - 1 END,
+           attempted_at = CASE WHEN h.failed OR j.attempt > 1 THEN j.attempted_at END,
+           attempted_by = CASE WHEN h.failed THEN j.attempted_by ELSE j.attempted_by[1:array_length(j.attempted_by, 1) - 1] END
+      FROM h
+     WHERE j.id = h.id AND j.state::text = 'running' AND j.attempt = h.att
+    RETURNING j.queue, j.state)
+SELECT pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', queue)::text)
+  FROM back WHERE state = 'available'`
+
+// The scenario of TestOrderedReleasedChainStillCompletesTakenJobs, in a
+// real rolling deploy: the worker that runs on in the chain is the previous
+// release's, and only the database function (015) is new to it; its
+// ChainHandBack is still the old statement, embedded in its binary. Its
+// taken job fails after the new release (Ordered off) released the chain,
+// and the old hand-back puts the taken jobs, now in no chain, back to
+// pending. The relays' repair (ChainRepair, every orderedRepairEvery
+// sweeps) releases them: ChainRelease finds jobs only through their links.
+func TestOrderedJobsAnOldReleaseLeftInNoChainAreReleased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	var handled atomic.Int32
+	sub := func(ordered bool) Subscriber {
+		return Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: ordered,
+			Handle: func(context.Context, Event) error { handled.Add(1); return nil }}
+	}
+	fanner := startNode(t, url, nodeOpts{noWork: true}, sub(true))
+	recordEach(t, pool, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"})
+	waitFannedOut(t, pool, 10*time.Second)
+	fanner.stop(t)
+
+	// The old release's worker: River gives it the head, its completion
+	// takes the two jobs behind it (the statement is server-side, 015).
+	sql, err := statementsFor("")
+	require.NoError(t, err)
+	var head int64
+	require.NoError(t, pool.QueryRow(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now(),
+		attempted_by = '{old-worker}' WHERE state = 'available' RETURNING id`).Scan(&head))
+	var taken []int64
+	rows, err := pool.Query(ctx, sql.Ordered.ChainComplete, []int64{head}, []int32{1}, nil, "old-worker", chainTake, riverMaxAttemptedBy)
+	require.NoError(t, err)
+	var outcome string
+	var id, attempt *int64
+	_, err = pgx.ForEachRow(rows, []any{&outcome, &id, &attempt, nil, nil, nil, nil}, func() error {
+		if id != nil {
+			taken = append(taken, *id)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Len(t, taken, 2, "the completion did not take the jobs behind the head")
+
+	// The new release, Ordered off, releases the chain meanwhile.
+	startNode(t, url, nodeOpts{}, sub(false))
+	require.True(t, holdsWithin(20*time.Second, func() bool {
+		var chains, links int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_chains), (SELECT count(*) FROM outbox_chain_jobs)").Scan(&chains, &links))
+		return chains == 0 && links == 0
+	}), "the chain was never released")
+
+	// The old worker's first taken job fails: it hands both back, its way.
+	_, err = pool.Exec(ctx, oldChainHandBack, taken, []int32{1, 1}, nil, taken[0], "boom")
+	require.NoError(t, err)
+
+	if !holdsWithin(30*time.Second, func() bool {
+		var left int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state <> 'completed'").Scan(&left))
+		return left == 0
+	}) {
+		t.Fatalf("jobs the previous release gave back in no chain are held for good (handled %d): %s", handled.Load(), chainJobStates(t, pool))
+	}
+}
+
+// Under a database whose default_transaction_isolation is REPEATABLE READ,
+// a HandleTx subscriber's completion runs in the handler's transaction,
+// which the library begins at READ COMMITTED (ownTx). Before, it took the
+// database's default: its snapshot began at the handler's first statement,
+// a relay round appending to the subject meanwhile wrote the chain's row,
+// and outbox_chain_complete's FOR UPDATE of that row failed with 40001: the
+// handler's work rolled back and the job was charged a failed attempt, on
+// a busy subject every time, until the head was discarded.
+func TestOrderedHandleTxCompletesUnderARepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	var db string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_database()").Scan(&db))
+	exec(t, pool, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET default_transaction_isolation = 'repeatable read'")
+	pool = testdb.Pool(t, url) // connections made from here on have it
+	inHandler := make(chan struct{})
+	proceed := newGate()
+	t.Cleanup(proceed.open)
+	var runs atomic.Int32
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true,
+		HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
+			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil { // the handler reads something
+				return err
+			}
+			if runs.Add(1) == 1 {
+				close(inHandler)
+				<-proceed.c
+			}
+			return nil
+		}}
+	startNode(t, url, nodeOpts{}, sub)
+	first := recordEach(t, pool, Event{Type: "x", Subject: "s"})[0]
+	recv(t, inHandler, 20*time.Second, "the handler never ran")
+	// Another event of the subject is appended while the handler runs.
+	recordEach(t, pool, Event{Type: "x", Subject: "s"})
+	waitFannedOut(t, pool, 10*time.Second)
+	proceed.open()
+
+	require.True(t, holdsWithin(20*time.Second, func() bool {
+		_, state, _ := jobOf(t, pool, "ledger", first.ID)
+		return state == "completed"
+	}), "the head never completed: %s", chainJobStates(t, pool))
+	var errs []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(array_agg(e->>'error'), '{}') FROM river_job j, unnest(j.errors) e
+		WHERE args->'event'->>'id' = $1`, first.ID.String()).Scan(&errs))
+	require.Empty(t, errs, "the head's handler succeeded, yet its attempt failed")
+}

@@ -398,6 +398,16 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	return err
 }
 
+// ownTx is how the library begins its own transactions (rounds, chain
+// statements, a HandleTx handler's run): READ COMMITTED, whatever the
+// database's default_transaction_isolation. Their statements lock rows
+// that other transactions update meanwhile (a chain's row, a River job's),
+// and expect each statement to see what committed before it; under
+// REPEATABLE READ such a lock fails with 40001 instead of waiting, and a
+// handler's work would roll back for it. A host's transaction (FanoutTx,
+// Record) keeps the host's level.
+var ownTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite}
+
 // errLastRunLingers refuses a run, or a FanoutTx call, while an OnPoison
 // call of the last run, left running by a Stop that gave up, has not
 // returned: the new one would call OnPoison alongside it.
@@ -423,6 +433,15 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 	}
 	r.failing.Store(0)
 	r.lastSuccess.Store(time.Now().UnixNano())
+	if r.runID != uuid.Nil {
+		// The last run's row is marked stopped again: its Stop marks it
+		// within a second and may have failed. Left unmarked, it looks like
+		// a dead process of this River client, and the dead-worker rescue
+		// (ChainRescue) would take the heads this live process runs.
+		if _, err := r.pool.Exec(ctx, r.sql.RelayStopped, r.runID); err != nil {
+			return fmt.Errorf("events: marking the last run stopped: %w", err)
+		}
+	}
 	r.runID = uuid.Must(uuid.NewV7())
 	r.lastRound.Store(0)
 	r.orphaned.Store(nil)

@@ -63,8 +63,11 @@ type Subscriber struct {
 	Handle func(ctx context.Context, e Event) error
 
 	// HandleTx is Handle for a handler whose effects are writes to the same
-	// database: it runs inside a transaction, begun on the relay's pool, in
-	// which the library also completes the River job
+	// database: it runs inside a transaction, begun on the relay's pool at
+	// READ COMMITTED whatever the database's default (the completion locks
+	// rows that others update meanwhile, which a stronger level refuses
+	// with a serialization failure), in which the library also
+	// completes the River job
 	// (river.JobCompleteTx), so the handler's writes and the job's
 	// completion commit together or not at all. An error or a panic rolls
 	// both back and River retries the job; a crash before the commit leaves

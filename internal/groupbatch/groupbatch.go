@@ -174,7 +174,10 @@ func (b *Batcher) send(ctx context.Context, items []*Item) (sure bool, err error
 	// A connection left in a transaction is closed, not pooled, on release.
 	defer conn.Release()
 	batch := &pgx.Batch{}
-	batch.Queue("BEGIN")
+	// READ COMMITTED whatever the database's default: the statements lock
+	// rows that other transactions update meanwhile, and under REPEATABLE
+	// READ such a lock fails (40001) instead of waiting.
+	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	// An item that waits long on a lock fails the batch, not the batch's
 	// time: the others then run alone, without waiting for it.
 	batch.Queue(fmt.Sprintf("SET LOCAL lock_timeout = %d", max(1, (b.timeout/4).Milliseconds())))

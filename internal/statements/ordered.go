@@ -11,7 +11,7 @@ type Ordered struct {
 	ChainOutOfTurn                        string
 	ChainRelease, ChainLockEmpty          string
 	ChainDropEmpty                        string
-	ChainRetired                          string
+	ChainRetired, ChainRepair             string
 	ChainRescue                           string
 	ChainResume, ChainSkip                string
 	ListChains, JobState, JobFence        string

@@ -195,6 +195,41 @@ SELECT (SELECT count(*) FROM l),
        (SELECT count(pg_notify(concat(coalesce($3::text, current_schema()), '.river_insert'), json_build_object('queue', q.queue)::text))
           FROM (SELECT DISTINCT queue FROM r) q);
 
+-- name: ChainRepair
+-- Repairs what a release before migration 015 may leave, while it still
+-- runs during a rolling deploy or after it: links whose chain row is gone
+-- (its drop of an empty chain raced an append) and ordered jobs ($3 the
+-- ordered tag) pending in no chain (its hand-back of jobs taken in a chain
+-- released meanwhile). Every write that links a job, or unlinks a pending
+-- one, does so in the transaction that makes the job pending or releases
+-- it, so neither state is ever seen otherwise. Each such link goes, and its
+-- job, like each such job, is made available (scheduled if the host
+-- scheduled it for later), at most $1 of each; River's producers are told
+-- ($2 schema or NULL for River's channel). Returns how many jobs it
+-- released. It reads every link and every pending ordered job: the relays
+-- run it every orderedRepairEvery sweeps, not every sweep.
+WITH orphan AS (
+    DELETE FROM /* TEMPLATE: schema */outbox_chain_jobs l
+     WHERE l.job_id IN (SELECT k.job_id FROM /* TEMPLATE: schema */outbox_chain_jobs k
+                         WHERE NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chains c
+                                            WHERE c.subscriber = k.subscriber AND c.subject = k.subject)
+                         LIMIT $1 FOR UPDATE SKIP LOCKED)
+    RETURNING l.job_id),
+stranded AS (
+    SELECT j.id FROM /* TEMPLATE: schema */river_job j
+     WHERE j.state = 'pending' AND $3::text = ANY(j.tags)
+       AND NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l WHERE l.job_id = j.id)
+     LIMIT $1 FOR UPDATE SKIP LOCKED),
+r AS (
+    UPDATE /* TEMPLATE: schema */river_job
+       SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::/* TEMPLATE: schema */river_job_state
+                        ELSE 'available'::/* TEMPLATE: schema */river_job_state END
+     WHERE (id IN (SELECT job_id FROM orphan) OR id IN (SELECT id FROM stranded)) AND state::text = 'pending'
+    RETURNING queue)
+SELECT (SELECT count(*) FROM r),
+       (SELECT count(pg_notify(concat(coalesce($2::text, current_schema()), '.river_insert'), json_build_object('queue', q.queue)::text))
+          FROM (SELECT DISTINCT queue FROM r) q);
+
 -- name: ChainRetired
 -- The retired subscribers that still have chains. Retiring is final: every
 -- relay's sweep releases their chains (ChainRelease), whichever release
@@ -255,12 +290,20 @@ up AS (
     RETURNING j.id, j.queue, j.state::text AS state, d.client),
 -- The jobs behind such a head that the dead run had taken to run on
 -- (outbox_chain_complete) go back to pending: they follow the head in their
--- turn. Their attempt stays counted: were the run alive after all, its
--- completion, fenced on the attempt, must never match the attempt of the
--- run that takes them next.
+-- turn. As River's rescuer counts the attempt of every job a dead process
+-- had fetched, whether it started or not, their attempt stays counted (and
+-- one whose attempts are spent is discarded, its chain then handled as for
+-- any discarded head): were the run alive after all, its completion, fenced
+-- on the attempt, must never match the attempt of the run that takes them
+-- next.
 behind AS (
     UPDATE /* TEMPLATE: schema */river_job AS j
-       SET state = 'pending'::/* TEMPLATE: schema */river_job_state
+       SET state = CASE WHEN j.attempt < j.max_attempts THEN 'pending'::/* TEMPLATE: schema */river_job_state
+                        ELSE 'discarded'::/* TEMPLATE: schema */river_job_state END,
+           finalized_at = CASE WHEN j.attempt < j.max_attempts THEN NULL ELSE now() END,
+           errors = array_append(j.errors, jsonb_build_object('at', now(), 'attempt', j.attempt, 'trace', '',
+               'error', 'events: the process of River client ' || d.client ||
+                        ' stopped heartbeating after it took this ordered job: given back to River'))
       FROM dead d
       JOIN /* TEMPLATE: schema */outbox_chain_jobs h ON h.job_id = d.id
       JOIN /* TEMPLATE: schema */outbox_chain_jobs l ON l.subscriber = h.subscriber AND l.subject = h.subject AND l.job_id <> d.id

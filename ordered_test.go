@@ -2306,3 +2306,36 @@ func TestOrderedHandleTxCompletesUnderARepeatableReadDefault(t *testing.T) {
 		WHERE args->'event'->>'id' = $1`, first.ID.String()).Scan(&errs))
 	require.Empty(t, errs, "the head's handler succeeded, yet its attempt failed")
 }
+
+// Links whose chain row is gone — what a release before migration 015 left
+// when its drop of an empty chain raced an append (see
+// TestOrderedReleaseNeverDropsAChainAnAppendHolds) — are released by the
+// relays' repair (ChainRepair): their jobs run as any job of the
+// subscriber, none held for good in no chain.
+func TestOrderedLinksWithoutAChainAreReleased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	var handled atomic.Int32
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, Ordered: true,
+		Handle: func(context.Context, Event) error { handled.Add(1); return nil }}
+	fanner := startNode(t, url, nodeOpts{noWork: true}, sub)
+	recordEach(t, pool, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"}, Event{Type: "x", Subject: "s"})
+	waitFannedOut(t, pool, 10*time.Second)
+	fanner.stop(t)
+	exec(t, pool, "DELETE FROM outbox_chains") // the old release's racy drop
+
+	startNode(t, url, nodeOpts{}, sub)
+	if !holdsWithin(30*time.Second, func() bool {
+		var left int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state <> 'completed'").Scan(&left))
+		return left == 0
+	}) {
+		t.Fatalf("jobs linked in no chain are held for good (handled %d): %s", handled.Load(), chainJobStates(t, pool))
+	}
+	require.Equal(t, int32(3), handled.Load())
+	var links int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_chain_jobs").Scan(&links))
+	require.Zero(t, links)
+}

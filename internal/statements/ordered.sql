@@ -123,9 +123,12 @@ SELECT outcome, job_id, attempt, args, tags, max_attempts, queue
 -- name: ChainOutOfTurn
 -- Whether job $1 is in a chain but not its head: River started it before
 -- its turn (it was given back to River, by River's rescuer or by hand,
--- while jobs before it still wait).
+-- while jobs before it still wait). A link whose chain row is gone (what a
+-- release before migration 015 may leave) is not a turn either: its
+-- completion would wait, after the handler ran; the relays' repair
+-- (ChainRepair) releases it.
 SELECT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_chain_jobs l
-                 JOIN /* TEMPLATE: schema */outbox_chains c ON c.subscriber = l.subscriber AND c.subject = l.subject
+                 LEFT JOIN /* TEMPLATE: schema */outbox_chains c ON c.subscriber = l.subscriber AND c.subject = l.subject
                 WHERE l.job_id = $1 AND c.head_job IS DISTINCT FROM l.job_id);
 
 -- name: ChainHandBack

@@ -28,12 +28,13 @@ import (
 func main() {
 	var (
 		jsonPath = flag.String("json", "", "also write the results as JSON to this file")
-		only     = flag.String("only", "", "comma-separated sections: throughput,writepath,operations,webhooks,record,latency,receipts,memory,ordered,backlog")
+		only     = flag.String("only", "", "comma-separated sections: throughput,writepath,operations,webhooks,record,latency,receipts,memory,ordered,backlog,snapshot")
 		smoke    = flag.Bool("smoke", false, "tiny sizes, to check that the suite runs")
 		evs      = flag.Int("events", 0, "backlog for the throughput runs (default 50000)")
 		batch    = flag.Int("batch", 0, "relay batch size (default 200)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		mdPath   = flag.String("markdown", "", "also write the results as a Markdown table to this file")
+		snapFor  = flag.Duration("snapshot-for", 0, "how long each run of the held-snapshot section writes (default 5m)")
 	)
 	flag.Parse()
 	if *cpuprof != "" {
@@ -47,14 +48,14 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*jsonPath, *mdPath, *only, *smoke, *evs, *batch); err != nil {
+	if err := run(*jsonPath, *mdPath, *only, *smoke, *evs, *batch, *snapFor); err != nil {
 		fmt.Fprintln(os.Stderr, "eventsbench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
 
-func run(jsonPath, mdPath, only string, smoke bool, evs, batch int) error {
+func run(jsonPath, mdPath, only string, smoke bool, evs, batch int, snapFor time.Duration) error {
 	ctx := context.Background()
 	url, cleanup, err := pgtest.FromEnv(ctx, "DATABASE_URL")
 	if err != nil {
@@ -65,6 +66,9 @@ func run(jsonPath, mdPath, only string, smoke bool, evs, batch int) error {
 	if smoke {
 		opts = bench.SmokeOptions(url)
 		opts.Log = os.Stderr
+	}
+	if snapFor > 0 {
+		opts.SnapshotFor = snapFor
 	}
 	if only != "" {
 		opts.Only = map[string]bool{}

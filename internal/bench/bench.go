@@ -54,9 +54,18 @@ type Options struct {
 	// BacklogPairs is the larger owed backlog of the backlog section (the
 	// smaller is a quarter of it). Default 40,000.
 	BacklogPairs int
+	// SnapshotFor is how long each run of the held-snapshot section writes
+	// (the snapshot is held for the last four fifths). Default 5 minutes.
+	SnapshotFor time.Duration
+	// SnapshotRate is the held-snapshot section's steady write rate.
+	// Default 1,000/s.
+	SnapshotRate int
+	// SnapshotBacklog is the backlog each held-snapshot run drains at its
+	// end. Default 20,000.
+	SnapshotBacklog int
 	// Only, when set, limits the run to the named sections
 	// ("throughput", "writepath", "operations", "webhooks", "record",
-	// "latency", "receipts", "memory", "ordered", "backlog").
+	// "latency", "receipts", "memory", "ordered", "backlog", "snapshot").
 	Only map[string]bool
 	// Log receives progress lines.
 	Log io.Writer
@@ -80,6 +89,11 @@ func (o *Options) defaults() {
 	def(&o.Deliveries, 3_000)
 	def(&o.OrderedEvents, 20_000)
 	def(&o.BacklogPairs, 40_000)
+	def(&o.SnapshotRate, 1_000)
+	def(&o.SnapshotBacklog, 20_000)
+	if o.SnapshotFor == 0 {
+		o.SnapshotFor = 5 * time.Minute
+	}
 	if o.LatencyFor == 0 {
 		o.LatencyFor = 5 * time.Second
 	}
@@ -154,6 +168,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		{"memory", runMemory},
 		{"ordered", runOrdered},
 		{"backlog", runBacklog},
+		{"snapshot", runSnapshot},
 	}
 	for _, s := range sections {
 		if !want(s.name) {
@@ -285,6 +300,7 @@ func SmokeOptions(adminURL string) Options {
 		AdminURL: adminURL, Events: 600, MemoryEvents: 1_000, Batch: 50, HostTxs: 40,
 		LatencyFor: 300 * time.Millisecond, Rates: []int{50}, Receipts: 20, WriteFor: 300 * time.Millisecond,
 		RetentionRows: 2_000, Deliveries: 100, OrderedEvents: 600, BacklogPairs: 400,
+		SnapshotFor: 2 * time.Second, SnapshotRate: 100, SnapshotBacklog: 400,
 	}
 }
 

@@ -27,7 +27,7 @@ func TestSmoke(t *testing.T) {
 	for _, r := range rep.Results {
 		sections[r.Section]++
 	}
-	for _, s := range []string{"throughput", "record", "latency", "receipts", "memory", "backlog"} {
+	for _, s := range []string{"throughput", "record", "latency", "receipts", "memory", "backlog", "snapshot"} {
 		require.Positive(t, sections[s], "section %s reported nothing", s)
 	}
 }

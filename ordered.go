@@ -951,7 +951,14 @@ func (*OrderedMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInn
 		if err != nil {
 			return nil, err
 		}
-		return driver.UnwrapTx(etx), nil
+		tx := driver.UnwrapTx(etx)
+		// READ COMMITTED, as ownTx: the completion locks the chain's row,
+		// which a round may write meanwhile.
+		if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"); err != nil {
+			_ = tx.Rollback(ctx)
+			return nil, err
+		}
+		return tx, nil
 	}
 	sql, err := statementsFor(client.Schema())
 	if err != nil {

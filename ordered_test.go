@@ -2339,3 +2339,116 @@ func TestOrderedLinksWithoutAChainAreReleased(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_chain_jobs").Scan(&links))
 	require.Zero(t, links)
 }
+
+type rrMapArgs struct {
+	EventID uuid.UUID `json:"event_id"`
+}
+
+func (rrMapArgs) Kind() string { return "test.rr_map" }
+
+// An ordered Map subscriber's completion (OrderedMiddleware) runs at READ
+// COMMITTED, as ownTx, whatever the database's default: under REPEATABLE
+// READ, a round appending to the subject while the completion waits for
+// the chain's lock made it fail with 40001, the middleware returned the
+// error, River retried the job, and the host's worker ran a second time
+// for the same event.
+func TestOrderedMiddlewareCompletesUnderARepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	var db string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_database()").Scan(&db))
+	exec(t, pool, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET default_transaction_isolation = 'repeatable read'")
+	pool = testdb.Pool(t, url)
+
+	inWorker := make(chan struct{})
+	proceed := newGate()
+	t.Cleanup(proceed.open)
+	var runs atomic.Int32
+	sub := Subscriber{Name: "sync", Types: []string{"**"}, Ordered: true,
+		Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+			return rrMapArgs{EventID: e.ID}, nil, nil
+		}}
+	startNode(t, url, nodeOpts{workers: func(w *river.Workers) {
+		river.AddWorker(w, river.WorkFunc(func(ctx context.Context, job *river.Job[rrMapArgs]) error {
+			if runs.Add(1) == 1 {
+				close(inWorker)
+				<-proceed.c
+			}
+			return nil
+		}))
+	}}, sub)
+	first := recordEach(t, pool, Event{Type: "x", Subject: "s"})[0]
+	recv(t, inWorker, 20*time.Second, "the worker never ran")
+
+	// A round's append holds the chain's row (as ChainAppendLate's upsert
+	// does) when the middleware's completion arrives.
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "UPDATE outbox_chains SET next_pos = next_pos WHERE subscriber = 'sync' AND subject = 's'")
+	require.NoError(t, err)
+	proceed.open()
+	require.True(t, holdsWithin(20*time.Second, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%outbox_chain_advance%'`).Scan(&n))
+		return n > 0
+	}), "the completion never waited for the chain's lock")
+	require.NoError(t, tx.Commit(ctx))
+
+	require.True(t, holdsWithin(20*time.Second, func() bool {
+		var state string
+		require.NoError(t, pool.QueryRow(ctx, "SELECT state::text FROM river_job WHERE args->>'event_id' = $1", first.ID.String()).Scan(&state))
+		return state == "completed"
+	}), "the job never completed: %s", chainJobStates(t, pool))
+	var errs []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(array_agg(e->>'error'), '{}') FROM river_job j, unnest(j.errors) e
+		WHERE kind = 'test.rr_map'`).Scan(&errs))
+	require.Equal(t, int32(1), runs.Load(), "the host's worker ran again for the same event (errors: %v)", errs)
+	require.Empty(t, errs, "the worker succeeded, yet its completion failed")
+}
+
+// ChainRepair's cost behind a backlog of 20,000 pending ordered jobs (200
+// chains of 100), with 300,000 finished jobs beside them (River keeps
+// completed jobs a day): it never reads every River job. Its UPDATE once
+// found the jobs to release with "id IN (orphan) OR id IN (stranded)", an
+// OR of two hashed subplans that no index serves: every repair, by every
+// relay, every tenth sweep, read the whole table even with nothing to
+// repair (1,000,000 finished jobs: 107 ms). The plan is logged (-v).
+func TestOrderedRepairReadsNoFinishedJobs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	exec(t, pool, `INSERT INTO river_job (args, kind, max_attempts, queue, state, tags, finalized_at)
+		SELECT '{}', 'events.handle', 25, 'default', 'completed', '{events-subscriber-ledger,events-ordered}', now()
+		  FROM generate_series(1, 300000)`)
+	exec(t, pool, `WITH j AS (
+		INSERT INTO river_job (args, kind, max_attempts, queue, state, tags)
+		SELECT '{}', 'events.handle', 25, 'default', 'pending', '{events-subscriber-ledger,events-ordered}'
+		  FROM generate_series(1, 20000) RETURNING id)
+		INSERT INTO outbox_chain_jobs (subscriber, subject, pos, job_id, event_seq, event_id, event_type)
+		SELECT 'ledger', 's' || (id % 200), id, id, id, gen_random_uuid(), 'x' FROM j`)
+	exec(t, pool, `INSERT INTO outbox_chains (subscriber, subject, next_pos, head_job, tail_job)
+		SELECT 'ledger', subject, max(pos) + 1, min(job_id), max(job_id) FROM outbox_chain_jobs GROUP BY subject`)
+	exec(t, pool, "ANALYZE")
+	sql, err := statementsFor("")
+	require.NoError(t, err)
+	for range 2 {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql.Ordered.ChainRepair, orderedSweepBatch, nil, tagOrdered)
+		require.NoError(t, err)
+		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		for _, l := range plan {
+			t.Log(l)
+		}
+		require.NoError(t, tx.Rollback(ctx))
+		for _, l := range plan {
+			require.NotContains(t, l, "Seq Scan on river_job", "the repair reads every River job, finished or not, with nothing to repair")
+		}
+	}
+}

@@ -398,14 +398,16 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 	return err
 }
 
-// ownTx is how the library begins its own transactions (rounds, chain
-// statements, a HandleTx handler's run): READ COMMITTED, whatever the
-// database's default_transaction_isolation. Their statements lock rows
-// that other transactions update meanwhile (a chain's row, a River job's),
-// and expect each statement to see what committed before it; under
-// REPEATABLE READ such a lock fails with 40001 instead of waiting, and a
-// handler's work would roll back for it. A host's transaction (FanoutTx,
-// Record) keeps the host's level.
+// ownTx is how the relays and the workers begin their own transactions
+// (rounds, retention, chain statements, an ordered subscriber's completion,
+// its HandleTx handlers' run with it): READ COMMITTED, whatever the
+// database's default_transaction_isolation. Their statements lock rows that
+// other transactions update meanwhile (a chain's row, a River job's), and
+// expect each statement to see what committed before it; under REPEATABLE
+// READ such a lock fails with 40001 instead of waiting, and a handler's
+// work would roll back for it. A host's transaction (FanoutTx, Record) and
+// an unordered HandleTx handler's, which locks only its own job, keep the
+// database's level.
 var ownTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite}
 
 // errLastRunLingers refuses a run, or a FanoutTx call, while an OnPoison
@@ -439,7 +441,8 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 		// a dead process of this River client, and the dead-worker rescue
 		// (ChainRescue) would take the heads this live process runs.
 		if _, err := r.pool.Exec(ctx, r.sql.RelayStopped, r.runID); err != nil {
-			return fmt.Errorf("events: marking the last run stopped: %w", err)
+			r.logger.WarnContext(ctx, "events: marking the last run stopped failed: until it is, the relays may take this process for dead",
+				slog.String("run", r.runID.String()), slog.String("err", err.Error()))
 		}
 	}
 	r.runID = uuid.Must(uuid.NewV7())

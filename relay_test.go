@@ -2413,3 +2413,39 @@ func listenerPID(t *testing.T, pool *pgxpool.Pool) int {
 	}, 10*time.Second, 5*time.Millisecond, "no listener connection")
 	return pid
 }
+
+// Start marks the last run's row stopped again (its Stop marks it within a
+// second and may have failed; left unmarked, the relays would take this
+// live process for dead), but a run whose stop did land keeps the time it
+// stopped and last reported in.
+func TestARestartKeepsThePreviousRunsStopTime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	sub := Subscriber{Name: "ledger", Types: []string{"**"}, Handle: func(context.Context, Event) error { return nil }}
+	n := startNode(t, url, nodeOpts{}, sub)
+	require.True(t, holdsWithin(20*time.Second, func() bool {
+		rs, err := Outbox{}.ListRelays(ctx, pool)
+		require.NoError(t, err)
+		return len(rs) == 1
+	}), "the relay never reported in")
+	require.NoError(t, n.relay.Stop(ctx))
+	rs, err := Outbox{}.ListRelays(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	stopped := rs[0]
+	require.False(t, stopped.StoppedAt.IsZero(), "the stop did not land")
+
+	rctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	require.NoError(t, n.relay.Start(rctx, n.client))
+	rs, err = Outbox{}.ListRelays(ctx, pool)
+	require.NoError(t, err)
+	for _, r := range rs {
+		if r.ID == stopped.ID {
+			require.Equal(t, stopped.StoppedAt, r.StoppedAt, "the previous run's stop time was rewritten by the restart")
+			require.Equal(t, stopped.LastSeenAt, r.LastSeenAt, "the previous run's last report was rewritten by the restart")
+		}
+	}
+}

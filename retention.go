@@ -89,7 +89,7 @@ func (r *Relay) prune(ctx context.Context) {
 // if no other relay is pruning. It reports how many it deleted and whether
 // it held the lock.
 func (r *Relay) pruneBatch(ctx context.Context, size int) (deleted int64, locked bool, err error) {
-	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, r.pool, ownTx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, r.sql.SetLocal, "statement_timeout", pruneTimeout); err != nil {
 			return err
 		}

@@ -64,9 +64,10 @@ type Subscriber struct {
 
 	// HandleTx is Handle for a handler whose effects are writes to the same
 	// database: it runs inside a transaction, begun on the relay's pool at
-	// READ COMMITTED whatever the database's default (the completion locks
-	// rows that others update meanwhile, which a stronger level refuses
-	// with a serialization failure), in which the library also
+	// the database's default isolation (an Ordered subscriber's at READ
+	// COMMITTED: its completion locks the chain's row, which others update
+	// meanwhile and a stronger level would refuse with a serialization
+	// failure), in which the library also
 	// completes the River job
 	// (river.JobCompleteTx), so the handler's writes and the job's
 	// completion commit together or not at all. An error or a panic rolls

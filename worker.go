@@ -159,7 +159,7 @@ func (w *handleWorker) Work(ctx context.Context, job *river.Job[HandleArgs]) err
 		// recovers it).
 		// Every run is fenced on its attempt: a run that outlived its rescue
 		// (River gave the job to another worker) commits nothing.
-		err := pgx.BeginTxFunc(ctx, w.pool, ownTx, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 			if err := sub.HandleTx(ctx, tx, job.Args.Event); err != nil {
 				return err
 			}

@@ -440,3 +440,50 @@ func TestHandleTxEffectsExactlyOnceThroughKills(t *testing.T) {
 	}
 	t.Logf("%d kills", kills)
 }
+
+// An unordered HandleTx handler's transaction keeps the database's
+// default isolation (only ordered completions, which lock a chain's row,
+// run at READ COMMITTED): a host whose default is SERIALIZABLE keeps its
+// protection from lost updates. Two handlers read a balance and write it
+// back; one fails with 40001 and River retries it.
+func TestUnorderedHandleTxKeepsTheDatabaseIsolation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	var db string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_database()").Scan(&db))
+	exec(t, pool, "CREATE TABLE handletx_balance (id int PRIMARY KEY, n int NOT NULL); INSERT INTO handletx_balance VALUES (1, 0)")
+	exec(t, pool, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET default_transaction_isolation = 'serializable'")
+	pool = testdb.Pool(t, url)
+	var arrived atomic.Int32
+	both := newGate()
+	t.Cleanup(both.open)
+	sub := Subscriber{Name: "ledger", Types: []string{"**"},
+		HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
+			var n int
+			if err := tx.QueryRow(ctx, "SELECT n FROM handletx_balance WHERE id = 1").Scan(&n); err != nil {
+				return err
+			}
+			if arrived.Add(1) <= 2 {
+				if arrived.Load() == 2 {
+					both.open()
+				}
+				<-both.c // both first runs have read the balance
+			}
+			_, err := tx.Exec(ctx, "UPDATE handletx_balance SET n = $1 WHERE id = 1", n+1)
+			return err
+		}}
+	startNode(t, url, nodeOpts{}, sub)
+	recordEach(t, pool, Event{Type: "x"}, Event{Type: "x"})
+	require.True(t, holdsWithin(30*time.Second, func() bool {
+		var left int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state <> 'completed'").Scan(&left))
+		var total int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&total))
+		return total == 2 && left == 0
+	}), "the jobs never completed")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT n FROM handletx_balance WHERE id = 1").Scan(&n))
+	require.Equal(t, 2, n, "two handlers each added one; an update was lost")
+}

@@ -203,9 +203,10 @@ SELECT (SELECT count(*) FROM l),
 -- runs during a rolling deploy or after it: links whose chain row is gone
 -- (its drop of an empty chain raced an append) and ordered jobs ($3 the
 -- ordered tag) pending in no chain (its hand-back of jobs taken in a chain
--- released meanwhile). Every write that links a job, or unlinks a pending
--- one, does so in the transaction that makes the job pending or releases
--- it, so neither state is ever seen otherwise. Each such link goes, and its
+-- released meanwhile; a live worker's hand-back racing a release can leave
+-- one too). Every write that links a job, or unlinks a pending one, does so
+-- in the transaction that makes the job pending or releases it, so neither
+-- state is seen while a job is being linked. Each such link goes, and its
 -- job, like each such job, is made available (scheduled if the host
 -- scheduled it for later), at most $1 of each; River's producers are told
 -- ($2 schema or NULL for River's channel). Returns how many jobs it
@@ -227,7 +228,9 @@ r AS (
     UPDATE /* TEMPLATE: schema */river_job
        SET state = CASE WHEN scheduled_at > now() THEN 'scheduled'::/* TEMPLATE: schema */river_job_state
                         ELSE 'available'::/* TEMPLATE: schema */river_job_state END
-     WHERE (id IN (SELECT job_id FROM orphan) OR id IN (SELECT id FROM stranded)) AND state::text = 'pending'
+     -- One array, looked up by primary key: an OR of the two subqueries
+     -- would read all of river_job, which keeps finished jobs for a day.
+     WHERE id = ANY(ARRAY(SELECT job_id FROM orphan UNION ALL SELECT id FROM stranded)) AND state::text = 'pending'
     RETURNING queue)
 SELECT (SELECT count(*) FROM r),
        (SELECT count(pg_notify(concat(coalesce($2::text, current_schema()), '.river_insert'), json_build_object('queue', q.queue)::text))

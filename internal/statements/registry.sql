@@ -156,7 +156,9 @@ SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM /* TEMPLATE: schema */
    AND NOT (name = ANY($5::text[]));
 
 -- name: RelayStopped
-UPDATE /* TEMPLATE: schema */outbox_relays SET stopped_at = now(), last_seen_at = now(), listening = false WHERE id = $1;
+-- A run already marked stopped keeps the time it stopped.
+UPDATE /* TEMPLATE: schema */outbox_relays SET stopped_at = now(), last_seen_at = now(), listening = false
+ WHERE id = $1 AND stopped_at IS NULL;
 
 -- name: ListRelays
 SELECT id, host, pid, version, subscribers, started_at, last_seen_at, stopped_at, listening, poll_only,

@@ -512,7 +512,7 @@ func TestARoundTakesTwoRoundTripsBesideItsInsert(t *testing.T) {
 	}
 	require.Equal(t, 1, inserts, "River's job inserts in the round: %q", round)
 	require.Len(t, ours, 2, "the library's round trips in the round: %q", ours)
-	require.Contains(t, ours[0], "begin read write")
+	require.Contains(t, ours[0], "begin isolation level read committed read write")
 	require.Contains(t, ours[1], b.relay.sql.Stamp)
 }
 

@@ -36,6 +36,15 @@ type orderedNode struct {
 	cancel context.CancelFunc
 }
 
+// dieAsRelay leaves the node's relay as a killed process leaves it: it
+// reports in no more, and its row was never marked stopped. The River
+// client lives on (a test cannot kill half of itself).
+func (n *orderedNode) dieAsRelay(t *testing.T) {
+	t.Helper()
+	require.NoError(t, n.relay.Stop(context.Background()))
+	exec(t, n.pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE id = $1", n.relay.runID)
+}
+
 // nodeOpts shapes an orderedNode; the zero value works.
 type nodeOpts struct {
 	config     *RelayConfig
@@ -1242,7 +1251,6 @@ func TestOrderedMapWorkerMayCompleteItsOwnJob(t *testing.T) {
 // returns, and its relay's row is left as a killed process leaves it.
 func TestOrderedDeadWorkersHeadIsGivenBack(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	log := newRunLog()
 	hung := make(chan struct{})
 	never := newGate()
@@ -1269,8 +1277,7 @@ func TestOrderedDeadWorkersHeadIsGivenBack(t *testing.T) {
 	// stopped (a killed process's row). Its River client lives on here only
 	// because a test cannot kill half of itself; it fetches nothing more
 	// that matters (the second job waits behind the head).
-	require.NoError(t, dead.relay.Stop(ctx))
-	exec(t, pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE river_client_id = 'worker-dead'")
+	dead.dieAsRelay(t)
 
 	startNode(t, url, nodeOpts{config: fast, clientID: "worker-live", deadWorkerAfter: 2 * time.Second}, sub)
 	require.Eventually(t, func() bool { return len(log.handled("s")) == 2 }, 30*time.Second, 20*time.Millisecond,
@@ -1969,7 +1976,6 @@ func TestOrderedLiveWorkerWithAHeldRegistryKeepsItsHead(t *testing.T) {
 // in TestOrderedDeadWorkersHeadIsGivenBack.
 func TestOrderedDeadWorkerRestartedUnderTheSameClientIDIsRescued(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	ran := newRunLog()
 	hung := make(chan struct{})
 	never := newGate()
@@ -1991,8 +1997,7 @@ func TestOrderedDeadWorkerRestartedUnderTheSameClientIDIsRescued(t *testing.T) {
 	t.Cleanup(never.open)
 	es := recordEach(t, pool, Event{Type: "a", Subject: "s", Payload: []byte(`{"n":1}`)}, Event{Type: "a", Subject: "s", Payload: []byte(`{"n":2}`)})
 	recv(t, hung, 20*time.Second, "the first run never started")
-	require.NoError(t, dead.relay.Stop(ctx))
-	exec(t, pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE river_client_id = 'worker-0'")
+	dead.dieAsRelay(t)
 
 	// The process restarts, under the same River client ID.
 	startNode(t, url, nodeOpts{config: fast, clientID: "worker-0", deadWorkerAfter: 2 * time.Second}, sub)
@@ -2086,8 +2091,7 @@ func TestOrderedDeadWorkersTakenJobsKeepTheirAttempt(t *testing.T) {
 	t.Cleanup(never.open)
 	recv(t, hung, 20*time.Second, "the dead worker never ran on in its chain")
 	// The process dies (as in TestOrderedDeadWorkersHeadIsGivenBack).
-	require.NoError(t, dead.relay.Stop(ctx))
-	exec(t, pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE river_client_id = 'worker-dead'")
+	dead.dieAsRelay(t)
 
 	startNode(t, url, nodeOpts{config: fast, clientID: "worker-live", deadWorkerAfter: 2 * time.Second}, sub)
 	require.True(t, holdsWithin(30*time.Second, func() bool { return len(ran.handled("s")) == 3 }),
@@ -2112,7 +2116,6 @@ func TestOrderedDeadWorkersTakenJobsKeepTheirAttempt(t *testing.T) {
 // stopped again, so the live head stays the live worker's.
 func TestOrderedRelayRestartedInPlaceKeepsItsLiveHead(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	url := testdb.URL(t)
 	pool := testdb.Pool(t, url)
 	started := make(chan struct{})
@@ -2142,8 +2145,7 @@ func TestOrderedRelayRestartedInPlaceKeepsItsLiveHead(t *testing.T) {
 	recv(t, started, 20*time.Second, "the run never started")
 
 	// The relay is restarted in place; its stop's UPDATE did not land.
-	require.NoError(t, n.relay.Stop(ctx))
-	exec(t, pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE river_client_id = 'worker-alive'")
+	n.dieAsRelay(t)
 	rctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	require.NoError(t, n.relay.Start(rctx, n.client))

@@ -336,6 +336,34 @@ func latencyWrite(ctx context.Context, tx pgx.Tx, suffix string, i int64) (uuid.
 
 // measureLatencySection measures commit→fanned at rate, reporting under
 // section with suffix appended to the figures' names.
+// steadyWrites runs total writes at rate per second, spread over writers
+// goroutines, each write in a transaction of its own on pool (write gets
+// the transaction and the write's index). started, if set, learns how many
+// writes have begun.
+func steadyWrites(ctx context.Context, pool *pgxpool.Pool, writers, rate, total int, started *atomic.Int64,
+	write func(tx pgx.Tx, i int64) error) error {
+	if started == nil {
+		started = new(atomic.Int64)
+	}
+	start := time.Now()
+	var g errgroup.Group
+	for range writers {
+		g.Go(func() error {
+			for {
+				i := started.Add(1) - 1
+				if i >= int64(total) {
+					return nil
+				}
+				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(tx, i) }); err != nil {
+					return err
+				}
+			}
+		})
+	}
+	return g.Wait()
+}
+
 func measureLatencySection(ctx context.Context, pool *pgxpool.Pool, o Options, rate, writers int, rep *Report, section, suffix string) error {
 	fl, stopListening, err := listenFanned(ctx, pool)
 	if err != nil {
@@ -346,31 +374,14 @@ func measureLatencySection(ctx context.Context, pool *pgxpool.Pool, o Options, r
 	// prepared, plans cached, on both sides) is sent but not counted.
 	warm := rate / 2
 	total := warm + int(o.LatencyFor.Seconds()*float64(rate))
-	var next atomic.Int64
 	start := time.Now()
-	var g errgroup.Group
-	for range writers {
-		g.Go(func() error {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(total) {
-					return nil
-				}
-				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					id, err := latencyWrite(ctx, tx, suffix, i)
-					if err == nil && i >= int64(warm) {
-						fl.committing(id, time.Now()) // the commit is next
-					}
-					return err
-				})
-				if err != nil {
-					return err
-				}
-			}
-		})
-	}
-	err = g.Wait()
+	err = steadyWrites(ctx, pool, writers, rate, total, nil, func(tx pgx.Tx, i int64) error {
+		id, err := latencyWrite(ctx, tx, suffix, i)
+		if err == nil && i >= int64(warm) {
+			fl.committing(id, time.Now()) // the commit is next
+		}
+		return err
+	})
 	elapsed := time.Since(start)
 	if err != nil {
 		stopListening()

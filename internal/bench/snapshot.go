@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/standmeet/events"
 )
@@ -112,33 +111,27 @@ func snapshotRun(ctx context.Context, h *harness, o Options, held bool) (snapsho
 	total := int(o.SnapshotFor.Seconds() * float64(o.SnapshotRate))
 	holdAt, countFrom := total/5, total-total/5
 	var next atomic.Int64
-	start := time.Now()
-	var g errgroup.Group
-	for range writers {
-		g.Go(func() error {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(total) {
-					return nil
-				}
-				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(o.SnapshotRate))))
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					e, err := events.Record(ctx, tx, events.Event{Type: "snap.changed", Subject: fmt.Sprintf("account:%d", i%1000),
-						Payload: []byte(`{"balance_cents":1299}`)})
-					if err == nil && i >= int64(countFrom) {
-						fl.committing(e.ID, time.Now()) // the commit is next
-					}
-					return err
-				})
-				if err != nil {
-					return err
-				}
+	errc := make(chan error, 1)
+	go func() {
+		errc <- steadyWrites(ctx, pool, writers, o.SnapshotRate, total, &next, func(tx pgx.Tx, i int64) error {
+			e, err := events.Record(ctx, tx, events.Event{Type: "snap.changed", Subject: fmt.Sprintf("account:%d", i%1000),
+				Payload: []byte(`{"balance_cents":1299}`)})
+			if err == nil && i >= int64(countFrom) {
+				fl.committing(e.ID, time.Now()) // the commit is next
 			}
+			return err
 		})
-	}
+	}()
 	if held {
 		for next.Load() < int64(holdAt) {
-			time.Sleep(10 * time.Millisecond)
+			select {
+			case err := <-errc: // the writers failed (or finished) first
+				if err == nil {
+					err = fmt.Errorf("the writers finished before the snapshot was taken")
+				}
+				return res, err
+			case <-time.After(10 * time.Millisecond):
+			}
 		}
 		holding, err = holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 		if err == nil {
@@ -146,11 +139,11 @@ func snapshotRun(ctx context.Context, h *harness, o Options, held bool) (snapsho
 			_, err = holding.Exec(ctx, "SELECT count(*) FROM outbox_subscribers")
 		}
 		if err != nil {
-			_ = g.Wait()
+			<-errc
 			return res, err
 		}
 	}
-	if err := g.Wait(); err != nil {
+	if err := <-errc; err != nil {
 		return res, err
 	}
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL").Scan(&res.unfanned); err != nil {

@@ -1079,9 +1079,11 @@ func (r *Relay) rescueHeads(ctx context.Context, subs []string) error {
 // reads every link and every pending ordered job.
 const orderedRepairEvery = 10
 
-// repairChains releases the jobs that a release before migration 015 may
-// leave held for good (ChainRepair): links whose chain is gone, ordered
-// jobs pending in no chain. They run as any job of their subscriber.
+// repairChains releases the jobs that would otherwise be held for good
+// (ChainRepair): links whose chain is gone and ordered jobs pending in no
+// chain (a release before migration 015 may leave them), which run as any
+// job of their subscriber, and chains' heads left pending, which run in
+// their turn.
 func (r *Relay) repairChains(ctx context.Context) error {
 	released := int64(0)
 	for !r.stopping() && ctx.Err() == nil {
@@ -1095,7 +1097,7 @@ func (r *Relay) repairChains(ctx context.Context) error {
 		}
 	}
 	if released > 0 {
-		r.logger.WarnContext(ctx, "events: released ordered jobs held in no chain (left by a release before migration 015)",
+		r.logger.WarnContext(ctx, "events: released ordered jobs held for good: in no chain (left by a release before migration 015), or a chain's head left pending",
 			slog.Int64("jobs", released))
 	}
 	return nil

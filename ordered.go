@@ -1131,29 +1131,10 @@ func (r *Relay) releaseChains(ctx context.Context, subs []string, done string) e
 	for !r.stopping() && ctx.Err() == nil {
 		// The links go and the chains left empty with them, in one
 		// transaction; an empty chain is dropped only under its lock and
-		// after a fresh look (ChainLockEmpty, then ChainDropEmpty).
-		var n int64
-		err := pgx.BeginTxFunc(ctx, r.pool, ownTx, func(tx pgx.Tx) error {
-			if err := tx.QueryRow(ctx, r.sql.Ordered.ChainRelease, subs, orderedSweepBatch, nilIfEmpty(r.sql.Schema)).Scan(&n, nil); err != nil {
-				return err
-			}
-			rows, err := tx.Query(ctx, r.sql.Ordered.ChainLockEmpty, subs)
-			if err != nil {
-				return err
-			}
-			var (
-				sub, subject          string
-				subscribers, subjects []string
-			)
-			if _, err := pgx.ForEachRow(rows, []any{&sub, &subject}, func() error {
-				subscribers, subjects = append(subscribers, sub), append(subjects, subject)
-				return nil
-			}); err != nil || len(subscribers) == 0 {
-				return err
-			}
-			_, err = tx.Exec(ctx, r.sql.Ordered.ChainDropEmpty, subscribers, subjects)
-			return err
-		})
+		// after a fresh look (ChainLockEmpty, then ChainDropEmpty). The
+		// BEGIN, the release and the lock go in one round trip, the commit
+		// in another: a sweep that finds nothing costs two.
+		n, err := r.releaseChainsOnce(ctx, subs)
 		if err != nil {
 			return err
 		}
@@ -1166,6 +1147,47 @@ func (r *Relay) releaseChains(ctx context.Context, subs []string, done string) e
 		r.logger.WarnContext(ctx, done, slog.Any("subscribers", subs), slog.Int64("jobs", released))
 	}
 	return nil
+}
+
+// releaseChainsOnce releases up to orderedSweepBatch links of the chains
+// of subs and drops the chains left empty, and reports how many links went.
+func (r *Relay) releaseChainsOnce(ctx context.Context, subs []string) (n int64, err error) {
+	c, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Release() // a connection left in a transaction is closed, not pooled
+	var (
+		b                     pgx.Batch
+		subscribers, subjects []string
+	)
+	b.BeginTx(ownTx)
+	b.Queue(r.sql.Ordered.ChainRelease, subs, orderedSweepBatch, nilIfEmpty(r.sql.Schema)).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&n, nil)
+	})
+	b.Queue(r.sql.Ordered.ChainLockEmpty, subs).Query(func(rows pgx.Rows) error {
+		var sub, subject string
+		_, err := pgx.ForEachRow(rows, []any{&sub, &subject}, func() error {
+			subscribers, subjects = append(subscribers, sub), append(subjects, subject)
+			return nil
+		})
+		return err
+	})
+	br := c.SendBatch(ctx, &b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		if c.Conn().PgConn().TxStatus() != 'I' {
+			_ = tx.Rollback(ctx)
+		}
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if len(subscribers) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.Ordered.ChainDropEmpty, subscribers, subjects); err != nil {
+			return 0, err
+		}
+	}
+	return n, tx.Commit(ctx)
 }
 
 // sweepChains runs one sweep, statement after statement while they come

@@ -1942,18 +1942,28 @@ func TestOrderedLiveWorkerWithAHeldRegistryKeepsItsHead(t *testing.T) {
 	}}
 	audit := Subscriber{Name: "audit", Types: []string{"audit.*"}, Handle: func(context.Context, Event) error { return nil }}
 	fast := &RelayConfig{Outbox: Outbox{OrphanAfter: 300 * time.Millisecond}}
-	startNode(t, url, nodeOpts{config: fast, clientID: "worker-alive", deadWorkerAfter: time.Second}, ledger, audit)
+	var looks atomic.Int32 // the relay's looks for dead workers
+	startNode(t, url, nodeOpts{config: fast, clientID: "worker-alive", deadWorkerAfter: time.Second,
+		rescued: func() { looks.Add(1) }}, ledger, audit)
 	e := recordEach(t, pool, Event{Type: "x", Subject: "s"})[0]
 	recv(t, started, 20*time.Second, "the run never started")
 
-	// An operator retires audit in a transaction of theirs that lasts 3 s.
+	// An operator retires audit in a transaction of theirs, held until the
+	// relay has looked for dead workers three times after the dead-worker
+	// bound (1 s) has passed with the registry row held.
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	require.NoError(t, Outbox{}.RetireSubscriber(ctx, tx, "audit"))
-	time.Sleep(3 * time.Second)
+	held := time.Now()
+	var from int32
+	require.True(t, holdsWithin(30*time.Second, func() bool {
+		if from == 0 && time.Since(held) > 1500*time.Millisecond {
+			from = looks.Load()
+		}
+		return from != 0 && looks.Load() >= from+3
+	}), "the relay stopped looking for dead workers")
 	require.NoError(t, tx.Commit(ctx))
-	time.Sleep(500 * time.Millisecond)
 
 	_, state, attempt := jobOf(t, pool, "ledger", e.ID)
 	release.open()

@@ -110,8 +110,9 @@ type Awaiter struct {
 	// is over: the awaiter may be started again without Stop.
 	svc startstop.Base
 
-	kick      wake.Signal   // to the kicker: wake the relays
-	kickAfter time.Duration // see kickAfter (a constant but in tests)
+	kick             wake.Signal   // to the kicker: wake the relays
+	kickAfter        time.Duration // see kickAfter (a constant but in tests)
+	kickAtOnceWithin time.Duration // see kickAtOnceWithin (likewise)
 
 	mu      sync.Mutex
 	waiters map[uuid.UUID]map[*waiter]struct{}
@@ -142,7 +143,7 @@ func NewAwaiter(pool *pgxpool.Pool, config *AwaiterConfig) (*Awaiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: awaiter metrics: %w", err)
 	}
-	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, kick: wake.New(), kickAfter: kickAfter,
+	return &Awaiter{pool: pool, config: cfg, sql: sql, metrics: metrics, kick: wake.New(), kickAfter: kickAfter, kickAtOnceWithin: kickAtOnceWithin,
 		waiters: map[uuid.UUID]map[*waiter]struct{}{}}, nil
 }
 
@@ -366,7 +367,7 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 		}
 		if kick == nil {
 			after := a.kickAfter
-			if notifylimit.For(a.config.Outbox.Schema).RefusedWithin(kickAtOnceWithin) {
+			if notifylimit.For(a.config.Outbox.Schema).RefusedWithin(a.kickAtOnceWithin) {
 				after = 0 // a transaction of this process did not notify
 			}
 			t := time.NewTimer(after)

@@ -72,7 +72,7 @@ func TestPollOnlyRelayAndAwaiter(t *testing.T) {
 	requireClosed(t, b.relay.Ready(), "PollOnly relay ready")
 	requireClosed(t, a.Ready(), "PollOnly awaiter ready")
 	es := b.record(t, Event{Type: "a"}, Event{Type: "b"})
-	receipts, err := a.AwaitFanout(within(t, 10*time.Second), es[0].ID, es[1].ID)
+	receipts, err := a.AwaitFanout(within(t, 30*time.Second), es[0].ID, es[1].ID)
 	require.NoError(t, err)
 	require.Len(t, receipts[1].Fanout, 1)
 	var listeners int

@@ -950,7 +950,7 @@ func failover(t *testing.T, outage time.Duration) {
 	require.Less(t, waited, 2*time.Second, "the relay waited out its backoff after the database was back")
 
 	// Receipts resume.
-	receipts, err := awaiter.AwaitFanout(within(t, 10*time.Second), first.id)
+	receipts, err := awaiter.AwaitFanout(within(t, 30*time.Second), first.id)
 	require.NoError(t, err)
 	require.Contains(t, receipts[0].Fanout, "audit")
 

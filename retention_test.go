@@ -85,7 +85,7 @@ func TestRetentionDeletesOnlyOldFannedOutEvents(t *testing.T) {
 	mu.Unlock()
 
 	a := startAwaiter(t, b, &AwaiterConfig{NotFoundGrace: 50 * time.Millisecond})
-	_, err = a.AwaitFanout(within(t, 10*time.Second), old[0])
+	_, err = a.AwaitFanout(within(t, 30*time.Second), old[0])
 	require.ErrorIs(t, err, ErrNotFound)
 	_, err = outbox.GetEvent(ctx, b.pool, old[0])
 	require.ErrorIs(t, err, ErrNotFound)

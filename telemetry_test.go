@@ -82,9 +82,9 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	// Before the relay runs, the backlog gauge sees all 11.
 	b.start(t)
 	a := startAwaiter(t, b, &AwaiterConfig{MeterProvider: mp})
-	_, err := a.AwaitFanout(within(t, 10*time.Second), es[0].ID, es[9].ID)
+	_, err := a.AwaitFanout(within(t, 30*time.Second), es[0].ID, es[9].ID)
 	require.NoError(t, err)
-	rcpt, err := a.AwaitFanout(within(t, 10*time.Second), bad.ID)
+	rcpt, err := a.AwaitFanout(within(t, 30*time.Second), bad.ID)
 	require.NoError(t, err, "fanned out: its pair is owed")
 	require.Empty(t, rcpt[0].Fanout)
 

@@ -149,7 +149,7 @@ func TestAwaitFanoutOfAnEventNeverCommitted(t *testing.T) {
 		_, err := a2.AwaitFanout(within(t, 30*time.Second), late.ID)
 		result <- err
 	}()
-	require.Eventually(t, func() bool { return a2.waiting() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return a2.waiting() == 1 }, 30*time.Second, time.Millisecond)
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-result)
 }
@@ -241,7 +241,7 @@ func TestAwaitFanoutSurvivesALostListener(t *testing.T) {
 			results <- err
 		}()
 	}
-	require.Eventually(t, func() bool { return a.waiting() == 2 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return a.waiting() == 2 }, 30*time.Second, time.Millisecond)
 	<-a.Ready() // its listening connection exists
 	var pid int
 	require.NoError(t, b.pool.QueryRow(context.Background(),
@@ -271,12 +271,12 @@ func TestAwaiterStartContextCancelledWakesWaiters(t *testing.T) {
 		_, err := a.AwaitFanout(within(t, 30*time.Second), e.ID)
 		waitErr <- err
 	}()
-	require.Eventually(t, func() bool { return a.waiting() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return a.waiting() == 1 }, 30*time.Second, time.Millisecond)
 	cancel()
 	select {
 	case err := <-waitErr:
 		require.ErrorIs(t, err, ErrNotRunning)
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the waiter was not woken when Start's context was cancelled")
 	}
 	_, err = a.AwaitFanout(within(t, 30*time.Second), e.ID)

@@ -31,7 +31,7 @@ func TestPausedSubscriberIsOwedAndResumed(t *testing.T) {
 	require.ErrorIs(t, outbox.PauseSubscriber(ctx, b.pool, "nobody"), ErrUnknownSubscriber)
 	es := b.record(t, Event{Type: "a"}, Event{Type: "b"}, Event{Type: "c"})
 	waitFannedOut(t, b.pool, 10*time.Second)
-	require.Eventually(t, func() bool { return len(loadJobs(t, b.pool)) == 3 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return len(loadJobs(t, b.pool)) == 3 }, 30*time.Second, 5*time.Millisecond)
 	b.waitIdle(t)
 	require.Zero(t, calls.Load(), "nothing is attempted for a paused subscriber")
 	pairs := loadPairs(t, b.pool)
@@ -83,7 +83,7 @@ func TestPairErrorsAreStoredSafely(t *testing.T) {
 	}}}, sub)
 	b.start(t)
 	es := b.record(t, Event{Type: "a", Subject: "rune"}, Event{Type: "a", Subject: "nul"}, Event{Type: "a", Subject: "huge"})
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 3 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 3 }, 30*time.Second, 5*time.Millisecond)
 	for _, e := range es {
 		info, err := outbox.GetEvent(ctx, b.pool, e.ID)
 		require.NoError(t, err)

@@ -297,7 +297,7 @@ func requireClosed(t *testing.T, c <-chan struct{}, what string) {
 	t.Helper()
 	select {
 	case <-c:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatalf("%s: never closed", what)
 	}
 }

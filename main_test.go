@@ -139,7 +139,7 @@ func (b *testBundle) settle(t *testing.T) {
 	t.Helper()
 	select {
 	case <-b.relay.Ready():
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the relay never got ready")
 	}
 	select {

@@ -226,7 +226,7 @@ func TestOrderedHandleRunsOneSubjectAtATimeInOrder(t *testing.T) {
 		var chains int
 		require.NoError(t, n.pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_chains").Scan(&chains))
 		return chains == 0
-	}, 10*time.Second, 5*time.Millisecond, "finished chains leave no row")
+	}, 30*time.Second, 5*time.Millisecond, "finished chains leave no row")
 }
 
 // jobOf returns the River job of subscriber sub that carries event id
@@ -355,7 +355,7 @@ func TestOrderedZombieCompletionIsRefused(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, state, _ := jobOf(t, pool, "ledger", es[1].ID)
 		return state == "pending"
-	}, 10*time.Second, 5*time.Millisecond, "the second event's job waits behind the first")
+	}, 30*time.Second, 5*time.Millisecond, "the second event's job waits behind the first")
 	zombie := done.watch(first, 1)
 
 	// River's rescuer gives the job to another worker, which hangs too.
@@ -487,7 +487,7 @@ func TestOrderedDiscardedHeadBlocksItsSubjectOnly(t *testing.T) {
 	}
 	// A blocked subject still takes new events, behind the head.
 	as = append(as, recordEach(t, pool, ok("a", 3))...)
-	require.Eventually(t, func() bool { c := chainOf(t, pool, "ledger", "a"); return c != nil && c.Jobs == 4 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { c := chainOf(t, pool, "ledger", "a"); return c != nil && c.Jobs == 4 }, 30*time.Second, 10*time.Millisecond)
 
 	o := Outbox{}
 	require.ErrorIs(t, o.ResumeChain(ctx, pool, "ledger", "b"), ErrUnknownChain, "b's chain finished")
@@ -527,7 +527,7 @@ func TestOrderedDiscardedHeadBlocksItsSubjectOnly(t *testing.T) {
 		Event{Type: "feed.x", Subject: "f", Payload: []byte(`{"bad":1}`)}, Event{Type: "feed.x", Subject: "f", Payload: []byte(`{"i":2}`)})
 	require.Eventually(t, func() bool { return len(feedLog.handled("f")) == 2 }, 20*time.Second, 10*time.Millisecond)
 	require.Equal(t, []uuid.UUID{fs[0].ID, fs[2].ID}, feedLog.handled("f"))
-	require.Eventually(t, func() bool { return chainOf(t, pool, "feed", "f") == nil }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return chainOf(t, pool, "feed", "f") == nil }, 30*time.Second, 5*time.Millisecond)
 
 	// A head cancelled in River blocks its subject as a discarded one does.
 	cs := recordEach(t, pool, Event{Type: "x", Subject: "c", Payload: []byte(`{"hang":1}`)}, ok("c", 1))
@@ -837,7 +837,7 @@ func TestOrderedLaterEventWaitsForAnEarlierOwedOne(t *testing.T) {
 		var failFirst sync.Map
 		startNode(t, url, nodeOpts{config: &RelayConfig{RetryBackoff: 500 * time.Millisecond}, workers: worker(log)}, newSub(log, &failFirst))
 		first := recordEach(t, pool, ev(1))[0]
-		require.Eventually(t, func() bool { return loadPairs(t, pool)[first.ID]["audit"].Attempts == 1 }, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return loadPairs(t, pool)[first.ID]["audit"].Attempts == 1 }, 30*time.Second, 5*time.Millisecond)
 		second := recordEach(t, pool, ev(2))[0] // while the first waits for its retry
 		require.Eventually(t, func() bool { return len(log.handled("s")) == 2 }, 20*time.Second, 10*time.Millisecond)
 		require.Equal(t, []uuid.UUID{first.ID, second.ID}, log.handled("s"))
@@ -1613,7 +1613,7 @@ func TestOrderedBatchAndARelaysRoundLockChainsInOneOrder(t *testing.T) {
 		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')`).Scan(&n)
 		return err == nil && n > 0
-	}, 10*time.Second, time.Millisecond, "the round neither waited for a chain nor finished")
+	}, 30*time.Second, time.Millisecond, "the round neither waited for a chain nor finished")
 	_, err = gate.Exec(ctx, "SELECT pg_advisory_unlock(2)")
 	require.NoError(t, err)
 	wg.Wait()

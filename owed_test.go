@@ -304,7 +304,7 @@ func owedDrainRowsPerPair(t *testing.T, n int) float64 {
 		require.NoError(t, conn.QueryRow(ctx,
 			"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()").Scan(&left))
 		return left == 0
-	}, 10*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 	after = rowsRead()
 	return float64(after-before) / float64(n)
 }

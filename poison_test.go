@@ -151,7 +151,7 @@ func TestOneBadPairIsPoisonedAloneAndRequeued(t *testing.T) {
 	require.Eventually(t, func() bool {
 		info, err := outbox.GetEvent(ctx, b.pool, bad.ID)
 		return err == nil && info.Fanout["mailer"] != 0
-	}, 10*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 	info, err = outbox.GetEvent(ctx, b.pool, bad.ID)
 	require.NoError(t, err)
 	require.Empty(t, info.Deliveries)
@@ -187,7 +187,7 @@ func TestMappingThatFailsTwiceThenSucceedsIsNeverPoisoned(t *testing.T) {
 	require.Eventually(t, func() bool {
 		info, err := outbox.GetEvent(context.Background(), b.pool, e.ID)
 		return err == nil && len(info.Fanout) == 1
-	}, 10*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 	info, err := outbox.GetEvent(context.Background(), b.pool, e.ID)
 	require.NoError(t, err)
 	require.False(t, info.Poisoned())
@@ -385,7 +385,7 @@ func TestAnIdleRelayRetriesWhatADeadRelayFailed(t *testing.T) {
 	require.Eventually(t, func() bool {
 		info, err := outbox.GetEvent(ctx, survivor.pool, id)
 		return err == nil && !info.FannedOutAt.IsZero()
-	}, 10*time.Second, 10*time.Millisecond, "the idle relay never retried the event")
+	}, 30*time.Second, 10*time.Millisecond, "the idle relay never retried the event")
 	info, err := outbox.GetEvent(ctx, survivor.pool, id)
 	require.NoError(t, err)
 	require.Equal(t, 1, info.Attempts)
@@ -407,7 +407,7 @@ func TestPanickingOnPoisonIsRecovered(t *testing.T) {
 		<-called
 	}
 	good := b.record(t, Event{Type: "good"})[0]
-	require.Eventually(t, func() bool { return loadRows(t, b.pool)[good.ID].FannedOut }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[good.ID].FannedOut }, 30*time.Second, 5*time.Millisecond)
 }
 
 // An OnPoison that blocks delays nothing but itself: an unrelated event is
@@ -487,7 +487,7 @@ func TestHostErrorTextIsStoredSafely(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(alerts) == len(mapErrs)
-	}, 10*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 	require.Zero(t, pauses.Load(), "a round failed and backed off")
 
 	var fannedAt []time.Time

@@ -102,7 +102,7 @@ func TestAnOrphanedSubscriberIsReportedAndRetentionPrunesWhatOwesNothing(t *test
 	require.Contains(t, logs.String(), "RetireSubscriber")
 
 	// Retention: every event that owes nothing goes; the owed ones stay.
-	require.Eventually(t, func() bool { return len(loadRows(t, b.pool)) == 20 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(loadRows(t, b.pool)) == 20 }, 30*time.Second, 10*time.Millisecond)
 	rows := loadRows(t, b.pool)
 	for _, e := range es {
 		_, kept := rows[e.ID]
@@ -116,8 +116,8 @@ func TestAnOrphanedSubscriberIsReportedAndRetentionPrunesWhatOwesNothing(t *test
 	require.True(t, relays[0].StoppedAt.IsZero())
 
 	require.NoError(t, outbox.RetireSubscriber(ctx, b.pool, "ghost"))
-	require.Eventually(t, func() bool { return len(loadRows(t, b.pool)) == 0 }, 10*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return len(b.relay.Health().Orphaned) == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return len(loadRows(t, b.pool)) == 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(b.relay.Health().Orphaned) == 0 }, 30*time.Second, 5*time.Millisecond)
 }
 
 // RetireSubscriber while relays stamp: a relay that lacks the subscriber
@@ -168,7 +168,7 @@ func TestRetireSubscriberWhileRelaysStamp(t *testing.T) {
 				})
 			}
 			// Let pairs pile up, then retire in the middle of it.
-			require.Eventually(t, func() bool { return owedCount(t, lacking.pool) >= 20 }, 10*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return owedCount(t, lacking.pool) >= 20 }, 30*time.Second, time.Millisecond)
 			require.NoError(t, outbox.RetireSubscriber(ctx, lacking.pool, "gone"))
 			owedToGone := func() int {
 				var n int

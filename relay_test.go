@@ -48,7 +48,7 @@ func TestClaimsByRowNotCursor(t *testing.T) {
 
 	evB := b.record(t, Event{Type: "note.changed", Subject: "b"})[0]
 	require.Greater(t, evB.Seq, evA.Seq, "A must hold the lower seq")
-	require.Eventually(t, func() bool { return loadRows(t, b.pool)[evB.ID].FannedOut }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[evB.ID].FannedOut }, 30*time.Second, 5*time.Millisecond)
 
 	require.NoError(t, txA.Commit(ctx))
 	waitFannedOut(t, b.pool, 10*time.Second)
@@ -435,7 +435,7 @@ func TestHandlerSeesTheFullEventAndErrorsAreRetriedByRiver(t *testing.T) {
 	require.Eventually(t, func() bool {
 		err := b.pool.QueryRow(context.Background(), "SELECT attempt FROM river_job WHERE kind = 'events.handle' AND state = 'completed'").Scan(&attempt)
 		return err == nil
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 	require.Equal(t, 2, attempt)
 }
 
@@ -495,7 +495,7 @@ func TestARoundTakesTwoRoundTripsBesideItsInsert(t *testing.T) {
 	b.start(t)
 	b.settle(t)
 	ev := b.record(t, Event{Type: "a"})[0]
-	require.Eventually(t, func() bool { return loadRows(t, b.pool)[ev.ID].FannedOut }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[ev.ID].FannedOut }, 30*time.Second, 5*time.Millisecond)
 	require.NoError(t, b.relay.Stop(ctx))
 
 	round := trips.roundOf(b.relay.sql.ClaimBatch, b.relay.sql.Commit, ev.ID.String())
@@ -604,7 +604,7 @@ func TestTheFirstFailedRoundWaitsItsBackoff(t *testing.T) {
 		return n
 	}
 	b.record(t, Event{Type: "a"})
-	require.Eventually(t, func() bool { return attempts() >= 1 }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return attempts() >= 1 }, 30*time.Second, 5*time.Millisecond,
 		"the relay never tried the event")
 	require.Never(t, func() bool { return attempts() >= 2 }, 2*time.Second, 10*time.Millisecond,
 		"the relay tried again at once after its first failed round; RetryBackoff is a minute")
@@ -638,7 +638,7 @@ func TestAListenerThatDialsIntoTheSilenceListensAgainAfterIt(t *testing.T) {
 		proxy.mu.Lock()
 		defer proxy.mu.Unlock()
 		return len(proxy.conns) >= 2*3 // accepted, and given its generation
-	}, 5*time.Second, time.Millisecond,
+	}, 30*time.Second, time.Millisecond,
 		"the listener dials again during the outage")
 	proxy.heal()
 	healedAt := time.Now()
@@ -670,7 +670,7 @@ func TestStopDuringAStartBlockedOnRegistration(t *testing.T) {
 		var n int
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&n))
 		return n > 0
-	}, 10*time.Second, 5*time.Millisecond, "Start never waited on the registry")
+	}, 30*time.Second, 5*time.Millisecond, "Start never waited on the registry")
 
 	stopCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
@@ -718,7 +718,7 @@ func TestALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testing.T) {
 		var left int
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE type = 'quiet' AND fanned_out_at IS NULL").Scan(&left))
 		return left == 0
-	}, 5*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 	var worst float64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT extract(epoch FROM max(fanned_out_at - created_at)) * 1000
 		FROM outbox_events WHERE type = 'quiet'`).Scan(&worst))
@@ -807,7 +807,7 @@ func TestStoppedWaitsForOnPoisonAfterStartContextEnds(t *testing.T) {
 	b.record(t, Event{Type: "bad"})
 	<-started
 	cancelRun()
-	require.Eventually(t, func() bool { return !b.relay.Health().Running }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return !b.relay.Health().Running }, 30*time.Second, time.Millisecond)
 	select {
 	case <-b.relay.Stopped():
 		t.Fatal("Stopped was closed while OnPoison was still running")
@@ -1039,7 +1039,7 @@ func TestBusyRelayStillRetriesAndPrunes(t *testing.T) {
 		var n int
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE id = ANY($1)", old).Scan(&n))
 		return n < len(old)
-	}, 10*time.Second, 5*time.Millisecond, "retention made no progress while the relay was busy")
+	}, 30*time.Second, 5*time.Millisecond, "retention made no progress while the relay was busy")
 	require.Greater(t, pending(), 10*batch, "retention must have run while the backlog was still there")
 }
 
@@ -1147,7 +1147,7 @@ func TestARolledBackNotifyDelaysCommittedOnesAtMostAPoll(t *testing.T) {
 				var fanned bool
 				require.NoError(t, b.pool.QueryRow(ctx, "SELECT fanned_out_at IS NOT NULL FROM outbox_events WHERE id = $1", id).Scan(&fanned))
 				return fanned
-			}, 5*time.Second, 5*time.Millisecond)
+			}, 30*time.Second, 5*time.Millisecond)
 			took := time.Since(committed)
 			t.Logf("fanned out %v after its quiet commit (%s)", took, how)
 			require.Less(t, took, poll+500*time.Millisecond, "a quiet commit waits at most about a poll interval")
@@ -1168,7 +1168,7 @@ func TestStopIsSafeBeforeStartAndTwice(t *testing.T) {
 	// And it starts again.
 	require.NoError(t, b.relay.Start(ctx, b.client))
 	e := b.record(t, Event{Type: "a"})[0]
-	require.Eventually(t, func() bool { return loadRows(t, b.pool)[e.ID].FannedOut }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[e.ID].FannedOut }, 30*time.Second, 5*time.Millisecond)
 	require.NoError(t, b.relay.Stop(ctx))
 }
 
@@ -1288,16 +1288,16 @@ func TestListenerReconnectsAndCatchesUp(t *testing.T) {
 	var e Event
 	select {
 	case e = <-recorded:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the listener never reconnected")
 	}
-	require.Eventually(t, func() bool { return loadRows(t, b.pool)[e.ID].FannedOut }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[e.ID].FannedOut }, 30*time.Second, 5*time.Millisecond)
 	require.NotEqual(t, old, listenerPID(t, b.pool), "a new listening connection")
 
 	// And the new connection carries notifications again.
 	b.waitIdle(t)
 	e = b.record(t, Event{Type: "after.reconnect"})[0]
-	require.Eventually(t, func() bool { return loadRows(t, b.pool)[e.ID].FannedOut }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[e.ID].FannedOut }, 30*time.Second, 5*time.Millisecond)
 }
 
 // PostgreSQL restarts while events are pending and relays are mid-round: no
@@ -2398,7 +2398,7 @@ func TestARelayOfASchemaIsWokenOnItsChannel(t *testing.T) {
 		info, err := o.GetEvent(ctx, pool, e.ID)
 		require.NoError(t, err)
 		return !info.FannedOutAt.IsZero()
-	}, 5*time.Second, 2*time.Millisecond, "the schema's notification did not wake its relay")
+	}, 30*time.Second, 2*time.Millisecond, "the schema's notification did not wake its relay")
 }
 
 // listenerPID returns the backend of the relay's listening connection.
@@ -2410,7 +2410,7 @@ func listenerPID(t *testing.T, pool *pgxpool.Pool) int {
 			"SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()",
 			listener.ApplicationName).Scan(&pid)
 		return err == nil
-	}, 10*time.Second, 5*time.Millisecond, "no listener connection")
+	}, 30*time.Second, 5*time.Millisecond, "no listener connection")
 	return pid
 }
 

@@ -185,5 +185,5 @@ func TestTracePropagatesFromRecordToTheHandler(t *testing.T) {
 			}
 		}
 		return work && round
-	}, 10*time.Second, 10*time.Millisecond, "no river.work and events.fanout spans linked to the recording span")
+	}, 30*time.Second, 10*time.Millisecond, "no river.work and events.fanout spans linked to the recording span")
 }

@@ -266,7 +266,7 @@ func TestOutboxRecordFromSQL(t *testing.T) {
 	b.waitIdle(t)
 	var id uuid.UUID
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT outbox_record('billing.invoice.paid', 'invoice:9', '{"cents": 1200}')`).Scan(&id))
-	require.Eventually(t, func() bool { return loadRows(t, b.pool)[id].FannedOut }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return loadRows(t, b.pool)[id].FannedOut }, 30*time.Second, 5*time.Millisecond,
 		"fanned out through the notification outbox_record sends")
 	_, err := b.pool.Exec(ctx, `SELECT outbox_record('bad type')`)
 	require.ErrorContains(t, err, "invalid event type")

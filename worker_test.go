@@ -179,13 +179,13 @@ func TestHandleJobsRunWhileTheRelayStartWaits(t *testing.T) {
 		var n int
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&n))
 		return n > 0
-	}, 10*time.Second, 5*time.Millisecond, "Start never waited on the registry")
+	}, 30*time.Second, 5*time.Millisecond, "Start never waited on the registry")
 
 	_, err = b.client.Insert(ctx, HandleArgs{Subscriber: "mail", Event: Event{Type: "a"}}, nil)
 	require.NoError(t, err)
 	select {
 	case <-handled:
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Error("the Handle job waited for the relay's Start")
 	}
 	cancelStart()
@@ -244,7 +244,7 @@ func TestAWorkerOfAnotherSchemaThanItsClientCancelsNothing(t *testing.T) {
 		var attempted bool
 		require.NoError(t, pool.QueryRow(ctx, "SELECT state::text, attempted_at IS NOT NULL FROM billing.river_job WHERE id = $1", res.Job.ID).Scan(&state, &attempted))
 		return attempted && state != "running"
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 	require.NotEqual(t, "cancelled", state, "the job of a live subscriber was cancelled for good")
 	var errs []byte
 	require.NoError(t, pool.QueryRow(ctx, "SELECT coalesce(errors::text, '') FROM billing.river_job WHERE id = $1", res.Job.ID).Scan(&errs))
@@ -278,8 +278,8 @@ func TestHandleJobsOfAnUnknownSubscriber(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT state, attempt FROM river_job WHERE id = $1", id).Scan(&s, &attempt))
 		return s, attempt
 	}
-	require.Eventually(t, func() bool { s, _ := state(ids[1]); return s == "cancelled" }, 10*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { s, _ := state(ids[0]); return s == "scheduled" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { s, _ := state(ids[1]); return s == "cancelled" }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { s, _ := state(ids[0]); return s == "scheduled" }, 30*time.Second, 10*time.Millisecond)
 	var snoozes int
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT coalesce((metadata->>'snoozes')::int, 0) FROM river_job WHERE id = $1", ids[0]).Scan(&snoozes))
 	require.Equal(t, 1, snoozes, "snoozed, not failed")

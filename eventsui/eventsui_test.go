@@ -667,7 +667,7 @@ func TestBrowserOperatorFlows(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		return poisoned(requeued) && poisoned(discarded) && poisoned(ledger1) && poisoned(ledger2)
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 	fixed.Store(true)
 
 	ui, err := eventsui.NewHandler(pool, &eventsui.Config{Prefix: "/outbox", RiverUIURL: "/riverui",

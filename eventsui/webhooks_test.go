@@ -557,7 +557,7 @@ func TestBrowserWebhookEndpoints(t *testing.T) {
 	require.Eventually(t, func() bool {
 		got, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(".flash")))
 		return err == nil && got == want
-	}, 10*time.Second, 20*time.Millisecond, "the replay's flash")
+	}, 30*time.Second, 20*time.Millisecond, "the replay's flash")
 	require.Eventually(t, func() bool {
 		mu.Lock()
 		defer mu.Unlock()

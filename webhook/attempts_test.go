@@ -31,7 +31,7 @@ func TestResponseWithNULIsLoggedEscapedAndSentOnce(t *testing.T) {
 	a := b.attempts(t, ep.ID, 1)[0]
 	require.Empty(t, a.ErrorClass)
 	require.Equal(t, `ok\x00\xff\xfe done`, a.Response)
-	require.Eventually(t, func() bool { return b.state(t, e.ID, ep.ID) == "completed" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return b.state(t, e.ID, ep.ID) == "completed" }, 30*time.Second, 10*time.Millisecond)
 	require.Equal(t, int32(1), calls.Load())
 }
 

@@ -111,8 +111,8 @@ func TestStatusLineWithNULDoesNotWedgeRiver(t *testing.T) {
 	require.Equal(t, 500, a.Status)
 
 	e2 := b.record(t, events.Event{Type: "good"})[0]
-	require.Eventually(t, func() bool { return goodCalls.Load() > 0 }, 10*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return b.state(t, e2.ID, goodEP.ID) == "completed" }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return goodCalls.Load() > 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return b.state(t, e2.ID, goodEP.ID) == "completed" }, 30*time.Second, 10*time.Millisecond,
 		"another endpoint's delivery, which succeeded, completes; state %s", b.state(t, e2.ID, goodEP.ID))
 	require.Equal(t, int32(1), goodCalls.Load())
 	require.Eventually(t, func() bool { s := b.state(t, e1.ID, badEP.ID); return s == "retryable" || s == "available" },
@@ -257,7 +257,7 @@ func TestRetryAfterCountsTowardAutoDisable(t *testing.T) {
 		require.NoError(t, err)
 		return !got.Enabled
 	}, 20*time.Second, 20*time.Millisecond, "disabled after 2 s of 503s")
-	require.Eventually(t, func() bool { return b.state(t, e.ID, ep.ID) == "cancelled" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return b.state(t, e.ID, ep.ID) == "cancelled" }, 30*time.Second, 10*time.Millisecond)
 	require.LessOrEqual(t, calls.Load(), int32(6), "about one request a second for two seconds")
 }
 

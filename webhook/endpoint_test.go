@@ -106,12 +106,12 @@ func TestDisableCancelsPendingDeliveries(t *testing.T) {
 	require.NoError(t, err)
 	e := b.record(t, events.Event{Type: "a"})[0]
 	b.attempts(t, ep.ID, 1)
-	require.Eventually(t, func() bool { s := b.state(t, e.ID, ep.ID); return s == "retryable" || s == "available" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { s := b.state(t, e.ID, ep.ID); return s == "retryable" || s == "available" }, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, b.wh.Disable(ctx, ep.ID, "maintenance"))
 	require.Equal(t, "cancelled", b.state(t, e.ID, ep.ID), "Disable cancels what is pending")
 	require.NoError(t, b.wh.Enable(ctx, ep.ID))
 	later := b.record(t, events.Event{Type: "a"})[0]
-	require.Eventually(t, func() bool { return count(later.ID) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return count(later.ID) == 1 }, 30*time.Second, 10*time.Millisecond)
 	require.Equal(t, "cancelled", b.state(t, e.ID, ep.ID))
 	require.Equal(t, 1, count(e.ID))
 
@@ -119,7 +119,7 @@ func TestDisableCancelsPendingDeliveries(t *testing.T) {
 	held, err := b.wh.Create(ctx, EndpointParams{URL: srv.URL + "/held", Types: []string{"b"}})
 	require.NoError(t, err)
 	e = b.record(t, events.Event{Type: "b"})[0]
-	require.Eventually(t, func() bool { return count(e.ID) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return count(e.ID) == 1 }, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, b.wh.Disable(ctx, held.ID, "maintenance"))
 	require.NoError(t, b.wh.Enable(ctx, held.ID))
 	close(hold)

@@ -295,5 +295,5 @@ func TestEndpointCreatedByPreviousReleaseHasABreaker(t *testing.T) {
 		h, err := b.wh.Health(ctx, id)
 		require.NoError(t, err)
 		return h[0].Breaker == BreakerOpen
-	}, 10*time.Second, 10*time.Millisecond, "two failures open the breaker")
+	}, 30*time.Second, 10*time.Millisecond, "two failures open the breaker")
 }

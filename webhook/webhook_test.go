@@ -213,7 +213,7 @@ func TestFailureIsRetriedOnScheduleThenDelivered(t *testing.T) {
 	require.Eventually(t, func() bool {
 		jobID, state, _, scheduled = b.job(t, e.ID, ep.ID)
 		return state == "completed" || ((state == "retryable" || state == "available") && scheduled.After(first.CreatedAt.Add(time.Second)))
-	}, 10*time.Second, 10*time.Millisecond, "the failed delivery waits for a retry")
+	}, 30*time.Second, 10*time.Millisecond, "the failed delivery waits for a retry")
 	if state != "completed" {
 		// 5 s ± 20 % after the attempt, plus the moment River took to record it.
 		d := scheduled.Sub(first.CreatedAt)
@@ -229,7 +229,7 @@ func TestFailureIsRetriedOnScheduleThenDelivered(t *testing.T) {
 		gap := a[1].CreatedAt.Sub(a[0].CreatedAt)
 		require.GreaterOrEqual(t, gap, 4*time.Second-50*time.Millisecond, "%v", gap)
 	}
-	require.Eventually(t, func() bool { _, s, _, _ := b.job(t, e.ID, ep.ID); return s == "completed" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, s, _, _ := b.job(t, e.ID, ep.ID); return s == "completed" }, 30*time.Second, 10*time.Millisecond)
 	got, err := b.wh.Get(ctx, ep.ID)
 	require.NoError(t, err)
 	require.True(t, got.FailingSince.IsZero())
@@ -289,7 +289,7 @@ func TestStatusHandling(t *testing.T) {
 	es := b.record(t, events.Event{Type: "gone"}, events.Event{Type: "busy"}, events.Event{Type: "moved"}, events.Event{Type: "slow"}, events.Event{Type: "huge"})
 
 	require.Equal(t, 410, b.attempts(t, gone.ID, 1)[0].Status)
-	require.Eventually(t, func() bool { _, s, _, _ := b.job(t, es[0].ID, gone.ID); return s == "cancelled" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, s, _, _ := b.job(t, es[0].ID, gone.ID); return s == "cancelled" }, 30*time.Second, 10*time.Millisecond)
 	ep, err := b.wh.Get(ctx, gone.ID)
 	require.NoError(t, err)
 	require.False(t, ep.Enabled)
@@ -300,7 +300,7 @@ func TestStatusHandling(t *testing.T) {
 		_, s, attempt, scheduled := b.job(t, es[1].ID, busy.ID)
 		d := time.Until(scheduled)
 		return s == "scheduled" && d > 100*time.Second && d <= 120*time.Second && attempt <= 1
-	}, 10*time.Second, 10*time.Millisecond, "snoozed for Retry-After")
+	}, 30*time.Second, 10*time.Millisecond, "snoozed for Retry-After")
 
 	a := b.attempts(t, moved.ID, 1)[0]
 	require.Equal(t, "redirect", a.ErrorClass)
@@ -397,7 +397,7 @@ func TestFanoutByGlobAndScopeOnce(t *testing.T) {
 		var done int
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'webhook.fanout' AND state = 'completed'").Scan(&done))
 		return done == 5
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 	var deliveries int
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'webhook.deliver' AND args->>'event_id' = $1",
 		es[0].ID.String()).Scan(&deliveries))
@@ -418,7 +418,7 @@ func TestAutoDisableRecordsAnEvent(t *testing.T) {
 	require.NoError(t, err)
 	e := b.record(t, events.Event{Type: "order.placed"})[0]
 	b.attempts(t, ep.ID, 1)
-	require.Eventually(t, func() bool { _, s, _, _ := b.job(t, e.ID, ep.ID); return s == "cancelled" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, s, _, _ := b.job(t, e.ID, ep.ID); return s == "cancelled" }, 30*time.Second, 10*time.Millisecond)
 	got, err := b.wh.Get(ctx, ep.ID)
 	require.NoError(t, err)
 	require.False(t, got.Enabled)

@@ -72,7 +72,7 @@ func doAll(t *testing.T, b *Batcher, n int, key func(i int) string) []*result {
 	results := []*result{r0}
 	var wg sync.WaitGroup
 	wg.Go(func() { r0.err = b.Do(ctx, first) })
-	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inFlight > 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inFlight > 0 }, 30*time.Second, time.Millisecond)
 	for i := 1; i < n; i++ {
 		it, r := item(key(i), i, 0)
 		results = append(results, r)
@@ -148,7 +148,7 @@ func TestAFailedBatchRunsItsItemsAlone(t *testing.T) {
 	first, r0 := item("", 0, 0.3)
 	var wg sync.WaitGroup
 	wg.Go(func() { r0.err = b.Do(ctx, first) })
-	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inFlight > 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inFlight > 0 }, 30*time.Second, time.Millisecond)
 	errs := make([]error, 10)
 	for i := range errs {
 		sql := "INSERT INTO t VALUES ($1) RETURNING v"
@@ -273,7 +273,7 @@ func TestAScanErrorDoesNotRunTheBatchTwice(t *testing.T) {
 	var wg sync.WaitGroup
 	var leadErr error
 	wg.Go(func() { leadErr = b.Do(ctx, &Item{SQL: "SELECT pg_advisory_xact_lock(42)::text", Scan: drain}) })
-	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inFlight > 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inFlight > 0 }, 30*time.Second, time.Millisecond)
 	errs := make([]error, 10)
 	for i := range errs {
 		it := &Item{Key: fmt.Sprintf("k%02d", i), SQL: "INSERT INTO hits VALUES ($1) RETURNING v", Args: []any{i}, Scan: drain}
@@ -290,7 +290,7 @@ func TestAScanErrorDoesNotRunTheBatchTwice(t *testing.T) {
 		}
 		wg.Go(func() { errs[i] = b.Do(ctx, it) })
 	}
-	require.Eventually(t, func() bool { return queued(b) == len(errs) }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return queued(b) == len(errs) }, 30*time.Second, time.Millisecond)
 	open()
 	wg.Wait()
 	require.NoError(t, leadErr)
@@ -330,12 +330,12 @@ func TestAnItemWaitingOnALockDoesNotFailTheOthersInItsBatch(t *testing.T) {
 	var wg sync.WaitGroup
 	var leadErr, slowErr error
 	wg.Go(func() { leadErr = b.Do(ctx, &Item{SQL: "SELECT pg_advisory_xact_lock(43)::text", Scan: drain}) })
-	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inFlight > 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.inFlight > 0 }, 30*time.Second, time.Millisecond)
 	slow := &Item{Key: "a", SQL: "SELECT v FROM t WHERE v = 1 FOR UPDATE", Scan: drain}
 	other, r := item("b", 7, 0)
 	wg.Go(func() { slowErr = b.Do(ctx, slow) })
 	wg.Go(func() { r.err = b.Do(ctx, other) })
-	require.Eventually(t, func() bool { return queued(b) == 2 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return queued(b) == 2 }, 30*time.Second, time.Millisecond)
 	open()
 	wg.Wait()
 	require.NoError(t, leadErr)
@@ -367,7 +367,7 @@ func TestAPanicInAScanDoesNotWedgeTheBatcher(t *testing.T) {
 	case err := <-done:
 		require.NoError(t, err)
 		require.Equal(t, 7, r.v)
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		// Hand the waiter the lead by hand, so that it ends (goleak).
 		b.mu.Lock()
 		next := b.takeLocked()

@@ -43,7 +43,7 @@ func requireClosed(t *testing.T, c <-chan struct{}, what string) {
 	t.Helper()
 	select {
 	case <-c:
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatalf("%s: never closed", what)
 	}
 }
@@ -114,7 +114,7 @@ func TestGracefulGoroutinesFinishWithTheirContext(t *testing.T) {
 	<-holding
 	stopped := make(chan error)
 	go func() { stopped <- b.Stop(context.Background()) }()
-	require.Eventually(t, func() bool { return b.Current().IsStopping() }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return b.Current().IsStopping() }, 30*time.Second, time.Millisecond)
 	select {
 	case <-stopped:
 		t.Fatal("Stop returned while a graceful goroutine held its work")
@@ -191,7 +191,7 @@ func TestARunEndsWithItsStartContext(t *testing.T) {
 			require.ErrorIs(t, b.Start(context.Background(), func(*Run) error { return nil }), ErrRunning)
 			require.NoError(t, b.Stop(context.Background()))
 		} else {
-			require.Eventually(t, func() bool { return !b.Active() }, 5*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return !b.Active() }, 30*time.Second, time.Millisecond)
 		}
 		require.NoError(t, b.Start(context.Background(), func(*Run) error { return nil }))
 		require.NoError(t, b.Stop(context.Background()))

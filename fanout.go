@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/trace"
@@ -285,16 +286,27 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		batch, err = collectClaimed(rows, l)
 		return err
 	})
-	br := c.SendBatch(ctx, &b)
+	tx, err := sendBegun(ctx, c, &b)
+	if err != nil {
+		c.Release()
+		return nil, nil, nil, err
+	}
+	return tx, batch, c.Release, nil
+}
+
+// sendBegun sends b, which begins a transaction on c (b.BeginTx) and queues
+// its first statements, and returns the transaction; if the batch fails, a
+// transaction it left open is rolled back.
+func sendBegun(ctx context.Context, c *pgxpool.Conn, b *pgx.Batch) (pgx.Tx, error) {
+	br := c.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		if c.Conn().PgConn().TxStatus() != 'I' {
 			_ = tx.Rollback(ctx)
 		}
-		c.Release()
-		return nil, nil, nil, err
+		return nil, err
 	}
-	return tx, batch, c.Release, nil
+	return tx, nil
 }
 
 // fanout inserts the jobs of a claimed batch inside tx and returns the stamp

@@ -1173,12 +1173,8 @@ func (r *Relay) releaseChainsOnce(ctx context.Context, subs []string) (n int64, 
 		})
 		return err
 	})
-	br := c.SendBatch(ctx, &b)
-	tx := br.Tx()
-	if err := br.Close(); err != nil {
-		if c.Conn().PgConn().TxStatus() != 'I' {
-			_ = tx.Rollback(ctx)
-		}
+	tx, err := sendBegun(ctx, c, &b)
+	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()

@@ -18,6 +18,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/standmeet/events/internal/claimfloor"
 	"github.com/standmeet/events/internal/hostcall"
 )
 
@@ -81,6 +82,25 @@ func collectClaimed(rows pgx.Rows, l lane) ([]claimedRow, error) {
 	// event, and ordered subscribers append in seq order.
 	slices.SortFunc(batch, func(a, b claimedRow) int { return cmp.Compare(a.Seq, b.Seq) })
 	return batch, rows.Err()
+}
+
+// collectClaimedFrom reads a ClaimFrom's rows, in (xid, seq) order, into a
+// batch in seq order (as every pending batch is: coalescing keeps the latest
+// event, and ordered subscribers append in seq order), and returns the
+// largest transaction ID among them.
+func collectClaimedFrom(rows pgx.Rows) ([]claimedRow, int64, error) {
+	var maxXid int64
+	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
+		var (
+			c   claimedRow
+			xid int64
+		)
+		err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &c.attempts, &c.traceContext, &c.paused, &xid)
+		maxXid = max(maxXid, xid)
+		return c, err
+	})
+	slices.SortFunc(batch, func(a, b claimedRow) int { return cmp.Compare(a.Seq, b.Seq) })
+	return batch, maxXid, err
 }
 
 // lane is where a round claims its rows: pending events, or the owed deliveries
@@ -213,7 +233,7 @@ func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL strin
 	work func(tx pgx.Tx, batch []claimedRow) (*stamp, error),
 ) (err error) {
 	own := db == Beginner(r.pool)
-	tx, batch, release, err := r.beginClaim(ctx, db, own, l, claimSQL, args)
+	tx, batch, claimed, release, err := r.beginClaim(ctx, db, own, l, claimSQL, args)
 	if err != nil {
 		return err
 	}
@@ -222,6 +242,9 @@ func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL strin
 	defer func() {
 		if !committed && tx.Conn().PgConn().TxStatus() != 'I' {
 			_ = tx.Rollback(ctx) // a failed rollback closes the connection
+		}
+		if committed && err == nil && claimed != nil {
+			claimed()
 		}
 	}()
 	st, err := work(tx, batch)
@@ -255,11 +278,17 @@ func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL strin
 // claim in one batch (one round trip); inside the caller's transaction, a
 // savepoint, then the claim. release gives a pool connection back (one left
 // inside a transaction is closed).
-func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, claimSQL string, args []any) (pgx.Tx, []claimedRow, func(), error) {
+//
+// A pending-lane batch claim of its own (claimSQL is ClaimBatch) starts
+// where the relay's claim floor says (ClaimFrom, or ClaimBatch for a full
+// rescan), and committed, called once the round has committed, moves the
+// floor (nil for other claims).
+func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, claimSQL string, args []any,
+) (tx pgx.Tx, batch []claimedRow, committed func(), release func(), err error) {
 	if !own {
 		tx, err := db.Begin(ctx)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		rows, err := tx.Query(ctx, claimSQL, args...)
 		var batch []claimedRow
@@ -268,30 +297,50 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		}
 		if err != nil {
 			_ = tx.Rollback(ctx)
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
-		return tx, batch, func() {}, nil
+		return tx, batch, nil, func() {}, nil
+	}
+	var (
+		floored = l == lanePending && claimSQL == r.sql.ClaimBatch
+		fc      claimfloor.Claim
+		xmin    int64
+		maxXid  int64
+	)
+	if floored {
+		fc = r.claimFloor.Next(time.Now())
+		if fc.Kind == claimfloor.From {
+			claimSQL, args = r.sql.ClaimFrom, []any{args[0], fc.From}
+		}
 	}
 	c, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
-	var (
-		b     pgx.Batch
-		batch []claimedRow
-	)
+	var b pgx.Batch
 	b.BeginTx(ownTx)
-	b.Queue(r.sql.RoundSettings)
+	b.Queue(r.sql.RoundSettings).QueryRow(func(row pgx.Row) error {
+		return row.Scan(nil, nil, &xmin)
+	})
 	b.Queue(claimSQL, args...).Query(func(rows pgx.Rows) (err error) {
+		if claimSQL == r.sql.ClaimFrom {
+			batch, maxXid, err = collectClaimedFrom(rows)
+			return err
+		}
 		batch, err = collectClaimed(rows, l)
 		return err
 	})
-	tx, err := sendBegun(ctx, c, &b)
+	tx, err = sendBegun(ctx, c, &b)
 	if err != nil {
 		c.Release()
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
-	return tx, batch, c.Release, nil
+	if floored {
+		size := int(args[0].(int64))
+		n := len(batch)
+		committed = func() { r.claimFloor.Observe(fc, xmin, n, size, maxXid, time.Now()) }
+	}
+	return tx, batch, committed, c.Release, nil
 }
 
 // sendBegun sends b, which begins a transaction on c (b.BeginTx) and queues

@@ -3,12 +3,16 @@ package events
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/claimfloor"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -165,4 +169,309 @@ func TestFanoutTxRacingStop(t *testing.T) {
 		}
 		require.NoError(t, tx.Rollback(ctx))
 	}
+}
+
+// Tests of the pending lane's claim floor (internal/claimfloor, used by
+// beginClaim in fanout.go): the claims start where the pending rows are, and
+// no row is ever left behind by it.
+
+// noRescan is a schedule whose rescans never come within a test: only the
+// floor can find a row.
+var noRescan = claimfloor.Schedule{RescanEvery: time.Hour, FullEvery: time.Hour}
+
+// holdSnapshot opens a REPEATABLE READ transaction that has read the outbox
+// and keeps it open until the test ends: VACUUM may not remove a row version
+// that the stamps leave behind meanwhile.
+func holdSnapshot(t *testing.T, url string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT count(*) FROM outbox_events")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+}
+
+// A transaction that recorded its event before the relays fanned out
+// thousands of others, and commits after, with a snapshot held all along:
+// its event is above every floor (its transaction was running at every
+// claim), and is fanned out once, at once, not at a rescan.
+func TestALateCommitIsAboveTheClaimFloor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	b.relay.hooks.claimFloor = noRescan
+	holdSnapshot(t, url)
+	b.start(t)
+	b.settle(t)
+
+	late, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = late.Rollback(ctx) }()
+	lateEvent, err := Record(ctx, late, Event{Type: "late"})
+	require.NoError(t, err)
+
+	batch := make([]Event, 100)
+	for i := range batch {
+		batch[i] = Event{Type: "meanwhile"}
+	}
+	for range 20 {
+		b.record(t, batch...)
+	}
+	require.Eventually(t, func() bool {
+		var left int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL").Scan(&left))
+		return left == 0
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Positive(t, b.relay.claimFloor.Current(), "the relay claims from a floor")
+
+	require.NoError(t, late.Commit(ctx))
+	require.Eventually(t, func() bool { return fannedOut(t, b.pool, lateEvent.ID) }, 30*time.Second, 5*time.Millisecond,
+		"the late commit was left under the floor")
+	var jobs int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE args->>'event_id' = $1", lateEvent.ID.String()).Scan(&jobs))
+	require.Equal(t, 1, jobs)
+}
+
+// A row that another round held locked while the floor passed it, and that
+// the round then let go of (it rolled back), is found by the settled
+// rescan: not at the hourly full rescan.
+func TestARowLeftBelowTheFloorByARolledBackRoundIsRescanned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	// Settled long after the few seconds the row is held below.
+	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: 20 * time.Second, FullEvery: time.Hour}
+	b.start(t)
+	b.settle(t)
+	// Until the floor is that old, a rescan starts at 0 and would find any
+	// row.
+	require.Eventually(t, func() bool { _, ok := b.relay.claimFloor.Settled(time.Now()); return ok }, time.Minute, 50*time.Millisecond)
+
+	// The row is committed, then held by another "round" before the relay
+	// claims it (the relay is idle: it is notified only after the lock).
+	held := Outbox{NotifyInterval: NotifyNever}
+	var e Event
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		e, err = held.Record(ctx, tx, Event{Type: "held"})
+		return err
+	}))
+	locker, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = locker.Rollback(ctx) }()
+	_, err = locker.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", e.ID)
+	require.NoError(t, err)
+
+	// The floor passes it: events of later transactions are claimed and
+	// fanned out, and the floor moves above the held row's transaction.
+	var heldXid int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT xact_id::text::bigint FROM outbox_events WHERE id = $1", e.ID).Scan(&heldXid))
+	require.Eventually(t, func() bool {
+		b.record(t, Event{Type: "later"})
+		return b.relay.claimFloor.Current() > heldXid
+	}, 30*time.Second, 50*time.Millisecond, "the floor never passed the held row")
+	require.False(t, fannedOut(t, b.pool, e.ID))
+
+	require.NoError(t, locker.Rollback(ctx))
+	require.Eventually(t, func() bool { return fannedOut(t, b.pool, e.ID) }, 30*time.Second, 5*time.Millisecond,
+		"a row let go of below the floor waited for the full rescan")
+}
+
+// A requeued event is pending again above every floor: its row takes the
+// requeuing transaction's ID.
+func TestARequeuedEventIsAboveTheClaimFloor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	b.relay.hooks.claimFloor = noRescan
+	e := b.record(t, Event{Type: "poisoned"})[0]
+	exec(t, b.pool, "UPDATE outbox_events SET poisoned_at = now(), attempts = 5, last_error = 'test' WHERE id = $1", e.ID)
+	b.start(t)
+	b.settle(t)
+	var xid int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT xact_id::text::bigint FROM outbox_events WHERE id = $1", e.ID).Scan(&xid))
+	require.Eventually(t, func() bool {
+		b.record(t, Event{Type: "later"})
+		return b.relay.claimFloor.Current() > xid
+	}, 30*time.Second, 50*time.Millisecond, "the floor never passed the poisoned row")
+
+	n, err := outbox.Requeue(ctx, b.pool, PoisonedFilter{EventIDs: []uuid.UUID{e.ID}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Eventually(t, func() bool { return fannedOut(t, b.pool, e.ID) }, 30*time.Second, 5*time.Millisecond,
+		"the requeued event stayed below the floor")
+}
+
+// Events recorded before the claim floor's migrations, more than a batch of
+// them, are all claimed by an idle relay: after the first claim, a floor's
+// claims and looks find the rest (every event has carried its transaction's
+// ID since migration 002).
+func TestEventsRecordedBeforeTheClaimFloorAreClaimedByAnIdleRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	pool := testdb.Pool(t, url)
+	require.NoError(t, migrate(ctx, pool, Outbox{}, 15))
+	for range 5 {
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := Record(ctx, tx, Event{Type: "before.upgrade"})
+			return err
+		}))
+	}
+	require.NoError(t, migrate(ctx, pool, Outbox{}, 0))
+
+	b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 2}}, mapSub("audit", false, "**"))
+	// A full rescan every second: each would find the rows, if it looked.
+	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: time.Second, FullEvery: time.Second}
+	b.start(t)
+	left := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL").Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return left() == 0 }, 30*time.Second, 50*time.Millisecond,
+		"events recorded before the upgrade stayed pending through ~30 full rescans")
+}
+
+// The claim floor lives in the relay's memory for as long as its run, across
+// the database going away and coming back — which is how the relay rides out
+// a failover (see failover in relay_test.go: the first event after the
+// promotion is fanned out within 2 s). But the server it comes back to may
+// hand out lower transaction IDs than the floor it learned before: a standby
+// promoted behind the primary (asynchronous replication: the IDs of WAL it
+// never received are handed out again), a crash that lost asynchronous
+// commits, a restore. Every event recorded there is below the floor, which
+// Observe never lowers: only the full rescan (every minute, one batch in seq
+// order) finds it, until the new server's IDs pass the old floor.
+//
+// Here the pool fails over from a server whose IDs are far ahead to one whose
+// IDs are behind; the relay keeps running with its default schedule.
+func TestAnEventRecordedAfterAFailoverToAServerWithLowerTransactionIDsIsFannedOutAtOnce(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts two PostgreSQL servers")
+	}
+	ctx := context.Background()
+	primary, standby := testdb.NewCluster(t), testdb.NewCluster(t)
+
+	// The old primary has handed out many more transaction IDs.
+	burn, err := pgx.Connect(ctx, primary.URL)
+	require.NoError(t, err)
+	_, err = burn.Exec(ctx, "CREATE TABLE burn (i int)")
+	require.NoError(t, err)
+	_, err = burn.Exec(ctx, `DO $$ BEGIN FOR i IN 1..50000 LOOP
+		BEGIN INSERT INTO burn VALUES (i); EXCEPTION WHEN others THEN NULL; END;
+	END LOOP; END $$`)
+	require.NoError(t, err)
+	require.NoError(t, burn.Close(ctx))
+
+	// One address for both, as a failover keeps it (a DNS name, a virtual IP).
+	var target atomic.Pointer[testdb.Cluster]
+	target.Store(primary)
+	cfg, err := pgxpool.ParseConfig(primary.URL)
+	require.NoError(t, err)
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		cc.Port = uint16(target.Load().Port())
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	b := setup(t, setupOpts{url: primary.URL, pool: pool}, mapSub("audit", false, "**"))
+	b.start(t)
+	b.settle(t)
+	before := b.record(t, Event{Type: "before"})[0]
+	require.Eventually(t, func() bool { return fannedOut(t, pool, before.ID) }, 30*time.Second, 5*time.Millisecond)
+	floor := b.relay.claimFloor.Current()
+	require.Positive(t, floor)
+	// The floor has settled (until then a rescan starts at 0 and would find
+	// any row): a relay that has run for more than a few seconds.
+	require.Eventually(t, func() bool { _, ok := b.relay.claimFloor.Settled(time.Now()); return ok }, time.Minute, 50*time.Millisecond)
+
+	// Failover: the old primary goes away, the address leads to the new one.
+	target.Store(standby)
+	primary.Crash()
+	pool.Reset()
+	var standbyXid int64
+	require.Eventually(t, func() bool {
+		return pool.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&standbyXid) == nil
+	}, 30*time.Second, 10*time.Millisecond)
+	t.Logf("relay's floor %d; the new primary hands out %d", floor, standbyXid)
+	require.Less(t, standbyXid, floor, "the test needs the new primary behind the floor")
+
+	after := b.record(t, Event{Type: "after.failover"})[0]
+	recorded := time.Now()
+	require.Eventually(t, func() bool { return fannedOut(t, pool, after.ID) }, 10*time.Second, 5*time.Millisecond,
+		"an event recorded after the failover stayed pending below the old server's claim floor")
+	t.Logf("fanned out %v after its commit", time.Since(recorded))
+}
+
+// Under a held snapshot, a claim from the floor reads the floor index from
+// the floor on: not the dead entries that the stamps of thousands of earlier
+// events left in the pending index, which the planner, counting few pending
+// rows, would as soon walk and sort (outbox_claim_from prices the sort out).
+func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	b.relay.hooks.claimFloor = noRescan
+	holdSnapshot(t, url)
+	b.start(t)
+	b.settle(t)
+	batch := make([]Event, 100)
+	for i := range batch {
+		batch[i] = Event{Type: "meanwhile"}
+	}
+	for range 20 {
+		b.record(t, batch...)
+	}
+	require.Eventually(t, func() bool {
+		var left int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL").Scan(&left))
+		return left == 0
+	}, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, b.relay.Stop(ctx))
+	exec(t, b.pool, "ANALYZE outbox_events")
+
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var floor int64
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").Scan(&floor))
+	for range 10 {
+		b.record(t, Event{Type: "fresh"})
+	}
+	read := func() int64 {
+		_, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+		require.NoError(t, err)
+		var n int64
+		require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+			WHERE indexrelname IN ('outbox_events_pending_idx', 'outbox_events_claim_floor_idx')`).Scan(&n))
+		return n
+	}
+	before := read()
+	for range 10 { // a generic plan is made after the fifth
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, b.relay.sql.ClaimFrom, int64(200), floor)
+		require.NoError(t, err)
+		claimed, err := pgx.CollectRows(rows, func(pgx.CollectableRow) (int, error) { return 1, nil })
+		require.NoError(t, err)
+		require.Len(t, claimed, 10)
+		require.NoError(t, tx.Rollback(ctx))
+	}
+	// The stamps of 2,000 events left at least as many dead entries in each
+	// index: ten claims that walked them would read 20,000.
+	got := read() - before
+	t.Logf("index entries read by ten claims from the floor: %d", got)
+	require.Less(t, got, int64(2_000), "claims from the floor walk the dead entries")
 }

@@ -36,7 +36,10 @@ const migrateLockKey = 7_365_109_225_001
 // It runs while the service writes: no step of the library's holds a lock
 // that blocks [Record] for longer than an instant, and a step that must wait
 // for a lock (behind a long transaction) gives up after half a second and
-// tries again, rather than queue every writer behind it. Run it before
+// tries again, rather than queue every writer behind it. An index on a
+// busy table is built concurrently, outside a transaction: that build waits
+// for the transactions running when it starts (ctx bounds the wait), and
+// blocks no writer meanwhile. Run it before
 // rolling out a new release (see the README's "Upgrading the library"): the
 // previous release keeps working on the migrated schema.
 //
@@ -80,7 +83,13 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, o Outbox, to int) error {
 		if to > 0 && m.version > to {
 			break
 		}
-		if err := migrateStep(ctx, sql, step, m); err != nil {
+		apply := migrateStep
+		if m.outsideTx {
+			apply = func(ctx context.Context, sql *statements.Set, step func(func(pgx.Tx) error) error, m migrationFile) error {
+				return migrateOutsideTx(ctx, pool, sql, step, m)
+			}
+		}
+		if err := apply(ctx, sql, step, m); err != nil {
 			return err
 		}
 	}
@@ -188,6 +197,103 @@ type migrationFile struct {
 	version  int
 	name     string
 	up, down string
+	// outsideTx: the up file builds one index concurrently, outside any
+	// transaction (see migrateOutsideTx). Its first line says so.
+	outsideTx bool
+}
+
+// outsideTxMarker is the first line of a migration that runs outside a
+// transaction.
+const outsideTxMarker = "-- events: outside a transaction"
+
+// migrateOutsideTx applies m, a CREATE INDEX CONCURRENTLY, unless the
+// database has it: the version is checked and recorded in steps (under the
+// migration lock), and the index is built between them on a connection of
+// its own, outside any transaction, so that writers never wait for the
+// build. The build waits for the transactions running when it starts (a
+// held snapshot included) without blocking anyone; ctx bounds that wait.
+//
+// Several processes may migrate at once, and a build may be cut short (its
+// ctx ended, its connection dropped), leaving an invalid index. So the
+// index is built until it is valid: one being built by another process is
+// waited for; an invalid one that nobody builds is dropped and built again.
+func migrateOutsideTx(ctx context.Context, pool *pgxpool.Pool, sql *statements.Set, step func(func(pgx.Tx) error) error, m migrationFile) error {
+	applied := func(tx pgx.Tx) (bool, error) {
+		if _, err := tx.Exec(ctx, sql.CreateMigrationTable); err != nil {
+			return false, fmt.Errorf("events: migrate: %w", err)
+		}
+		var have []int
+		if err := tx.QueryRow(ctx, sql.MigrationVersions).Scan(&have); err != nil {
+			return false, fmt.Errorf("events: migrate: %w", err)
+		}
+		return slices.Contains(have, m.version), nil
+	}
+	var done bool
+	if err := step(func(tx pgx.Tx) (err error) { done, err = applied(tx); return err }); err != nil || done {
+		return err
+	}
+	name, create, err := concurrentIndex(sql.Schema, m.up)
+	if err != nil {
+		return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
+	}
+	// Two processes' builds (or a build and a drop) may wait for each
+	// other: one is chosen as a deadlock's victim, or finds the other's
+	// catalog row. Either looks again, after a pause of its own.
+	raced := func(err error) bool {
+		var pgErr *pgconn.PgError
+		return errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UniqueViolation || pgErr.Code == pgerrcode.DuplicateTable ||
+			pgErr.Code == pgerrcode.DeadlockDetected)
+	}
+	for try := 1; ; try++ {
+		var valid, building bool
+		err := pool.QueryRow(ctx, sql.IndexState, name).Scan(&valid, &building)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			if _, err = pool.Exec(ctx, create); raced(err) {
+				err = backoff.Sleep(ctx, backoff.Delay(try, 100*time.Millisecond, 2*time.Second))
+			}
+		case err != nil:
+		case valid:
+			return step(func(tx pgx.Tx) error {
+				done, err := applied(tx)
+				if err != nil || done {
+					return err
+				}
+				if _, err := tx.Exec(ctx, sql.MigrationApplied, m.version); err != nil {
+					return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
+				}
+				return nil
+			})
+		case building:
+			err = backoff.Sleep(ctx, time.Second)
+		default: // invalid, and nobody builds it: a build cut short
+			if _, err = pool.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+name); raced(err) {
+				err = backoff.Sleep(ctx, backoff.Delay(try, 100*time.Millisecond, 2*time.Second))
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("events: migrate: version %d: %w", m.version, err)
+		}
+	}
+}
+
+// concurrentIndex reads an outside-a-transaction migration: the index's name
+// (qualified with schema) and its CREATE INDEX CONCURRENTLY statement, with
+// its table qualified too (no search_path is set outside a transaction: a
+// transaction-pooling proxy would not keep it).
+func concurrentIndex(schema, up string) (name, create string, err error) {
+	const prefix = "CREATE INDEX CONCURRENTLY IF NOT EXISTS "
+	i := strings.Index(up, prefix)
+	if i < 0 {
+		return "", "", errors.New("no CREATE INDEX CONCURRENTLY IF NOT EXISTS statement")
+	}
+	name, _, _ = strings.Cut(up[i+len(prefix):], " ")
+	qualifier := ""
+	if schema != "" {
+		qualifier = pgx.Identifier{schema}.Sanitize() + "."
+		name = qualifier + name
+	}
+	return name, strings.ReplaceAll(up[i:], "/* schema */", qualifier), nil
 }
 
 // loadMigrations reads migrations.FS into versions, in order.
@@ -219,6 +325,7 @@ func loadMigrations() ([]migrationFile, error) {
 		switch {
 		case strings.HasSuffix(name, ".up.sql"):
 			m.up = string(body)
+			m.outsideTx = strings.HasPrefix(m.up, outsideTxMarker+"\n")
 		case strings.HasSuffix(name, ".down.sql"):
 			m.down = string(body)
 		}

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -569,4 +570,195 @@ func TestMigrateFromThePreviousReleaseWhileWritersRecord(t *testing.T) {
 		previousRelease, took, recorded, before, during)
 	require.Less(t, during, max(500*time.Millisecond, 3*before),
 		"a writer stalled behind the migration")
+}
+
+// The claim floor's index (version 17) is built concurrently: while a
+// writer's transaction is open, the build waits for it without taking a lock
+// that queues the other writers (a plain CREATE INDEX asks for SHARE, and
+// every Record waits behind it), and Migrate completes once it is gone.
+func TestMigrateBuildsAnIndexWithoutQueueingWriters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.EmptyURL(t))
+	require.NoError(t, migrate(ctx, pool, outbox, 16))
+
+	open, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = open.Rollback(ctx) }()
+	_, err = Record(ctx, open, Event{Type: "open.writer"})
+	require.NoError(t, err)
+
+	migrated := make(chan error, 1)
+	go func() { migrated <- outbox.Migrate(ctx, pool) }()
+	// The build waits for the open writer.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock')`).Scan(&waiting))
+		return waiting
+	}, 30*time.Second, 10*time.Millisecond, "the index build never waited for the open writer")
+	var share int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+		WHERE relation = to_regclass('outbox_events') AND mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')`).Scan(&share))
+	require.Zero(t, share, "the migration holds or asks for a lock that queues writers")
+	// Other writers go on meanwhile.
+	require.NoError(t, pgx.BeginFunc(within(t, 30*time.Second), pool, func(tx pgx.Tx) error {
+		_, err := Record(ctx, tx, Event{Type: "while.building"})
+		return err
+	}))
+	select {
+	case err := <-migrated:
+		t.Fatalf("Migrate returned while the writer it waits for was open: %v", err)
+	default:
+	}
+
+	require.NoError(t, open.Commit(ctx))
+	select {
+	case err := <-migrated:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("Migrate never finished after the writer committed")
+	}
+	var valid bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_events_claim_floor_idx'::regclass").Scan(&valid))
+	require.True(t, valid)
+}
+
+// A concurrent build cut short (its caller gave up while it waited) leaves
+// an invalid index behind, which CREATE INDEX IF NOT EXISTS would take for
+// done: Migrate drops it and builds it again, in the default schema and in
+// a named one.
+func TestMigrateRebuildsAnIndexWhoseBuildWasCutShort(t *testing.T) {
+	t.Parallel()
+	for _, o := range []Outbox{{}, {Schema: "cut_short"}} {
+		t.Run(cmp.Or(o.Schema, "search_path"), func(t *testing.T) {
+			ctx := context.Background()
+			pool := testdb.Pool(t, testdb.EmptyURL(t))
+			require.NoError(t, migrate(ctx, pool, o, 16))
+			table := "outbox_events"
+			if o.Schema != "" {
+				table = pgx.Identifier{o.Schema, "outbox_events"}.Sanitize()
+			}
+			files, err := loadMigrations()
+			require.NoError(t, err)
+			i := slices.IndexFunc(files, func(f migrationFile) bool { return f.version == 17 })
+			_, create, err := concurrentIndex(o.Schema, files[i].up)
+			require.NoError(t, err)
+
+			// Cut short: the build waits for an open writer, and its
+			// caller gives up.
+			open, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			_, err = open.Exec(ctx, "INSERT INTO "+table+" (id, type) VALUES (gen_random_uuid(), 'open')")
+			require.NoError(t, err)
+			built := make(chan error, 1)
+			go func() { _, err := pool.Exec(ctx, create); built <- err }()
+			var pid int
+			require.Eventually(t, func() bool {
+				err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+					WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'`).Scan(&pid)
+				return err == nil
+			}, 30*time.Second, 10*time.Millisecond, "the build never waited for the open writer")
+			exec(t, pool, "SELECT pg_cancel_backend($1)", pid)
+			require.Error(t, <-built)
+			require.NoError(t, open.Rollback(ctx))
+			valid := func() bool {
+				var v bool
+				require.NoError(t, pool.QueryRow(ctx, `SELECT indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+					WHERE c.relname = 'outbox_events_claim_floor_idx'`).Scan(&v))
+				return v
+			}
+			require.False(t, valid(), "the cut-short build left no invalid index")
+
+			require.NoError(t, o.Migrate(ctx, pool))
+			require.True(t, valid(), "Migrate left the invalid index")
+		})
+	}
+}
+
+// Two deploys migrate at once, each logging in as a user of its own and
+// acting as the schema's owner (SET ROLE), as migration tooling commonly
+// does. The second asks IndexState whether the index is being built, but
+// pg_stat_progress_create_index shows the columns of another user's build
+// (index_relid among them) only to a superuser or a pg_read_all_stats
+// member: it sees an invalid index "that nobody builds" and issues DROP INDEX
+// CONCURRENTLY under the first one's build, which it then waits for, drops,
+// and builds again — or deadlocks with (the build waits for the drop's
+// snapshot, the drop for the build's lock).
+func TestMigrateLeavesAnIndexAnotherUserIsBuildingAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	admin := testdb.Pool(t, url)
+	suffix := fmt.Sprintf("%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	owner, userA, userB := "events_owner_"+suffix, "events_deploy_a_"+suffix, "events_deploy_b_"+suffix
+	var dbname string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT current_database()").Scan(&dbname))
+	for _, s := range []string{
+		"CREATE ROLE " + owner + " NOLOGIN",
+		"CREATE ROLE " + userA + " LOGIN IN ROLE " + owner,
+		"CREATE ROLE " + userB + " LOGIN IN ROLE " + owner,
+		"GRANT ALL ON DATABASE " + pgx.Identifier{dbname}.Sanitize() + " TO " + owner,
+		"GRANT ALL ON SCHEMA public TO " + owner,
+	} {
+		exec(t, admin, s)
+	}
+	rolePool := func(user string) *pgxpool.Pool {
+		cfg, err := pgxpool.ParseConfig(url)
+		require.NoError(t, err)
+		cfg.ConnConfig.User = user
+		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "SET ROLE "+owner)
+			return err
+		}
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		return p
+	}
+	poolA, poolB := rolePool(userA), rolePool(userB)
+	require.NoError(t, migrate(ctx, poolA, outbox, 16))
+
+	// A's build waits for an open writer.
+	open, err := admin.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = open.Rollback(ctx) }()
+	_, err = Record(ctx, open, Event{Type: "open.writer"})
+	require.NoError(t, err)
+	migratedA := make(chan error, 1)
+	go func() { migratedA <- outbox.Migrate(ctx, poolA) }()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock')`).Scan(&waiting))
+		return waiting
+	}, 30*time.Second, 10*time.Millisecond, "A's index build never waited for the open writer")
+
+	// B migrates meanwhile: it must wait for A's build, not drop it.
+	migratedB := make(chan error, 1)
+	go func() { migratedB <- outbox.Migrate(ctx, poolB) }()
+	dropped := false
+	for deadline := time.Now().Add(5 * time.Second); !dropped && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		require.NoError(t, admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE usename = $1 AND query LIKE 'DROP INDEX CONCURRENTLY%')`, userB).Scan(&dropped))
+	}
+	require.NoError(t, open.Commit(ctx))
+	var errA, errB error
+	for _, c := range []struct {
+		ch  chan error
+		err *error
+	}{{migratedA, &errA}, {migratedB, &errB}} {
+		select {
+		case *c.err = <-c.ch:
+		case <-time.After(time.Minute):
+			*c.err = fmt.Errorf("still migrating after a minute")
+		}
+	}
+	t.Logf("A: %v; B: %v", errA, errB)
+	require.False(t, dropped, "B dropped the index that A was building (it cannot see another user's build in pg_stat_progress_create_index)")
+	require.NoError(t, errA)
+	require.NoError(t, errB)
+	var valid bool
+	require.NoError(t, admin.QueryRow(ctx, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_events_claim_floor_idx'::regclass").Scan(&valid))
+	require.True(t, valid)
 }

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/standmeet/events/internal/backoff"
+	"github.com/standmeet/events/internal/claimfloor"
 	"github.com/standmeet/events/internal/hostcall"
 	"github.com/standmeet/events/internal/listener"
 	"github.com/standmeet/events/internal/logging"
@@ -183,6 +184,10 @@ type Relay struct {
 	// subscribers (owedOrder).
 	owedTurn atomic.Uint64
 
+	// claimFloor is where the pending lane's batch claims start (see
+	// package claimfloor): set by launch, for one run, before its loops.
+	claimFloor *claimfloor.Floor
+
 	// svc is the relay's lifecycle: its runs, Ready, Stopped and Stop. A
 	// run's OnPoison queue is its drain: Stop waits for it only within its
 	// context.
@@ -254,6 +259,8 @@ const callbackQueue = 1000
 
 // testHooks let tests in this package observe and steer the relay.
 type testHooks struct {
+	// claimFloor is the claim floor's rescan schedule (zero: the defaults).
+	claimFloor claimfloor.Schedule
 	// afterInsert runs inside a round's transaction, after the jobs were
 	// inserted and before the rows are stamped.
 	afterInsert func(ctx context.Context, tx pgx.Tx)
@@ -457,6 +464,7 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 // returned (only rounds queue callbacks). The caller holds mu.
 func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 	r.run = run
+	r.claimFloor = &claimfloor.Floor{Schedule: r.hooks.claimFloor} // a run's first claim is from the start
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	run.Drain(r.callbacks)
 	r.reconnected, r.wake, r.helpWake = wake.New(), wake.New(), wake.New()
@@ -849,9 +857,21 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 	if r.hooks.polled != nil {
 		r.hooks.polled()
 	}
-	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known).Scan(&waiting, &secs); err != nil {
+	// From the claim floor, or lower when a rescan is due (see claimfloor).
+	// The oldest transaction running (xmin) tells whether transaction IDs
+	// went back (a failover to a server that was behind): then events wait
+	// below the floor, and the next claim starts from 0.
+	lookedAt := time.Now()
+	floor := r.claimFloor.Current()
+	look := r.claimFloor.Look(lookedAt)
+	var xmin int64
+	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From).Scan(&waiting, &secs, &xmin); err != nil {
 		return 0, err
 	}
+	if r.claimFloor.Check(floor, xmin) {
+		waiting = true
+	}
+	r.claimFloor.Looked(lookedAt, waiting)
 	interval := r.config.Listener.PollInterval
 	*pollAt = time.Now().Add(interval)
 	if secs != nil {

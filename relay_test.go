@@ -498,7 +498,8 @@ func TestARoundTakesTwoRoundTripsBesideItsInsert(t *testing.T) {
 	require.Eventually(t, func() bool { return loadRows(t, b.pool)[ev.ID].FannedOut }, 30*time.Second, 5*time.Millisecond)
 	require.NoError(t, b.relay.Stop(ctx))
 
-	round := trips.roundOf(b.relay.sql.ClaimBatch, b.relay.sql.Commit, ev.ID.String())
+	// From the claim floor, or from the start when a rescan was due.
+	round := trips.roundOf([]string{b.relay.sql.ClaimFrom, b.relay.sql.ClaimBatch}, b.relay.sql.Commit, ev.ID.String())
 	require.NotNil(t, round, "no round fanned the event out: %v", trips.all())
 	var ours []string
 	inserts := 0
@@ -551,13 +552,13 @@ func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 // roundOf returns the round trips of a round on one connection, from the
 // one that sent claim to the one that ended it (commit, or pgx's own
 // "commit"), if any of them names mark; nil if none does.
-func (r *roundTrips) roundOf(claim, commit, mark string) []string {
+func (r *roundTrips) roundOf(claims []string, commit, mark string) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, ops := range r.byConn {
 		from := -1
 		for i, op := range ops {
-			if strings.Contains(op, claim) {
+			if slices.ContainsFunc(claims, func(claim string) bool { return strings.Contains(op, claim) }) {
 				from = i
 			}
 			ends := strings.Contains(op, commit+"[]") || op == "commit[]"

@@ -203,12 +203,20 @@ type fannedListener struct {
 	mu      sync.Mutex
 	pending map[string]time.Time
 	lat     []time.Duration
+	fanned  int // every ID notified, pending or not
 }
 
 func (f *fannedListener) committing(id uuid.UUID, at time.Time) {
 	f.mu.Lock()
 	f.pending[id.String()] = at
 	f.mu.Unlock()
+}
+
+// count is how many IDs the fanned notifications named so far.
+func (f *fannedListener) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fanned
 }
 
 func (f *fannedListener) run(ctx context.Context, conn *pgx.Conn) {
@@ -220,6 +228,7 @@ func (f *fannedListener) run(ctx context.Context, conn *pgx.Conn) {
 		now := time.Now()
 		f.mu.Lock()
 		for _, id := range strings.Split(n.Payload, ",") {
+			f.fanned++
 			if at, ok := f.pending[id]; ok {
 				f.lat = append(f.lat, now.Sub(at))
 				delete(f.pending, id)

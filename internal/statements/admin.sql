@@ -34,7 +34,8 @@ WITH ev AS (
     SELECT seq FROM /* TEMPLATE: schema */outbox_events
      WHERE id = $1 AND ($2::text IS NULL OR ('.' || type) ~ $2)),
 requeued AS (
-    UPDATE /* TEMPLATE: schema */outbox_events SET poisoned_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL
+    UPDATE /* TEMPLATE: schema */outbox_events SET poisoned_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL,
+           xact_id = pg_current_xact_id() -- pending again: above every relay's claim floor
      WHERE seq IN (SELECT seq FROM ev) AND poisoned_at IS NOT NULL AND $3::text IS NULL
     RETURNING seq),
 pairs AS (
@@ -73,7 +74,8 @@ SELECT CASE WHEN $3::text IS NULL THEN EXISTS (SELECT 1 FROM ev)
 
 -- name: RequeueEvents
 WITH q AS (
-    UPDATE /* TEMPLATE: schema */outbox_events SET poisoned_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL
+    UPDATE /* TEMPLATE: schema */outbox_events SET poisoned_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL,
+           xact_id = pg_current_xact_id() -- pending again: above every relay's claim floor
      WHERE seq IN (
            SELECT seq FROM /* TEMPLATE: schema */outbox_events
             WHERE poisoned_at IS NOT NULL AND ($1::text IS NULL OR ('.' || type) ~ $1)

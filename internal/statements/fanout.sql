@@ -7,11 +7,17 @@
 -- round maps nothing and the stamp leaves the pairs owed.
 --
 -- Never "seq > cursor": a row whose transaction commits late has a lower seq
--- than rows already fanned out, and must still be found. Rows that failed
--- before wait for their retry time in ClaimDue.
+-- than rows already fanned out, and must still be found. A claim floor is
+-- not a cursor: it is a transaction ID that was still running, and every row
+-- that commits later was recorded by a transaction that was running too
+-- (see claimFloor). Rows that failed before wait for their retry time in
+-- ClaimDue.
 
 -- name: ClaimBatch
--- $1 batch size.
+-- $1 batch size: a claim from the start, in seq order (a relay's first, and
+-- its full rescans: see claimFloor). Under a held snapshot it steps over
+-- the dead index entries of every event fanned out since; ClaimFrom does
+-- not.
 SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,
        (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
          WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
@@ -19,6 +25,20 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
  WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts = 0
  ORDER BY seq LIMIT $1
    FOR UPDATE SKIP LOCKED;
+
+-- name: ClaimFrom
+-- $1 batch size, $2 the claim floor: the pending events recorded by
+-- transaction $2 or younger (and requeued since), claimed by
+-- outbox_claim_from in the order of outbox_events_claim_floor_idx, which
+-- starts the scan at the floor rather than at the oldest dead entry (the
+-- function says why it is one). The round sorts its batch by seq;
+-- claimed_xid tells the relay how far the claim got.
+SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, e.attempts, e.trace_context,
+       (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
+         WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused,
+       e.xact_id::text::bigint AS claimed_xid
+  FROM /* TEMPLATE: schema */outbox_claim_from($2::bigint::text::xid8, $1::integer) c
+  JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = c.seq;
 
 -- name: ClaimOne
 -- $1 seq.
@@ -48,13 +68,14 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
  WHERE seq = $1;
 
 -- name: Poll
--- One query tells an idle relay both whether new rows wait (a notification
--- may have been throttled or lost) and when the next failed event or owed
+-- One query tells an idle relay both whether new rows wait above its claim
+-- floor $2 (a notification may have been throttled or lost; below the
+-- floor, its rescans look; outbox_pending_from starts at the floor in
+-- outbox_events_claim_floor_idx) and when the next failed event or owed
 -- pair of its subscribers $1 is due; each through a small partial index
 -- (owed pairs: the first entry of each active subscriber's range of the
 -- claim index, so a backlog costs nothing here).
-SELECT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_events
-                WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts = 0),
+SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8),
        extract(epoch FROM least(
            (SELECT min(next_attempt_at) FROM /* TEMPLATE: schema */outbox_events
              WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts > 0),
@@ -65,7 +86,8 @@ SELECT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_events
                     WHERE p.subscriber = u.name AND p.poisoned_at IS NULL
                     ORDER BY p.next_attempt_at LIMIT 1) d
              WHERE u.name NOT IN (SELECT name FROM /* TEMPLATE: schema */outbox_subscribers
-                                   WHERE paused_at IS NOT NULL OR retired_at IS NOT NULL))) - now());
+                                   WHERE paused_at IS NOT NULL OR retired_at IS NOT NULL))) - now()),
+       pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 
 -- name: Stamp
 -- $1 seqs, $2 their fanout documents, $3 the subscribers the round served:

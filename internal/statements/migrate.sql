@@ -31,3 +31,20 @@ SELECT to_regclass($1) IS NOT NULL;
 -- name: SetChannel
 -- $1 the schema's channel, for the SQL functions' notifications.
 UPDATE /* TEMPLATE: schema */outbox_settings SET channel = $1 WHERE channel <> $1;
+
+-- name: IndexState
+-- $1 an index's (qualified) name: whether it is valid, and whether a build
+-- of it may be in progress: CREATE INDEX CONCURRENTLY reports its index
+-- before it commits the index's catalog row, but the progress view hides
+-- another user's backend from a role without pg_read_all_stats; pg_locks
+-- hides nothing, and the build holds SHARE UPDATE EXCLUSIVE on the table
+-- throughout (so does a VACUUM: then this waits for it). No row: there is
+-- no such index.
+SELECT i.indisvalid,
+       EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid)
+       OR EXISTS (SELECT 1 FROM pg_locks l
+                   WHERE l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                     AND l.relation = i.indrelid AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted
+                     AND l.pid <> pg_backend_pid())
+  FROM pg_index i
+ WHERE i.indexrelid = to_regclass($1);

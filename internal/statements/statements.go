@@ -53,12 +53,12 @@ type Set struct {
 	// The relay's rounds (fanout.sql, deliveries.sql): the pending lane
 	// (events not yet fanned out) and the deliveries lane (owed pairs of
 	// subscribers the relay knows).
-	ClaimBatch, ClaimOne, ClaimDue string
-	ClaimOwed, ClaimOwedOne        string
-	Poll, Stamp, StampOwed         string
-	Charge, ChargeDeliveries, Load string
-	ConvertCatchUp                 string
-	NotifyFanned                   string
+	ClaimBatch, ClaimFrom, ClaimOne, ClaimDue string
+	ClaimOwed, ClaimOwedOne                   string
+	Poll, Stamp, StampOwed                    string
+	Charge, ChargeDeliveries, Load            string
+	ConvertCatchUp                            string
+	NotifyFanned                              string
 	// NotifyEvents wakes the relays, outside any host transaction (an
 	// awaiter's kick).
 	NotifyEvents string
@@ -116,7 +116,7 @@ type Set struct {
 	// Migrate's bookkeeping (migrate.sql). CreateSchema keeps a call-time
 	// template: the schema's quoted name.
 	MigrateLock, CreateSchema, CreateMigrationTable, MigrationVersions string
-	MigrationApplied, RelationExists, SetChannel                       string
+	MigrationApplied, RelationExists, SetChannel, IndexState           string
 
 	// SetLocal ($1 setting, $2 value) sets a setting for the rest of the
 	// transaction; RoundSettings and Commit open and end a relay round's own

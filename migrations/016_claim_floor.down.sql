@@ -1,0 +1,3 @@
+-- Back to version 015: no claims from a floor.
+DROP FUNCTION IF EXISTS outbox_pending_from(xid8);
+DROP FUNCTION IF EXISTS outbox_claim_from(xid8, integer);

@@ -1,0 +1,43 @@
+-- Claims that do not step over the dead index entries of everything fanned
+-- out since the oldest snapshot (issue 31). A held snapshot (a long report,
+-- pg_dump, a standby's hot_standby_feedback) keeps VACUUM from removing the
+-- versions that the stamps leave behind, and a claim ordered by seq walks
+-- every one of them in outbox_events_pending_idx. Each event already
+-- remembers the (top-level) transaction that recorded it (xact_id, since
+-- 002), and the relays claim from a floor: events recorded by transactions
+-- still running at their previous claim, or younger (see package claimfloor).
+-- A late commit always lands above every relay's floor, since its
+-- transaction was running. Version 017 builds the index, concurrently: until
+-- it is valid, these functions read the pending index.
+--
+-- The claims and looks from a floor, as functions for one reason: the
+-- planner. Statistics count few pending rows, and nothing tells it how
+-- many dead entries a held snapshot leaves in outbox_events_pending_idx, so
+-- a plan (generic ones especially) would as soon read that index and sort
+-- as start at the floor in outbox_events_claim_floor_idx: the very walk the
+-- floor is for. With sorting priced out (enable_sort = off, for these
+-- queries only), the plan that gives (xact_id, seq) order without a sort, the
+-- floor index, is the one chosen; without the index (017 not built yet) the
+-- sort is still done.
+CREATE FUNCTION outbox_claim_from(p_floor xid8, p_limit integer)
+RETURNS TABLE (seq bigint)
+LANGUAGE sql VOLATILE
+SET enable_sort = off
+SET search_path FROM CURRENT
+AS $$
+    SELECT e.seq FROM outbox_events e
+     WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.attempts = 0 AND e.xact_id >= p_floor
+     ORDER BY e.xact_id, e.seq LIMIT p_limit
+       FOR UPDATE SKIP LOCKED
+$$;
+
+CREATE FUNCTION outbox_pending_from(p_floor xid8)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET enable_sort = off
+SET search_path FROM CURRENT
+AS $$
+    SELECT (SELECT e.xact_id FROM outbox_events e
+             WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.attempts = 0 AND e.xact_id >= p_floor
+             ORDER BY e.xact_id LIMIT 1) IS NOT NULL
+$$;

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -341,6 +342,35 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		committed = func() { r.claimFloor.Observe(fc, xmin, n, size, maxXid, time.Now()) }
 	}
 	return tx, batch, committed, c.Release, nil
+}
+
+// floorLooker looks below the claim floor on the floor's schedule (see
+// package claimfloor), on a connection of its own, so that no claim walks
+// what the look walks: under a held snapshot, the dead index entries of
+// every event fanned out since. A pending row found there lowers the floor
+// to it, and the main loop claims.
+func (r *Relay) floorLooker(ctx context.Context) {
+	for {
+		if r.sleep(ctx, r.claimFloor.NextLookIn(time.Now()), r.floorLookSoon) == sleepStopped {
+			return
+		}
+		look, ok := r.claimFloor.LookBelow(time.Now())
+		if !ok {
+			continue
+		}
+		var found *int64
+		if err := r.pool.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below).Scan(&found); err != nil {
+			if ctx.Err() == nil && !r.stopping() {
+				r.logger.WarnContext(ctx, "events: looking below the claim floor failed; looking again on schedule",
+					slog.String("err", err.Error()))
+			}
+			continue
+		}
+		if found != nil {
+			r.claimFloor.Lower(*found)
+			r.wake.Send()
+		}
+	}
 }
 
 // sendBegun sends b, which begins a transaction on c (b.BeginTx) and queues

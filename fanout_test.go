@@ -475,3 +475,124 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 	t.Logf("index entries read by ten claims from the floor: %d", got)
 	require.Less(t, got, int64(2_000), "claims from the floor walk the dead entries")
 }
+
+// pendingOf counts the rows of ids still pending.
+func pendingOf(t *testing.T, b *testBundle, ids []uuid.UUID) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM outbox_events WHERE id = ANY($1) AND fanned_out_at IS NULL", ids).Scan(&n))
+	return n
+}
+
+// maxXactID is the largest xact_id among ids.
+func maxXactID(t *testing.T, b *testBundle, ids []uuid.UUID) int64 {
+	t.Helper()
+	var x int64
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		"SELECT max(xact_id::text::bigint) FROM outbox_events WHERE id = ANY($1)", ids).Scan(&x))
+	return x
+}
+
+// Rows left below the floor for longer than SettleAfter (rounds that held
+// them that long and rolled back, an old release's Requeue) are found by the
+// look from the start, and all of them are claimed at once, however many
+// batches they fill: the look lowers the floor to the first, and the claims
+// from there rise with them (a full rescan claiming one batch a minute left
+// 2,000 rows waiting ten minutes).
+//
+// Here ten rows are held by another "round" (FOR UPDATE, as a round holds
+// them) while the relay's floor passes them and settles, then let go of.
+// BatchSize 2, FullEvery 2 s: all are fanned out within a look's period
+// (plus a poll), not one batch per look.
+func TestRowsLeftBelowTheFloorAreClaimedAllAtOnceWhenALookFindsThem(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	b := setup(t, setupOpts{url: url, config: &RelayConfig{BatchSize: 2}}, mapSub("audit", false, "**"))
+	const fullEvery = 2 * time.Second
+	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: 500 * time.Millisecond, FullEvery: fullEvery}
+
+	held := Outbox{NotifyInterval: NotifyNever}
+	var ids []uuid.UUID
+	for range 10 {
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			e, err := held.Record(ctx, tx, Event{Type: "held"})
+			ids = append(ids, e.ID)
+			return err
+		}))
+	}
+	locker, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = locker.Rollback(ctx) }()
+	_, err = locker.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = ANY($1) FOR UPDATE", ids)
+	require.NoError(t, err)
+	maxXid := maxXactID(t, b, ids)
+
+	b.start(t)
+	b.settle(t)
+	// The floor has passed the held rows and has done so for longer than
+	// SettleAfter: the settled rescan starts above them too.
+	require.Eventually(t, func() bool {
+		s, ok := b.relay.claimFloor.Settled(time.Now())
+		return ok && s > maxXid
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, 10, pendingOf(t, b, ids))
+
+	require.NoError(t, locker.Rollback(ctx)) // the round that held them rolls back
+	released := time.Now()
+	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 60*time.Second, 20*time.Millisecond)
+	took := time.Since(released)
+	t.Logf("10 rows stranded below the floor (BatchSize 2, FullEvery %v) fanned out %v after release", fullEvery, took)
+	require.Less(t, took, fullEvery+time.Second+500*time.Millisecond,
+		"rows below the floor beyond one batch waited one full rescan per batch")
+}
+
+// A round commits with synchronous_commit off, and its commit moves the
+// floor; a server crash may lose that commit, leaving its rows pending again
+// with their old transaction IDs, below the floor. Transaction IDs need not
+// go back below the floor (the host transactions that recorded the rows
+// committed synchronously), so neither the poll's check nor a claim's sees
+// it: the crash's dropped connections do. A relay that reconnects looks
+// below its floor at once, and claims them.
+//
+// The crash is reproduced as what recovery leaves: the round's stamp and
+// jobs undone, the rows as they were, transaction IDs going on, every
+// connection dropped. Default schedule: the look from the start would come
+// only after a minute.
+func TestRowsOfARoundACrashLostAreClaimedOnceTheRelayReconnects(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	b.start(t)
+	b.settle(t)
+	es := b.record(t, Event{Type: "a"}, Event{Type: "b"}, Event{Type: "c"})
+	ids := []uuid.UUID{es[0].ID, es[1].ID, es[2].ID}
+	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 30*time.Second, 5*time.Millisecond)
+	maxXid := maxXactID(t, b, ids)
+	// A relay that has run a few seconds since.
+	require.Eventually(t, func() bool {
+		s, ok := b.relay.claimFloor.Settled(time.Now())
+		return ok && s > maxXid
+	}, 30*time.Second, 50*time.Millisecond)
+
+	// The crash lost the round's commit: its stamps and jobs are gone.
+	exec(t, b.pool, "UPDATE outbox_events SET fanned_out_at = NULL, fanout = NULL WHERE id = ANY($1)", ids)
+	exec(t, b.pool, "DELETE FROM river_job WHERE args->>'event_id' = ANY($1)",
+		[]string{ids[0].String(), ids[1].String(), ids[2].String()})
+	var xmin int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").Scan(&xmin))
+	require.GreaterOrEqual(t, xmin, b.relay.claimFloor.Current(), "transaction IDs did not go back below the floor")
+
+	// The crash drops every connection.
+	exec(t, b.pool, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+	b.pool.Reset()
+
+	lost := time.Now()
+	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 30*time.Second, 20*time.Millisecond,
+		"rows of a round a crash lost stayed pending below the floor")
+	took := time.Since(lost)
+	t.Logf("claimed %v after the crash", took)
+	require.Less(t, took, 20*time.Second, "found only by the look from the start, a minute on")
+}

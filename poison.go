@@ -111,8 +111,7 @@ type PoisonedFilter struct {
 // joined (match them with errors.Is) and the other events are requeued.
 // Without EventIDs it works in batches of 1,000, each its own statement,
 // and selecting nothing is not an error. With db a transaction, the relays
-// see the requeue when it commits, and [RecordedInTx] in it lists the events
-// requeued as a whole, as if they were recorded again.
+// see the requeue when it commits.
 func (o Outbox) Requeue(ctx context.Context, db DB, filter PoisonedFilter) (int64, error) {
 	return o.settle(ctx, db, filter, true)
 }

@@ -128,8 +128,7 @@ func prepare(e *Event) error {
 
 // RecordedInTx returns the events that tx's transaction has recorded so far
 // — by Record, RecordMany, the SQL function outbox_record or a watch trigger
-// (see [Outbox.InstallWatch]), or requeued by [Outbox.Requeue] — oldest
-// first. It is how a writer learns the IDs of
+// (see [Outbox.InstallWatch]) — oldest first. It is how a writer learns the IDs of
 // events its triggers made, to wait for them with [Awaiter.AwaitFanout]
 // after commit. It reads only pending rows, through the relay's index.
 // Under SERIALIZABLE it raises no serialization failure of its own: there,

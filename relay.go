@@ -215,8 +215,11 @@ type Relay struct {
 	// reconnected is sent when the listener (re)connects: the database is
 	// back, so the loop ends any backoff at once.
 	reconnected wake.Signal
-	wake        wake.Signal // the main loop's: notifications
-	helpWake    wake.Signal // the helper loops': plenty of work
+	// floorLookSoon wakes floorLooker for a look below the claim floor
+	// that LookSoon made due.
+	floorLookSoon wake.Signal
+	wake          wake.Signal // the main loop's: notifications
+	helpWake      wake.Signal // the helper loops': plenty of work
 
 	// retryCheck asks the loop to read the retry schedule now: this relay
 	// has just failed an event.
@@ -467,7 +470,7 @@ func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 	r.claimFloor = &claimfloor.Floor{Schedule: r.hooks.claimFloor} // a run's first claim is from the start
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	run.Drain(r.callbacks)
-	r.reconnected, r.wake, r.helpWake = wake.New(), wake.New(), wake.New()
+	r.reconnected, r.wake, r.helpWake, r.floorLookSoon = wake.New(), wake.New(), wake.New(), wake.New()
 	r.listener.Store(r.config.Listener.listen(run, r.pool, r.logger, &listener.Listener{
 		Channels: []string{r.sql.ChannelEvents},
 		OnNotify: func(string, string) {
@@ -480,6 +483,12 @@ func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 			if reconnect {
 				r.metrics.reconnects.Add(context.Background(), 1)
 			}
+			if reconnect {
+				// A crash may have lost rounds' commits (synchronous_commit
+				// off) that moved the claim floor: look below it.
+				r.claimFloor.LookSoon()
+				r.floorLookSoon.Send()
+			}
 			r.reconnected.Send() // the database answers: end any backoff
 			r.wake.Send()        // notifications sent while away are lost: look now
 		},
@@ -489,6 +498,7 @@ func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 	run.GoGraceful(r.pruner)
 	run.GoGraceful(r.heartbeater)
 	run.GoGraceful(r.chainSweeper)
+	run.GoGraceful(r.floorLooker)
 	for range r.config.MaxRoundsInFlight - 1 {
 		run.GoGraceful(r.helper)
 	}
@@ -764,8 +774,10 @@ func (l *mainLoop) failed(ctx context.Context, err error) bool {
 	if isTransient(err) {
 		// The database is away (a restart, a failover): looking again costs
 		// a connection attempt, so look at least every poll interval, and at
-		// once when the listener is back.
+		// once when the listener is back. A crash may have lost rounds'
+		// commits that moved the claim floor: look below it once back.
 		d = min(d, r.config.Listener.PollInterval)
+		r.claimFloor.LookSoon()
 	}
 	r.logger.WarnContext(ctx, "events: relay round failed; backing off",
 		slog.String("err", err.Error()), slog.Int("failures", l.failures), slog.Duration("pause", d))
@@ -857,13 +869,11 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 	if r.hooks.polled != nil {
 		r.hooks.polled()
 	}
-	// From the claim floor, or lower when a rescan is due (see claimfloor).
-	// The oldest transaction running (xmin) tells whether transaction IDs
+	// From the claim floor (see claimfloor). The oldest transaction running (xmin) tells whether transaction IDs
 	// went back (a failover to a server that was behind): then events wait
 	// below the floor, and the next claim starts from 0.
-	lookedAt := time.Now()
 	floor := r.claimFloor.Current()
-	look := r.claimFloor.Look(lookedAt)
+	look := r.claimFloor.Look(time.Now())
 	var xmin int64
 	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From).Scan(&waiting, &secs, &xmin); err != nil {
 		return 0, err
@@ -871,7 +881,6 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 	if r.claimFloor.Check(floor, xmin) {
 		waiting = true
 	}
-	r.claimFloor.Looked(lookedAt, waiting)
 	interval := r.config.Listener.PollInterval
 	*pollAt = time.Now().Add(interval)
 	if secs != nil {

@@ -1,3 +1,4 @@
 -- Back to version 015: no claims from a floor.
+DROP FUNCTION IF EXISTS outbox_pending_below(xid8, xid8);
 DROP FUNCTION IF EXISTS outbox_pending_from(xid8);
 DROP FUNCTION IF EXISTS outbox_claim_from(xid8, integer);

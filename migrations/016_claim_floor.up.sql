@@ -41,3 +41,23 @@ AS $$
              WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.attempts = 0 AND e.xact_id >= p_floor
              ORDER BY e.xact_id LIMIT 1) IS NOT NULL
 $$;
+
+-- The first transaction, from p_from up to (not including) p_below, of a
+-- pending row that no round holds: a row below a relay's floor that a
+-- rolled-back round let go of, or whose round's commit a crash lost. The
+-- relay looks for one on a goroutine of its own and lowers its floor to
+-- it. FOR KEY SHARE SKIP LOCKED passes over the rows a round holds (FOR
+-- UPDATE): those are being fanned out. The lock it takes on the row it
+-- returns ends with the look's statement.
+CREATE FUNCTION outbox_pending_below(p_from xid8, p_below xid8)
+RETURNS xid8
+LANGUAGE sql VOLATILE
+SET enable_sort = off
+SET search_path FROM CURRENT
+AS $$
+    SELECT e.xact_id FROM outbox_events e
+     WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.attempts = 0
+       AND e.xact_id >= p_from AND e.xact_id < p_below
+     ORDER BY e.xact_id LIMIT 1
+       FOR KEY SHARE SKIP LOCKED
+$$;

@@ -13,18 +13,20 @@
 // are above the floor: a floor is not a cursor that a late commit can slip
 // under.
 //
-// What a floor claim cannot see is a row it skipped because another round
-// held it locked (SKIP LOCKED) and that round then rolled back: the row is
-// pending again, below the floor. Two rescans find such rows:
+// What a floor claim cannot see is a row below the floor that is pending
+// again: one it skipped because another round held it locked (SKIP LOCKED)
+// and that round then rolled back, or one whose round's commit a server
+// crash lost (rounds commit with synchronous_commit off). Looks below the
+// floor, on a goroutine of their own so that no claim walks what they
+// walk, find such rows and lower the floor to them:
 //
-//   - every two seconds, a claim from the floor the relay had five seconds
-//     ago (a round that held the row then has ended since, unless it ran
-//     longer; while the floor is younger than that, from 0);
-//   - every minute, a claim from the start, in seq order: rows of rounds
-//     that ran longer, and rows recorded before the column existed (NULL).
+//   - every two seconds, from the floor the relay had five seconds ago (a
+//     round that held the row then has ended since, unless it ran longer);
+//   - every minute, at the relay's start and soon after it reconnects to the
+//     database, from the start.
 //
-// An idle relay looks for pending rows where its next claim would start, and
-// a rescan that finds nothing is done (see Look).
+// A look that finds a row lowers the floor to it: the claims that follow
+// take it, and the floor rises again with them.
 //
 // A Floor is safe for concurrent use by the relay's loops.
 package claimfloor
@@ -35,11 +37,11 @@ import (
 	"time"
 )
 
-// Schedule is the rescans' schedule; a zero field takes its default.
+// Schedule is the looks' schedule; a zero field takes its default.
 type Schedule struct {
-	RescanEvery time.Duration // default 2 s
+	RescanEvery time.Duration // the settled look's, default 2 s
 	SettleAfter time.Duration // default 5 s
-	FullEvery   time.Duration // default 1 min
+	FullEvery   time.Duration // the look from the start's, default 1 min
 }
 
 func (s Schedule) rescanEvery() time.Duration { return cmp.Or(s.RescanEvery, 2*time.Second) }
@@ -50,7 +52,8 @@ func (s Schedule) fullEvery() time.Duration   { return cmp.Or(s.FullEvery, time.
 type Kind int
 
 const (
-	// Full claims from the start, in seq order: ClaimBatch.
+	// Full claims from the start, in seq order (ClaimBatch): a run's first
+	// claim, without a floor to start from.
 	Full Kind = iota
 	// From claims from a floor, in (xid, seq) order: ClaimFrom.
 	From
@@ -74,11 +77,12 @@ type mark struct {
 type Floor struct {
 	Schedule Schedule
 
-	mu       sync.Mutex
-	floor    int64 // 0: no claim has moved it yet
-	marks    []mark
-	fullAt   time.Time
-	rescanAt time.Time
+	mu      sync.Mutex
+	floor   int64 // 0: no claim has moved it yet
+	marks   []mark
+	started bool
+	fullAt  time.Time // when the look from the start is due
+	lookAt  time.Time // when the settled look is due
 }
 
 // Current is the floor (0: none yet; the next claim is from the start).
@@ -88,62 +92,96 @@ func (f *Floor) Current() int64 {
 	return f.floor
 }
 
-// Next returns where the next claim starts, and takes the rescan it is (if
-// it is one) off the schedule; a claim that fails takes its rescan again
-// only at the next due time.
-func (f *Floor) Next(now time.Time) Claim {
+// Next returns where the next claim starts.
+func (f *Floor) Next(time.Time) Claim {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c, full, rescan := f.peek(now)
-	f.done(now, full, rescan)
+	c := f.peek()
+	f.started = true
 	return c
 }
 
 // Look returns where an idle relay's look for pending rows starts: where the
-// next claim would. Looked says whether it found any.
-func (f *Floor) Look(now time.Time) Claim {
+// next claim would.
+func (f *Floor) Look(time.Time) Claim {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c, _, _ := f.peek(now)
-	return c
+	return f.peek()
 }
 
-// Looked tells the floor what a look at now found: if nothing, a rescan it
-// was is done (an idle relay does not rescan what it has just looked at); if
-// something, the next claim is the rescan.
-func (f *Floor) Looked(now time.Time, found bool) {
+func (f *Floor) peek() Claim {
+	if !f.started {
+		return Claim{Kind: Full}
+	}
+	return Claim{Kind: From, From: f.floor}
+}
+
+// Below is a look below the floor: for pending rows whose transaction is
+// at least From and below Below.
+type Below struct {
+	From, Below int64
+}
+
+// LookBelow returns the look below the floor due at now, if one is, and
+// takes it off the schedule: the look from the start if due, else the
+// settled look (from the floor as it was SettleAfter ago; none while the
+// floor is younger, or has not moved since). Without a floor, claims start
+// from 0 and there is nothing below.
+func (f *Floor) LookBelow(now time.Time) (Below, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if found {
-		return
+	if now.Before(f.lookAt) && now.Before(f.fullAt) {
+		return Below{}, false
 	}
-	_, full, rescan := f.peek(now)
-	f.done(now, full, rescan)
-}
-
-func (f *Floor) peek(now time.Time) (c Claim, full, rescan bool) {
-	if !now.Before(f.fullAt) {
-		return Claim{Kind: Full}, true, false
-	}
-	if !now.Before(f.rescanAt) {
-		// Younger than SettleAfter, the settled floor is 0: what the
-		// first claims skipped.
-		settled, _ := f.settled(now)
-		return Claim{Kind: From, From: settled}, false, true
-	}
-	return Claim{Kind: From, From: f.floor}, false, false
-}
-
-func (f *Floor) done(now time.Time, full, rescan bool) {
+	f.lookAt = now.Add(f.Schedule.rescanEvery())
+	full := !now.Before(f.fullAt)
 	if full {
 		f.fullAt = now.Add(f.Schedule.fullEvery())
 	}
-	if full || rescan {
-		f.rescanAt = now.Add(f.Schedule.rescanEvery())
+	switch {
+	case f.floor == 0:
+		return Below{}, false
+	case full:
+		return Below{From: 0, Below: f.floor}, true
+	}
+	settled, ok := f.settled(now)
+	if !ok || settled >= f.floor {
+		return Below{}, false
+	}
+	return Below{From: settled, Below: f.floor}, true
+}
+
+// NextLookIn is how long until a look below is due.
+func (f *Floor) NextLookIn(now time.Time) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return max(0, min(f.lookAt.Sub(now), f.fullAt.Sub(now)))
+}
+
+// LookSoon makes the look from the start due now: the relay reconnected,
+// and a crash may have lost the commits of rounds that moved the floor.
+func (f *Floor) LookSoon() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fullAt = time.Time{}
+}
+
+// Lower lowers the floor to to, where a look below found a pending row:
+// the next claims take it. A claim that began before (from higher up) does
+// not move the floor when it ends (see Observe).
+func (f *Floor) Lower(to int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if to >= f.floor {
+		return
+	}
+	f.floor = to
+	for i := range f.marks {
+		f.marks[i].floor = min(f.marks[i].floor, to)
 	}
 }
 
-// Settled is the floor as it was SettleAfter ago, which the settled rescan
+// Settled is the floor as it was SettleAfter ago, which the settled look
 // starts from; 0 and false while the floor is younger.
 func (f *Floor) Settled(now time.Time) (int64, bool) {
 	f.mu.Lock()
@@ -204,6 +242,11 @@ func (f *Floor) Observe(c Claim, xmin int64, claimed, size int, maxXid int64, no
 		// from 0. This claim started at the old floor, so it moves
 		// nothing: the next claim is from 0.
 		f.floor, f.marks = 0, nil
+		return
+	}
+	if c.Kind == From && c.From > f.floor {
+		// The floor was lowered (or reset) while this claim ran: it did
+		// not look where the floor now is, so it moves nothing.
 		return
 	}
 	to := xmin

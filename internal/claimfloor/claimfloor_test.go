@@ -48,34 +48,59 @@ func TestAFullClaimMovesTheFloorOnlyInTransactionOrder(t *testing.T) {
 	require.EqualValues(t, 230, f.Current())
 }
 
-func TestRescansComeOnTheirSchedule(t *testing.T) {
+func TestLooksBelowComeOnTheirSchedule(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Second, SettleAfter: 10 * time.Second, FullEvery: time.Minute}}
+	_, ok := f.LookBelow(t0)
+	require.False(t, ok, "no floor, nothing below it")
 	f.Observe(f.Next(t0), 100, 0, 10, 0, t0)
-	// Younger than SettleAfter: the rescan starts at 0.
-	require.Equal(t, Claim{Kind: From, From: 0}, f.Next(t0.Add(time.Second)))
-	for i := 2; i <= 12; i++ {
+	_, ok = f.LookBelow(t0.Add(500 * time.Millisecond))
+	require.False(t, ok, "not due yet")
+	for i := 1; i <= 12; i++ {
 		at := t0.Add(time.Duration(i) * time.Second)
 		f.Observe(Claim{Kind: From, From: f.Current()}, int64(100+i), 0, 10, 0, at)
 	}
-	// At 12.5 s, the floor as it was at 2.5 s (set at 2 s: 102).
+	// At 12.5 s, the floor as it was at 2.5 s (set at 2 s: 102), up to
+	// the floor.
 	now := t0.Add(12500 * time.Millisecond)
-	require.Equal(t, Claim{Kind: From, From: 102}, f.Next(now))
-	require.Equal(t, Claim{Kind: From, From: 112}, f.Next(now.Add(time.Millisecond)), "one rescan per RescanEvery")
-	require.Equal(t, Claim{Kind: Full}, f.Next(t0.Add(time.Minute+time.Second)))
+	require.Equal(t, time.Duration(0), f.NextLookIn(now))
+	b, ok := f.LookBelow(now)
+	require.True(t, ok)
+	require.Equal(t, Below{From: 102, Below: 112}, b)
+	require.Equal(t, time.Second, f.NextLookIn(now), "one look per RescanEvery")
+	_, ok = f.LookBelow(now.Add(time.Millisecond))
+	require.False(t, ok)
+	// A minute after the start's, the look from the start.
+	b, ok = f.LookBelow(t0.Add(time.Minute + time.Second))
+	require.True(t, ok)
+	require.Equal(t, Below{From: 0, Below: 112}, b)
+	// The claims never go below the floor themselves.
+	require.Equal(t, Claim{Kind: From, From: 112}, f.Next(t0.Add(time.Minute+time.Second)))
+	// A reconnect makes the look from the start due at once.
+	f.LookSoon()
+	b, ok = f.LookBelow(t0.Add(time.Minute + 2*time.Second))
+	require.True(t, ok)
+	require.Equal(t, Below{From: 0, Below: 112}, b)
 }
 
-func TestALookThatFindsNothingIsTheRescanDone(t *testing.T) {
+func TestARowFoundBelowLowersTheFloorUntilAClaimFromThereMovesIt(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Second, SettleAfter: time.Second, FullEvery: time.Hour}}
 	f.Observe(f.Next(t0), 100, 0, 10, 0, t0)
 	f.Observe(Claim{Kind: From, From: 100}, 150, 0, 10, 0, t0.Add(1500*time.Millisecond))
-	now := t0.Add(2 * time.Second)
-	// A rescan is due, from the floor as it was at 1 s.
-	require.Equal(t, Claim{Kind: From, From: 100}, f.Look(now))
-	f.Looked(now, true) // found rows: the next claim is the rescan
-	require.Equal(t, Claim{Kind: From, From: 100}, f.Look(now))
-	f.Looked(now, false) // found none: the rescan is done
-	require.Equal(t, Claim{Kind: From, From: 150}, f.Look(now))
-	require.Equal(t, Claim{Kind: From, From: 150}, f.Next(now))
+	inFlight := f.Next(t0.Add(2 * time.Second)) // a claim from 150 runs
+	require.Equal(t, Claim{Kind: From, From: 150}, inFlight)
+	f.Lower(120) // a look found a pending row of transaction 120
+	require.EqualValues(t, 120, f.Current())
+	settled, _ := f.Settled(t0.Add(3 * time.Second))
+	require.EqualValues(t, 120, settled, "no settled look starts above the row either")
+	// The claim from 150 ends: it never looked at 120, and moves nothing.
+	f.Observe(inFlight, 160, 0, 10, 0, t0.Add(2*time.Second))
+	require.EqualValues(t, 120, f.Current())
+	c := f.Next(t0.Add(2 * time.Second))
+	require.Equal(t, Claim{Kind: From, From: 120}, c)
+	f.Observe(c, 165, 3, 10, 0, t0.Add(2*time.Second))
+	require.EqualValues(t, 165, f.Current())
+	f.Lower(200)
+	require.EqualValues(t, 165, f.Current(), "lowering never raises")
 }
 
 func TestTransactionIDsThatGoBackResetTheFloor(t *testing.T) {

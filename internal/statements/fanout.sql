@@ -40,6 +40,11 @@ SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, e.attem
   FROM /* TEMPLATE: schema */outbox_claim_from($2::bigint::text::xid8, $1::integer) c
   JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = c.seq;
 
+-- name: PendingBelow
+-- $1, $2: the first transaction from $1 up to (not including) $2 of a
+-- pending row that no round holds, or NULL (see claimfloor).
+SELECT /* TEMPLATE: schema */outbox_pending_below($1::bigint::text::xid8, $2::bigint::text::xid8)::text::bigint;
+
 -- name: ClaimOne
 -- $1 seq.
 SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,

@@ -53,12 +53,12 @@ type Set struct {
 	// The relay's rounds (fanout.sql, deliveries.sql): the pending lane
 	// (events not yet fanned out) and the deliveries lane (owed pairs of
 	// subscribers the relay knows).
-	ClaimBatch, ClaimFrom, ClaimOne, ClaimDue string
-	ClaimOwed, ClaimOwedOne                   string
-	Poll, Stamp, StampOwed                    string
-	Charge, ChargeDeliveries, Load            string
-	ConvertCatchUp                            string
-	NotifyFanned                              string
+	ClaimBatch, ClaimFrom, PendingBelow, ClaimOne, ClaimDue string
+	ClaimOwed, ClaimOwedOne                                 string
+	Poll, Stamp, StampOwed                                  string
+	Charge, ChargeDeliveries, Load                          string
+	ConvertCatchUp                                          string
+	NotifyFanned                                            string
 	// NotifyEvents wakes the relays, outside any host transaction (an
 	// awaiter's kick).
 	NotifyEvents string

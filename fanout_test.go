@@ -596,3 +596,62 @@ func TestRowsOfARoundACrashLostAreClaimedOnceTheRelayReconnects(t *testing.T) {
 	t.Logf("claimed %v after the crash", took)
 	require.Less(t, took, 20*time.Second, "found only by the look from the start, a minute on")
 }
+
+// A relay that starts claims from the relays' last claim floor, written with
+// their heartbeats and when they stop: a deploy's new process, under a held
+// snapshot, does not first walk the dead entries of every event fanned out
+// since, from transaction 0, to reach a backlog recorded while none ran.
+func TestARelayStartsFromTheRelaysLastClaimFloor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	b.relay.hooks.claimFloor = noRescan
+	b.relay.hooks.noFloorLooks = true
+	holdSnapshot(t, url)
+	b.start(t)
+	b.settle(t)
+	batch := make([]Event, 100)
+	for i := range batch {
+		batch[i] = Event{Type: "meanwhile"}
+	}
+	for range 20 {
+		b.record(t, batch...)
+	}
+	require.Eventually(t, func() bool {
+		var left int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL").Scan(&left))
+		return left == 0
+	}, 30*time.Second, 10*time.Millisecond)
+	last := b.relay.claimFloor.Current()
+	require.NoError(t, b.relay.Stop(ctx))
+	var stored int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(claim_floor::text::bigint) FROM outbox_relays").Scan(&stored))
+	require.Equal(t, last, stored, "the stopped relay wrote its floor")
+
+	// A backlog recorded while no relay runs, then a new run.
+	var backlog []uuid.UUID
+	for range 5 {
+		for _, e := range b.record(t, batch...) {
+			backlog = append(backlog, e.ID)
+		}
+	}
+	exec(t, b.pool, "ANALYZE outbox_events")
+	read := func() int64 {
+		exec(t, b.pool, "SELECT pg_stat_force_next_flush()")
+		var n int64
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+			WHERE indexrelname IN ('outbox_events_pending_idx', 'outbox_events_claim_floor_idx')`).Scan(&n))
+		return n
+	}
+	before := read()
+	b.start(t)
+	// (By ID: a count of the pending rows would walk the dead entries.)
+	require.Eventually(t, func() bool { return pendingOf(t, b, backlog) == 0 }, 30*time.Second, 10*time.Millisecond)
+	got := read() - before
+	t.Logf("index entries read while a new run drained 500 events: %d (floor %d)", got, stored)
+	// The stamps of 2,000 events left at least as many dead entries in
+	// each index: a first claim from the start walks them (and so does
+	// each claim from transaction 0 until one moves the floor).
+	require.Less(t, got, int64(1_500), "the new run's claims walked the dead entries from the start")
+}

@@ -119,7 +119,8 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	h := r.Health()
 	var orphaned []string
 	err := r.pool.QueryRow(ctx, r.sql.Heartbeat, r.runID, host, os.Getpid(), libraryVersion(), r.known,
-		h.Listening, h.PollOnly, h.ConsecutiveFailures, lastRound, r.config.Outbox.OrphanAfter.Microseconds(), r.client.ID()).Scan(&orphaned)
+		h.Listening, h.PollOnly, h.ConsecutiveFailures, lastRound, r.config.Outbox.OrphanAfter.Microseconds(), r.client.ID(),
+		r.claimFloor.Stored()).Scan(&orphaned)
 	if err != nil {
 		return err
 	}
@@ -143,5 +144,5 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 func (r *Relay) markStopped(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	_, _ = r.pool.Exec(ctx, r.sql.RelayStopped, r.runID)
+	_, _ = r.pool.Exec(ctx, r.sql.RelayStopped, r.runID, r.claimFloor.Stored())
 }

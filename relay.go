@@ -187,6 +187,9 @@ type Relay struct {
 	// claimFloor is where the pending lane's batch claims start (see
 	// package claimfloor): set by launch, for one run, before its loops.
 	claimFloor *claimfloor.Floor
+	// startFloor is where the next run's claims start: the relays' last
+	// claim floor, read by prepare (0: from the start).
+	startFloor int64
 
 	// svc is the relay's lifecycle: its runs, Ready, Stopped and Stop. A
 	// run's OnPoison queue is its drain: Stop waits for it only within its
@@ -264,6 +267,9 @@ const callbackQueue = 1000
 type testHooks struct {
 	// claimFloor is the claim floor's rescan schedule (zero: the defaults).
 	claimFloor claimfloor.Schedule
+	// noFloorLooks: no looks below the claim floor (floorLooker), so that a
+	// test counts what the claims read.
+	noFloorLooks bool
 	// afterInsert runs inside a round's transaction, after the jobs were
 	// inserted and before the rows are stamped.
 	afterInsert func(ctx context.Context, tx pgx.Tx)
@@ -450,10 +456,20 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 		// within a second and may have failed. Left unmarked, it looks like
 		// a dead process of this River client, and the dead-worker rescue
 		// (ChainRescue) would take the heads this live process runs.
-		if _, err := r.pool.Exec(ctx, r.sql.RelayStopped, r.runID); err != nil {
+		if _, err := r.pool.Exec(ctx, r.sql.RelayStopped, r.runID, r.claimFloor.Stored()); err != nil {
 			r.logger.WarnContext(ctx, "events: marking the last run stopped failed: until it is, the relays may take this process for dead",
 				slog.String("run", r.runID.String()), slog.String("err", err.Error()))
 		}
+	}
+	// The run's claims start at the relays' last claim floor (see
+	// claimfloor); without one, from the start.
+	r.startFloor = 0
+	var floor *int64
+	if err := r.pool.QueryRow(ctx, r.sql.ClaimFloors).Scan(&floor); err != nil {
+		r.logger.WarnContext(ctx, "events: reading the relays' claim floors failed: the first claims start from the start",
+			slog.String("err", err.Error()))
+	} else if floor != nil {
+		r.startFloor = *floor
 	}
 	r.runID = uuid.Must(uuid.NewV7())
 	r.lastRound.Store(0)
@@ -467,7 +483,8 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 // returned (only rounds queue callbacks). The caller holds mu.
 func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 	r.run = run
-	r.claimFloor = &claimfloor.Floor{Schedule: r.hooks.claimFloor} // a run's first claim is from the start
+	r.claimFloor = &claimfloor.Floor{Schedule: r.hooks.claimFloor}
+	r.claimFloor.Start(r.startFloor)
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	run.Drain(r.callbacks)
 	r.reconnected, r.wake, r.helpWake, r.floorLookSoon = wake.New(), wake.New(), wake.New(), wake.New()
@@ -498,7 +515,9 @@ func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 	run.GoGraceful(r.pruner)
 	run.GoGraceful(r.heartbeater)
 	run.GoGraceful(r.chainSweeper)
-	run.GoGraceful(r.floorLooker)
+	if !r.hooks.noFloorLooks {
+		run.GoGraceful(r.floorLooker)
+	}
 	for range r.config.MaxRoundsInFlight - 1 {
 		run.GoGraceful(r.helper)
 	}

@@ -2,3 +2,4 @@
 DROP FUNCTION IF EXISTS outbox_pending_below(xid8, xid8);
 DROP FUNCTION IF EXISTS outbox_pending_from(xid8);
 DROP FUNCTION IF EXISTS outbox_claim_from(xid8, integer);
+ALTER TABLE outbox_relays DROP COLUMN IF EXISTS claim_floor;

@@ -61,3 +61,10 @@ AS $$
      ORDER BY e.xact_id LIMIT 1
        FOR KEY SHARE SKIP LOCKED
 $$;
+
+-- Each relay's floor, written with its heartbeats and when it stops: a
+-- relay that starts claims from the highest one (rows below it were claimed
+-- by then; its look from the start, at once, finds any that were not), so
+-- that a new process, a deploy's, does not first walk every dead entry
+-- from transaction 0. Nullable, no default: no rewrite, an instant's lock.
+ALTER TABLE outbox_relays ADD COLUMN claim_floor xid8;

@@ -85,6 +85,31 @@ type Floor struct {
 	lookAt  time.Time // when the settled look is due
 }
 
+// Start gives a floor that has not claimed yet a floor to start from:
+// another relay's (the highest of the relays' last ones), under which every
+// row was claimed by then. Its first claim is from there, and its look
+// from the start (due at once) finds any row left below. A floor of 0 is
+// none: the first claim is from the start.
+func (f *Floor) Start(floor int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.started || floor <= 0 {
+		return
+	}
+	f.floor, f.started = floor, true
+}
+
+// Stored is the floor to write for other relays to start from (nil: none).
+func (f *Floor) Stored() *int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.floor == 0 {
+		return nil
+	}
+	v := f.floor
+	return &v
+}
+
 // Current is the floor (0: none yet; the next claim is from the start).
 func (f *Floor) Current() int64 {
 	f.mu.Lock()

@@ -129,3 +129,18 @@ func TestALookThatSeesTransactionIDsGoBackResetsTheFloor(t *testing.T) {
 	require.Equal(t, Claim{Kind: From, From: 0}, f.Next(t0.Add(time.Second)))
 	require.False(t, f.Check(0, 700), "no floor, nothing to reset")
 }
+
+func TestAFloorStartsFromAnotherRelaysFloor(t *testing.T) {
+	var f Floor
+	require.Nil(t, f.Stored(), "no floor to write")
+	f.Start(0)
+	require.Equal(t, Claim{Kind: Full}, f.Look(t0), "none: from the start")
+	f.Start(400)
+	require.Equal(t, Claim{Kind: From, From: 400}, f.Next(t0))
+	require.EqualValues(t, 400, *f.Stored())
+	f.Start(900)
+	require.EqualValues(t, 400, f.Current(), "a floor that has claimed keeps its own")
+	b, ok := f.LookBelow(t0)
+	require.True(t, ok, "the look from the start is due at once")
+	require.Equal(t, Below{From: 0, Below: 400}, b)
+}

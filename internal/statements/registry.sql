@@ -125,7 +125,8 @@ UPDATE /* TEMPLATE: schema */outbox_subscribers SET backfill_done_at = now() WHE
 -- name: Heartbeat
 -- $1 relay id, $2 host, $3 pid, $4 version, $5 subscribers served, $6
 -- listening, $7 poll only, $8 consecutive failures, $9 last
--- round, $10 OrphanAfter in µs, $11 the River client's ID. The run starts
+-- round, $10 OrphanAfter in µs, $11 the River client's ID, $12 its claim
+-- floor (NULL: none yet). The run starts
 -- at its first heartbeat, on the server's clock, as River's attempted_at is:
 -- ChainRescue compares them. It also marks the subscribers served (those no
 -- one else holds), forgets relays not seen for a day, and returns the
@@ -134,11 +135,12 @@ UPDATE /* TEMPLATE: schema */outbox_subscribers SET backfill_done_at = now() WHE
 WITH hb AS (
     INSERT INTO /* TEMPLATE: schema */outbox_relays AS r
            (id, host, pid, version, subscribers, started_at, last_seen_at, listening, poll_only, consecutive_failures, last_round_at,
-            river_client_id)
-    VALUES ($1, $2, $3, $4, $5::text[], now(), now(), $6, $7, $8, $9, $11)
+            river_client_id, claim_floor)
+    VALUES ($1, $2, $3, $4, $5::text[], now(), now(), $6, $7, $8, $9, $11, $12::bigint::text::xid8)
     ON CONFLICT (id) DO UPDATE
        SET last_seen_at = now(), subscribers = EXCLUDED.subscribers, listening = EXCLUDED.listening,
-           consecutive_failures = EXCLUDED.consecutive_failures, last_round_at = EXCLUDED.last_round_at, stopped_at = NULL),
+           consecutive_failures = EXCLUDED.consecutive_failures, last_round_at = EXCLUDED.last_round_at, stopped_at = NULL,
+           claim_floor = EXCLUDED.claim_floor),
 -- A registry row another transaction holds (an operator's
 -- RetireSubscriber, however long it lasts) is skipped this time, never
 -- waited for: the heartbeat is what tells the relays that this process is
@@ -156,9 +158,16 @@ SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM /* TEMPLATE: schema */
    AND NOT (name = ANY($5::text[]));
 
 -- name: RelayStopped
--- A run already marked stopped keeps the time it stopped.
-UPDATE /* TEMPLATE: schema */outbox_relays SET stopped_at = now(), last_seen_at = now(), listening = false
+-- $1 relay id, $2 its claim floor (NULL: keep the last one written). A run
+-- already marked stopped keeps the time it stopped.
+UPDATE /* TEMPLATE: schema */outbox_relays SET stopped_at = now(), last_seen_at = now(), listening = false,
+       claim_floor = coalesce($2::bigint::text::xid8, claim_floor)
  WHERE id = $1 AND stopped_at IS NULL;
+
+-- name: ClaimFloors
+-- The highest claim floor of the relays of the last day (NULL: none), where
+-- a new run's claims start (see claimfloor).
+SELECT max(claim_floor::text::bigint) FROM /* TEMPLATE: schema */outbox_relays;
 
 -- name: ListRelays
 SELECT id, host, pid, version, subscribers, started_at, last_seen_at, stopped_at, listening, poll_only,

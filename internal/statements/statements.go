@@ -78,7 +78,7 @@ type Set struct {
 	BackfillStart, BackfillBatch, BackfillDone string
 
 	// Heartbeats of running relays.
-	Heartbeat, RelayStopped, ListRelays string
+	Heartbeat, RelayStopped, ClaimFloors, ListRelays string
 
 	// Per-pair operator statements (deliveries.sql).
 	DeliveriesOf, ListDeliveries         string

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -414,16 +415,13 @@ func TestAnEventRecordedAfterAFailoverToAServerWithLowerTransactionIDsIsFannedOu
 	t.Logf("fanned out %v after its commit", time.Since(recorded))
 }
 
-// Under a held snapshot, a claim from the floor reads the floor index from
-// the floor on: not the dead entries that the stamps of thousands of earlier
-// events left in the pending index, which the planner, counting few pending
-// rows, would as soon walk and sort (outbox_claim_from prices the sort out).
-func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
-	t.Parallel()
+// deadEntriesUnderAHeldSnapshot holds a snapshot on url's database for the
+// rest of the test, has b's relay fan out 2,000 events meanwhile (their
+// stamps leave as many dead entries in the pending indexes), stops it, and
+// analyzes the table.
+func deadEntriesUnderAHeldSnapshot(t *testing.T, b *testBundle, url string) {
+	t.Helper()
 	ctx := context.Background()
-	url := testdb.URL(t)
-	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
-	b.relay.hooks.claimFloor = noRescan
 	holdSnapshot(t, url)
 	b.start(t)
 	b.settle(t)
@@ -441,6 +439,35 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 	}, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, b.relay.Stop(ctx))
 	exec(t, b.pool, "ANALYZE outbox_events")
+}
+
+// pendingEntriesRead is how many entries of the pending and claim floor
+// indexes the server has read so far.
+func pendingEntriesRead(t *testing.T, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) int64 {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+	require.NoError(t, err)
+	var n int64
+	require.NoError(t, db.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+		WHERE indexrelname IN ('outbox_events_pending_idx', 'outbox_events_claim_floor_idx')`).Scan(&n))
+	return n
+}
+
+// Under a held snapshot, a claim from the floor reads the floor index from
+// the floor on: not the dead entries that the stamps of thousands of earlier
+// events left in the pending index, which the planner, counting few pending
+// rows, would as soon walk and sort (outbox_claim_from prices the sort out).
+func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	b.relay.hooks.claimFloor = noRescan
+	deadEntriesUnderAHeldSnapshot(t, b, url)
 
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
@@ -450,15 +477,7 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 	for range 10 {
 		b.record(t, Event{Type: "fresh"})
 	}
-	read := func() int64 {
-		_, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
-		require.NoError(t, err)
-		var n int64
-		require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-			WHERE indexrelname IN ('outbox_events_pending_idx', 'outbox_events_claim_floor_idx')`).Scan(&n))
-		return n
-	}
-	before := read()
+	before := pendingEntriesRead(t, conn)
 	for range 10 { // a generic plan is made after the fifth
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
@@ -471,7 +490,7 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 	}
 	// The stamps of 2,000 events left at least as many dead entries in each
 	// index: ten claims that walked them would read 20,000.
-	got := read() - before
+	got := pendingEntriesRead(t, conn) - before
 	t.Logf("index entries read by ten claims from the floor: %d", got)
 	require.Less(t, got, int64(2_000), "claims from the floor walk the dead entries")
 }
@@ -608,47 +627,28 @@ func TestARelayStartsFromTheRelaysLastClaimFloor(t *testing.T) {
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	b.relay.hooks.claimFloor = noRescan
 	b.relay.hooks.noFloorLooks = true
-	holdSnapshot(t, url)
-	b.start(t)
-	b.settle(t)
-	batch := make([]Event, 100)
-	for i := range batch {
-		batch[i] = Event{Type: "meanwhile"}
-	}
-	for range 20 {
-		b.record(t, batch...)
-	}
-	require.Eventually(t, func() bool {
-		var left int
-		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL").Scan(&left))
-		return left == 0
-	}, 30*time.Second, 10*time.Millisecond)
+	deadEntriesUnderAHeldSnapshot(t, b, url)
 	last := b.relay.claimFloor.Current()
-	require.NoError(t, b.relay.Stop(ctx))
 	var stored int64
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(claim_floor::text::bigint) FROM outbox_relays").Scan(&stored))
 	require.Equal(t, last, stored, "the stopped relay wrote its floor")
 
 	// A backlog recorded while no relay runs, then a new run.
 	var backlog []uuid.UUID
+	batch := make([]Event, 100)
+	for i := range batch {
+		batch[i] = Event{Type: "backlog"}
+	}
 	for range 5 {
 		for _, e := range b.record(t, batch...) {
 			backlog = append(backlog, e.ID)
 		}
 	}
-	exec(t, b.pool, "ANALYZE outbox_events")
-	read := func() int64 {
-		exec(t, b.pool, "SELECT pg_stat_force_next_flush()")
-		var n int64
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-			WHERE indexrelname IN ('outbox_events_pending_idx', 'outbox_events_claim_floor_idx')`).Scan(&n))
-		return n
-	}
-	before := read()
+	before := pendingEntriesRead(t, b.pool)
 	b.start(t)
 	// (By ID: a count of the pending rows would walk the dead entries.)
 	require.Eventually(t, func() bool { return pendingOf(t, b, backlog) == 0 }, 30*time.Second, 10*time.Millisecond)
-	got := read() - before
+	got := pendingEntriesRead(t, b.pool) - before
 	t.Logf("index entries read while a new run drained 500 events: %d (floor %d)", got, stored)
 	// The stamps of 2,000 events left at least as many dead entries in
 	// each index: a first claim from the start walks them (and so does

@@ -18,10 +18,15 @@
 -- floor is for. With sorting priced out (enable_sort = off, for these
 -- queries only), the plan that gives (xact_id, seq) order without a sort, the
 -- floor index, is the one chosen; without the index (017 not built yet) the
--- sort is still done.
+-- sort is still done. ROWS 10: the claim joins the rows it returns to
+-- outbox_events by seq, and at the default estimate (1,000 rows) the planner
+-- hashed the whole table for it (a sequential scan of every row, live and
+-- dead, on the claims that took that plan); a claim's rows are
+-- looked up by primary key.
 CREATE FUNCTION outbox_claim_from(p_floor xid8, p_limit integer)
 RETURNS TABLE (seq bigint)
 LANGUAGE sql VOLATILE
+ROWS 10
 SET enable_sort = off
 SET search_path FROM CURRENT
 AS $$
@@ -68,3 +73,21 @@ $$;
 -- that a new process, a deploy's, does not first walk every dead entry
 -- from transaction 0. Nullable, no default: no rewrite, an instant's lock.
 ALTER TABLE outbox_relays ADD COLUMN claim_floor xid8;
+
+-- When the next failed event's retry is due (NULL: none), for an idle
+-- relay's poll, through outbox_events_retry_idx. Asked as min(), the
+-- planner, counting few pending rows, read outbox_events_pending_idx and
+-- filtered (the min over a handful of rows costs about the same either way
+-- by the statistics): under a held snapshot, every dead entry, at every
+-- poll. With sorting priced out, only the index in next_attempt_at order
+-- answers ORDER BY ... LIMIT 1 cheaply.
+CREATE FUNCTION outbox_retry_next()
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SET enable_sort = off
+SET search_path FROM CURRENT
+AS $$
+    SELECT e.next_attempt_at FROM outbox_events e
+     WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.attempts > 0
+     ORDER BY e.next_attempt_at LIMIT 1
+$$;

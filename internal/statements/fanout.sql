@@ -75,15 +75,15 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
 -- name: Poll
 -- One query tells an idle relay both whether new rows wait above its claim
 -- floor $2 (a notification may have been throttled or lost; below the
--- floor, its rescans look; outbox_pending_from starts at the floor in
+-- floor, its looks below look; outbox_pending_from starts at the floor in
 -- outbox_events_claim_floor_idx) and when the next failed event or owed
 -- pair of its subscribers $1 is due; each through a small partial index
--- (owed pairs: the first entry of each active subscriber's range of the
--- claim index, so a backlog costs nothing here).
+-- (failed events: outbox_retry_next; owed pairs: the first entry of each
+-- active subscriber's range of the claim index, so a backlog costs nothing
+-- here), and the oldest transaction running (a failover, see claimfloor).
 SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8),
        extract(epoch FROM least(
-           (SELECT min(next_attempt_at) FROM /* TEMPLATE: schema */outbox_events
-             WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts > 0),
+           /* TEMPLATE: schema */outbox_retry_next(),
            (SELECT min(d.next_attempt_at)
               FROM unnest($1::text[]) AS u(name)
              CROSS JOIN LATERAL (

@@ -484,7 +484,7 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 	r.run = run
 	r.claimFloor = &claimfloor.Floor{Schedule: r.hooks.claimFloor}
-	r.claimFloor.Start(r.startFloor)
+	r.claimFloor.Start(r.startFloor, time.Now())
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	run.Drain(r.callbacks)
 	r.reconnected, r.wake, r.helpWake, r.floorLookSoon = wake.New(), wake.New(), wake.New(), wake.New()

@@ -1608,6 +1608,11 @@ func (s *soak) run(duration time.Duration) {
 			s.writer(w, writerPool, awaiter, stop)
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.holdSnapshots(stop)
+	}()
 
 	// Chaos: a fault every 100–600 ms, and one full restart mid-run. After a
 	// quarter of the run a rolling deploy begins: relays restarted from then
@@ -1740,6 +1745,53 @@ func (s *soak) run(duration time.Duration) {
 	}
 	for _, slot := range slots {
 		s.stopSlot(slot, false)
+	}
+}
+
+// holdSnapshots holds old snapshots until stop, one after another, as
+// reports and pg_dump do: each for 1-8 s, so that the stamps' dead entries
+// pile up under the relays' claim floors (issue 31), half of them in a
+// transaction that has written (it has an ID of its own, and holds every
+// relay's floor down until it ends).
+func (s *soak) holdSnapshots(stop <-chan struct{}) {
+	ctx := context.Background()
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		held := func() error {
+			conn, err := pgx.Connect(ctx, s.cluster.URL)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(ctx)
+			tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if _, err := tx.Exec(ctx, "SELECT count(*) FROM outbox_events"); err != nil {
+				return err
+			}
+			if s.intn(2) == 0 {
+				if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+					return err
+				}
+				s.fault("writing snapshot held")
+			} else {
+				s.fault("snapshot held")
+			}
+			select {
+			case <-stop:
+			case <-time.After(time.Duration(1000+s.intn(7000)) * time.Millisecond):
+			}
+			return nil
+		}
+		if held() != nil {
+			time.Sleep(100 * time.Millisecond) // the server restarts
+		}
 	}
 }
 

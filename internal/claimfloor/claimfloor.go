@@ -87,16 +87,19 @@ type Floor struct {
 
 // Start gives a floor that has not claimed yet a floor to start from:
 // another relay's (the highest of the relays' last ones), under which every
-// row was claimed by then. Its first claim is from there, and its look
-// from the start (due at once) finds any row left below. A floor of 0 is
-// none: the first claim is from the start.
-func (f *Floor) Start(floor int64) {
+// row was claimed by then, at now. Its first claim is from there, and its
+// look from the start, SettleAfter later, finds any row left below (a
+// round that a crashed process held): first the backlog that waited for a
+// deploy's new process, then the look, which under a held snapshot walks
+// every dead entry. A floor of 0 is none: the first claim is from the start.
+func (f *Floor) Start(floor int64, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.started || floor <= 0 {
 		return
 	}
 	f.floor, f.started = floor, true
+	f.fullAt = now.Add(f.Schedule.settleAfter())
 }
 
 // Stored is the floor to write for other relays to start from (nil: none).

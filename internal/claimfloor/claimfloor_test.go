@@ -133,14 +133,18 @@ func TestALookThatSeesTransactionIDsGoBackResetsTheFloor(t *testing.T) {
 func TestAFloorStartsFromAnotherRelaysFloor(t *testing.T) {
 	var f Floor
 	require.Nil(t, f.Stored(), "no floor to write")
-	f.Start(0)
+	f.Start(0, t0)
 	require.Equal(t, Claim{Kind: Full}, f.Look(t0), "none: from the start")
-	f.Start(400)
+	f.Start(400, t0)
 	require.Equal(t, Claim{Kind: From, From: 400}, f.Next(t0))
 	require.EqualValues(t, 400, *f.Stored())
-	f.Start(900)
+	f.Start(900, t0)
 	require.EqualValues(t, 400, f.Current(), "a floor that has claimed keeps its own")
+	// The look from the start comes SettleAfter (5 s) after the start.
 	b, ok := f.LookBelow(t0)
-	require.True(t, ok, "the look from the start is due at once")
+	require.False(t, ok)
+	require.Equal(t, Below{}, b)
+	b, ok = f.LookBelow(t0.Add(5 * time.Second))
+	require.True(t, ok)
 	require.Equal(t, Below{From: 0, Below: 400}, b)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/claimfloor"
 	"github.com/standmeet/events/internal/hostcall"
 )
@@ -310,6 +311,9 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 	)
 	if floored {
 		fc = r.claimFloor.Next(time.Now())
+		if r.hooks.floorClaim != nil {
+			r.hooks.floorClaim(fc)
+		}
 		if fc.Kind == claimfloor.From {
 			claimSQL, args = r.sql.ClaimFrom, []any{args[0], fc.From}
 		}
@@ -345,11 +349,22 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 }
 
 // floorLooker looks below the claim floor on the floor's schedule (see
-// package claimfloor), on a connection of its own, so that no claim walks
+// package claimfloor), in transactions of its own, so that no claim walks
 // what the look walks: under a held snapshot, the dead index entries of
 // every event fanned out since. A pending row found there lowers the floor
-// to it, and the main loop claims.
+// to it, and the main loop claims. A look that fails is due again after a
+// backoff; Stop cancels one in flight.
 func (r *Relay) floorLooker(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.run.Stopping():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	failures := 0
 	for {
 		if r.sleep(ctx, r.claimFloor.NextLookIn(time.Now()), r.floorLookSoon) == sleepStopped {
 			return
@@ -358,19 +373,50 @@ func (r *Relay) floorLooker(ctx context.Context) {
 		if !ok {
 			continue
 		}
-		var found *int64
-		if err := r.pool.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below).Scan(&found); err != nil {
-			if ctx.Err() == nil && !r.stopping() {
-				r.logger.WarnContext(ctx, "events: looking below the claim floor failed; looking again on schedule",
-					slog.String("err", err.Error()))
+		found, err := r.lookBelow(ctx, look)
+		if err != nil {
+			if ctx.Err() != nil || r.stopping() {
+				return
 			}
+			failures++
+			delay := backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
+			r.claimFloor.LookFailed(look, time.Now().Add(delay))
+			r.logger.WarnContext(ctx, "events: looking below the claim floor failed; looking again after a pause",
+				slog.String("err", err.Error()), slog.Duration("pause", delay))
 			continue
 		}
+		failures = 0
 		if found != nil {
 			r.claimFloor.Lower(*found)
 			r.wake.Send()
 		}
 	}
+}
+
+// lookBelow looks for a pending row below the floor that no one holds, and
+// returns its transaction (nil: none). It runs READ COMMITTED whatever the
+// database's default (the look locks the row it finds, which a round may
+// have stamped meanwhile: a snapshot of the transaction's start would fail
+// with a serialization error), and with no statement_timeout: under a held
+// snapshot a look from the start walks every dead entry, and one cut short
+// every time would leave rows below the floor for as long as the snapshot
+// is held.
+func (r *Relay) lookBelow(ctx context.Context, look claimfloor.Below) (found *int64, err error) {
+	err = pgx.BeginTxFunc(ctx, r.pool, ownTx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below).Scan(&found)
+	})
+	return found, err
+}
+
+// lookBelowSoon makes the look below the claim floor from the start due at
+// once: the database restarted or was away, and a crash may have lost the
+// asynchronous commits of rounds that moved the floor.
+func (r *Relay) lookBelowSoon() {
+	r.claimFloor.LookSoon()
+	r.floorLookSoon.Send()
 }
 
 // sendBegun sends b, which begins a transaction on c (b.BeginTx) and queues

@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -176,6 +177,18 @@ func TestFanoutTxRacingStop(t *testing.T) {
 // beginClaim in fanout.go): the claims start where the pending rows are, and
 // no row is ever left behind by it.
 
+// floorURL is a migrated database on a server of the test's own. A relay's
+// claim floor follows the server's oldest running transaction, in any
+// database: a test that waits for the floor to pass a row, or counts what a
+// claim from it reads, runs away from the other tests' open transactions.
+func floorURL(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server of its own")
+	}
+	return testdb.NewCluster(t).URL
+}
+
 // noRescan is a schedule whose rescans never come within a test: only the
 // floor can find a row.
 var noRescan = claimfloor.Schedule{RescanEvery: time.Hour, FullEvery: time.Hour}
@@ -203,7 +216,7 @@ func holdSnapshot(t *testing.T, url string) {
 func TestALateCommitIsAboveTheClaimFloor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.URL(t)
+	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	b.relay.hooks.claimFloor = noRescan
 	holdSnapshot(t, url)
@@ -244,7 +257,7 @@ func TestALateCommitIsAboveTheClaimFloor(t *testing.T) {
 func TestARowLeftBelowTheFloorByARolledBackRoundIsRescanned(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.URL(t)
+	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	// Settled long after the few seconds the row is held below.
 	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: 20 * time.Second, FullEvery: time.Hour}
@@ -289,7 +302,7 @@ func TestARowLeftBelowTheFloorByARolledBackRoundIsRescanned(t *testing.T) {
 func TestARequeuedEventIsAboveTheClaimFloor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.URL(t)
+	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	b.relay.hooks.claimFloor = noRescan
 	e := b.record(t, Event{Type: "poisoned"})[0]
@@ -464,7 +477,7 @@ func pendingEntriesRead(t *testing.T, db interface {
 func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.URL(t)
+	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	b.relay.hooks.claimFloor = noRescan
 	deadEntriesUnderAHeldSnapshot(t, b, url)
@@ -472,11 +485,12 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	var floor int64
-	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").Scan(&floor))
+	var fresh []uuid.UUID
 	for range 10 {
-		b.record(t, Event{Type: "fresh"})
+		fresh = append(fresh, b.record(t, Event{Type: "fresh"})[0].ID)
 	}
+	var floor int64
+	require.NoError(t, conn.QueryRow(ctx, "SELECT min(xact_id::text::bigint) FROM outbox_events WHERE id = ANY($1)", fresh).Scan(&floor))
 	before, scannedBefore := pendingEntriesRead(t, conn), rowsScanned(t, conn)
 	for range 10 { // a generic plan is made after the fifth
 		tx, err := conn.Begin(ctx)
@@ -505,12 +519,29 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 		var waiting bool
 		var secs *float64
 		var xmin int64
-		require.NoError(t, conn.QueryRow(ctx, b.relay.sql.Poll, []string{"audit"}, floor).Scan(&waiting, &secs, &xmin))
+		var started time.Time
+		require.NoError(t, conn.QueryRow(ctx, b.relay.sql.Poll, []string{"audit"}, floor).Scan(&waiting, &secs, &xmin, &started))
 		require.True(t, waiting)
 	}
 	got = pendingEntriesRead(t, conn) - before
 	t.Logf("index entries read by ten polls from the floor: %d", got)
 	require.Less(t, got, int64(2_000), "polls walk the dead entries")
+
+	// And the claims of failed events whose retry is due, which a busy
+	// relay runs several times a second: through the retry index.
+	before = pendingEntriesRead(t, conn)
+	for range 10 {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, b.relay.sql.ClaimDue, int64(1))
+		require.NoError(t, err)
+		rows.Close()
+		require.NoError(t, rows.Err())
+		require.NoError(t, tx.Rollback(ctx))
+	}
+	got = pendingEntriesRead(t, conn) - before
+	t.Logf("index entries read by ten claims of due retries: %d", got)
+	require.Less(t, got, int64(2_000), "claims of due retries walk the dead entries")
 }
 
 // rowsScanned is how many rows of outbox_events sequential scans have read
@@ -560,7 +591,7 @@ func maxXactID(t *testing.T, b *testBundle, ids []uuid.UUID) int64 {
 func TestRowsLeftBelowTheFloorAreClaimedAllAtOnceWhenALookFindsThem(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.URL(t)
+	url := floorURL(t)
 	b := setup(t, setupOpts{url: url, config: &RelayConfig{BatchSize: 2}}, mapSub("audit", false, "**"))
 	const fullEvery = 2 * time.Second
 	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: 500 * time.Millisecond, FullEvery: fullEvery}
@@ -615,7 +646,7 @@ func TestRowsLeftBelowTheFloorAreClaimedAllAtOnceWhenALookFindsThem(t *testing.T
 func TestRowsOfARoundACrashLostAreClaimedOnceTheRelayReconnects(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.URL(t)
+	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	b.start(t)
 	b.settle(t)
@@ -652,16 +683,16 @@ func TestRowsOfARoundACrashLostAreClaimedOnceTheRelayReconnects(t *testing.T) {
 // A relay that starts claims from the relays' last claim floor, written with
 // their heartbeats and when they stop: a deploy's new process, under a held
 // snapshot, does not first walk the dead entries of every event fanned out
-// since, from transaction 0, to reach a backlog recorded while none ran.
+// since, from the start, to reach a backlog recorded while none ran.
 func TestARelayStartsFromTheRelaysLastClaimFloor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.URL(t)
+	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	b.relay.hooks.claimFloor = noRescan
-	b.relay.hooks.noFloorLooks = true
 	deadEntriesUnderAHeldSnapshot(t, b, url)
 	last := b.relay.claimFloor.Current()
+	require.Positive(t, last)
 	var stored int64
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(claim_floor::text::bigint) FROM outbox_relays").Scan(&stored))
 	require.Equal(t, last, stored, "the stopped relay wrote its floor")
@@ -677,14 +708,181 @@ func TestARelayStartsFromTheRelaysLastClaimFloor(t *testing.T) {
 			backlog = append(backlog, e.ID)
 		}
 	}
-	before := pendingEntriesRead(t, b.pool)
+	var (
+		mu     sync.Mutex
+		claims []claimfloor.Claim
+	)
+	b.relay.hooks.floorClaim = func(c claimfloor.Claim) {
+		mu.Lock()
+		defer mu.Unlock()
+		claims = append(claims, c)
+	}
 	b.start(t)
 	// (By ID: a count of the pending rows would walk the dead entries.)
 	require.Eventually(t, func() bool { return pendingOf(t, b, backlog) == 0 }, 30*time.Second, 10*time.Millisecond)
-	got := pendingEntriesRead(t, b.pool) - before
-	t.Logf("index entries read while a new run drained 500 events: %d (floor %d)", got, stored)
-	// The stamps of 2,000 events left at least as many dead entries in
-	// each index: a first claim from the start walks them (and so does
-	// each claim from transaction 0 until one moves the floor).
-	require.Less(t, got, int64(1_500), "the new run's claims walked the dead entries from the start")
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, claims)
+	t.Logf("the new run's first claims: %v (stored floor %d)", claims[:min(len(claims), 4)], stored)
+	require.Equal(t, claimfloor.Claim{Kind: claimfloor.From, From: stored}, claims[0],
+		"the new run's first claim started from the start, over every dead entry, not at the stored floor")
+}
+
+// The looks skip what the claims skip (FOR UPDATE SKIP LOCKED, both): a row
+// a host holds locked, FOR KEY SHARE here (a host's foreign key to
+// outbox_events takes it with every insert of a referencing row), is not
+// found below the floor by every look. Found, it lowered the floor, the
+// claim from there skipped it again and raised the floor, and the next look
+// lowered it again, every RescanEvery for as long as the host held it, each
+// claim walking the dead entries the floor is there to step over.
+func TestARowTheClaimsCannotTakeDoesNotKeepPullingTheFloorDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := floorURL(t)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 50 * time.Millisecond, SettleAfter: 200 * time.Millisecond, FullEvery: time.Hour}
+	b.start(t)
+	b.quiesce(t)
+
+	held := Outbox{NotifyInterval: NotifyNever}
+	var e Event
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		e, err = held.Record(ctx, tx, Event{Type: "referenced"})
+		return err
+	}))
+	host, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = host.Rollback(ctx) }()
+	_, err = host.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR KEY SHARE", e.ID)
+	require.NoError(t, err)
+	var heldXid int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT xact_id::text::bigint FROM outbox_events WHERE id = $1", e.ID).Scan(&heldXid))
+	require.Eventually(t, func() bool {
+		b.record(t, Event{Type: "later"})
+		return b.relay.claimFloor.Current() > heldXid
+	}, 30*time.Second, 50*time.Millisecond, "the floor never passed the held row")
+
+	// For three seconds: how often is the floor pulled back down to the row?
+	lowered, at := 0, false
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Microsecond) {
+		now := b.relay.claimFloor.Current() <= heldXid
+		if now && !at {
+			lowered++
+		}
+		at = now
+	}
+	t.Logf("the floor was lowered to the held row %d times in 3 s", lowered)
+	require.LessOrEqual(t, lowered, 1, "a row the claims cannot take keeps pulling the floor down")
+}
+
+// A look below the floor runs READ COMMITTED whatever the database's
+// default: a round that stamps a row while the look walks to it (another
+// relay's, holding a row below this relay's floor) made a REPEATABLE READ or
+// SERIALIZABLE look fail with a serialization error, and the look from the
+// start is due only a minute later. The look is held between its snapshot
+// and its read of outbox_events by a table lock while a "round" locks the
+// first row, stamps it and commits.
+func TestALookBelowTheFloorSurvivesARowStampedWhileItRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, iso := range []string{"read committed", "repeatable read", "serializable"} {
+		t.Run(iso, func(t *testing.T) {
+			url := testdb.URL(t)
+			cfg, err := pgxpool.ParseConfig(url)
+			require.NoError(t, err)
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			b := setup(t, setupOpts{url: url, pool: pool}, mapSub("audit", false, "**"))
+			first := b.record(t, Event{Type: "first"})[0]
+			second := b.record(t, Event{Type: "second"})[0]
+			x1, x2 := maxXactID(t, b, []uuid.UUID{first.ID}), maxXactID(t, b, []uuid.UUID{second.ID})
+			require.Less(t, x1, x2)
+
+			round, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = round.Rollback(ctx) }()
+			_, err = round.Exec(ctx, "LOCK TABLE outbox_events IN EXCLUSIVE MODE")
+			require.NoError(t, err)
+			type result struct {
+				found *int64
+				err   error
+			}
+			done := make(chan result, 1)
+			go func() {
+				found, err := b.relay.lookBelow(ctx, claimfloor.Below{From: x1, Below: x2 + 1})
+				done <- result{found, err}
+			}()
+			require.Eventually(t, func() bool {
+				var waiting bool
+				require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+					WHERE query LIKE '%outbox_pending_below%' AND wait_event_type = 'Lock')`).Scan(&waiting))
+				return waiting
+			}, 30*time.Second, 5*time.Millisecond, "the look never waited")
+
+			// A round fans the first row out meanwhile.
+			_, err = round.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", first.ID)
+			require.NoError(t, err)
+			_, err = round.Exec(ctx, "UPDATE outbox_events SET fanned_out_at = now(), fanout = '{}' WHERE id = $1", first.ID)
+			require.NoError(t, err)
+			require.NoError(t, round.Commit(ctx))
+
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the look never returned")
+			}
+			require.NoError(t, r.err, "a look below the floor under default_transaction_isolation = %s failed", iso)
+			require.NotNil(t, r.found)
+			require.Equal(t, x2, *r.found, "the look did not find the row still pending")
+		})
+	}
+}
+
+// A relay without a listener (PollOnly, the mode behind PgBouncer) learns of
+// a server restart from its poll (the server's start time), since the pool
+// replaces dead connections quietly and no round need fail: it looks below
+// its floor at once, for the rows of a round whose commit the crash lost.
+// The lost commit is reproduced as what recovery leaves (stamps and jobs
+// undone), then the server restarts.
+func TestRowsOfARoundACrashLostAreClaimedOnceAPollOnlyRelayIsBack(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("restarts a PostgreSQL server of its own")
+	}
+	ctx := context.Background()
+	cluster := testdb.NewCluster(t)
+	b := setup(t, setupOpts{url: cluster.URL, config: &RelayConfig{Listener: ListenerConfig{PollOnly: true}}}, mapSub("audit", false, "**"))
+	b.start(t)
+	b.settle(t)
+	es := b.record(t, Event{Type: "a"}, Event{Type: "b"}, Event{Type: "c"})
+	ids := []uuid.UUID{es[0].ID, es[1].ID, es[2].ID}
+	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 30*time.Second, 5*time.Millisecond)
+	maxXid := maxXactID(t, b, ids)
+	require.Eventually(t, func() bool {
+		s, ok := b.relay.claimFloor.Settled(time.Now())
+		return ok && s > maxXid
+	}, 30*time.Second, 50*time.Millisecond)
+
+	exec(t, b.pool, "UPDATE outbox_events SET fanned_out_at = NULL, fanout = NULL WHERE id = ANY($1)", ids)
+	exec(t, b.pool, "DELETE FROM river_job WHERE args->>'event_id' = ANY($1)",
+		[]string{ids[0].String(), ids[1].String(), ids[2].String()})
+	cluster.Stop()
+	require.NoError(t, cluster.Start(ctx))
+	// The pool's connections are new before the relay uses one (pgxpool
+	// pings a connection idle for a second): no poll or round fails.
+	b.pool.Reset()
+
+	lost := time.Now()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE id = ANY($1) AND fanned_out_at IS NULL", ids).Scan(&n)
+		return err == nil && n == 0
+	}, 90*time.Second, 20*time.Millisecond, "rows of a round a crash lost stayed pending below the floor")
+	took := time.Since(lost)
+	t.Logf("claimed %v after the restart", took)
+	require.Less(t, took, 20*time.Second, "a PollOnly relay found them only by the look from the start, a minute on")
 }

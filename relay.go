@@ -221,8 +221,11 @@ type Relay struct {
 	// floorLookSoon wakes floorLooker for a look below the claim floor
 	// that LookSoon made due.
 	floorLookSoon wake.Signal
-	wake          wake.Signal // the main loop's: notifications
-	helpWake      wake.Signal // the helper loops': plenty of work
+	// serverStart is when the server started, as the main loop's last poll
+	// read it (zero: none yet).
+	serverStart time.Time
+	wake        wake.Signal // the main loop's: notifications
+	helpWake    wake.Signal // the helper loops': plenty of work
 
 	// retryCheck asks the loop to read the retry schedule now: this relay
 	// has just failed an event.
@@ -267,9 +270,9 @@ const callbackQueue = 1000
 type testHooks struct {
 	// claimFloor is the claim floor's rescan schedule (zero: the defaults).
 	claimFloor claimfloor.Schedule
-	// noFloorLooks: no looks below the claim floor (floorLooker), so that a
-	// test counts what the claims read.
-	noFloorLooks bool
+	// floorClaim is told where each pending-lane batch claim of the
+	// relay's own starts (see claimfloor).
+	floorClaim func(claimfloor.Claim)
 	// afterInsert runs inside a round's transaction, after the jobs were
 	// inserted and before the rows are stamped.
 	afterInsert func(ctx context.Context, tx pgx.Tx)
@@ -463,7 +466,7 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 	}
 	// The run's claims start at the relays' last claim floor (see
 	// claimfloor); without one, from the start.
-	r.startFloor = 0
+	r.startFloor, r.serverStart = 0, time.Time{}
 	var floor *int64
 	if err := r.pool.QueryRow(ctx, r.sql.ClaimFloors).Scan(&floor); err != nil {
 		r.logger.WarnContext(ctx, "events: reading the relays' claim floors failed: the first claims start from the start",
@@ -503,8 +506,7 @@ func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 			if reconnect {
 				// A crash may have lost rounds' commits (synchronous_commit
 				// off) that moved the claim floor: look below it.
-				r.claimFloor.LookSoon()
-				r.floorLookSoon.Send()
+				r.lookBelowSoon()
 			}
 			r.reconnected.Send() // the database answers: end any backoff
 			r.wake.Send()        // notifications sent while away are lost: look now
@@ -515,9 +517,7 @@ func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 	run.GoGraceful(r.pruner)
 	run.GoGraceful(r.heartbeater)
 	run.GoGraceful(r.chainSweeper)
-	if !r.hooks.noFloorLooks {
-		run.GoGraceful(r.floorLooker)
-	}
+	run.GoGraceful(r.floorLooker)
 	for range r.config.MaxRoundsInFlight - 1 {
 		run.GoGraceful(r.helper)
 	}
@@ -796,7 +796,7 @@ func (l *mainLoop) failed(ctx context.Context, err error) bool {
 		// once when the listener is back. A crash may have lost rounds'
 		// commits that moved the claim floor: look below it once back.
 		d = min(d, r.config.Listener.PollInterval)
-		r.claimFloor.LookSoon()
+		r.lookBelowSoon()
 	}
 	r.logger.WarnContext(ctx, "events: relay round failed; backing off",
 		slog.String("err", err.Error()), slog.Int("failures", l.failures), slog.Duration("pause", d))
@@ -893,13 +893,20 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 	// below the floor, and the next claim starts from 0.
 	floor := r.claimFloor.Current()
 	look := r.claimFloor.Look(time.Now())
-	var xmin int64
-	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From).Scan(&waiting, &secs, &xmin); err != nil {
+	var (
+		xmin        int64
+		serverStart time.Time
+	)
+	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From).Scan(&waiting, &secs, &xmin, &serverStart); err != nil {
 		return 0, err
 	}
 	if r.claimFloor.Check(floor, xmin) {
 		waiting = true
 	}
+	if !r.serverStart.IsZero() && !serverStart.Equal(r.serverStart) {
+		r.lookBelowSoon() // restarted: a crash may have lost rounds' commits
+	}
+	r.serverStart = serverStart
 	interval := r.config.Listener.PollInterval
 	*pollAt = time.Now().Add(interval)
 	if secs != nil {

@@ -1,4 +1,5 @@
 -- Back to version 015: no claims from a floor.
+DROP FUNCTION IF EXISTS outbox_claim_due(integer);
 DROP FUNCTION IF EXISTS outbox_retry_next();
 DROP FUNCTION IF EXISTS outbox_pending_below(xid8, xid8);
 DROP FUNCTION IF EXISTS outbox_pending_from(xid8);

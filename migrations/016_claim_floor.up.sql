@@ -51,9 +51,11 @@ $$;
 -- pending row that no round holds: a row below a relay's floor that a
 -- rolled-back round let go of, or whose round's commit a crash lost. The
 -- relay looks for one on a goroutine of its own and lowers its floor to
--- it. FOR KEY SHARE SKIP LOCKED passes over the rows a round holds (FOR
--- UPDATE): those are being fanned out. The lock it takes on the row it
--- returns ends with the look's statement.
+-- it. FOR UPDATE SKIP LOCKED, as a claim: it passes over the rows a round
+-- holds (those are being fanned out) and over any a claim would skip (a
+-- host transaction's lock on the row: lowering the floor to it would only
+-- make the claims walk down to it, again and again). The lock it takes on
+-- the row it returns ends with the look's transaction.
 CREATE FUNCTION outbox_pending_below(p_from xid8, p_below xid8)
 RETURNS xid8
 LANGUAGE sql VOLATILE
@@ -64,7 +66,7 @@ AS $$
      WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.attempts = 0
        AND e.xact_id >= p_from AND e.xact_id < p_below
      ORDER BY e.xact_id LIMIT 1
-       FOR KEY SHARE SKIP LOCKED
+       FOR UPDATE SKIP LOCKED
 $$;
 
 -- Each relay's floor, written with its heartbeats and when it stops: a
@@ -90,4 +92,21 @@ AS $$
     SELECT e.next_attempt_at FROM outbox_events e
      WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.attempts > 0
      ORDER BY e.next_attempt_at LIMIT 1
+$$;
+
+-- The claim of failed events whose retry is due, through
+-- outbox_events_retry_idx, for the same reason as outbox_retry_next: the
+-- planner read the pending index filtered, and sorted (under a held
+-- snapshot, every dead entry, several times a second on a busy relay).
+CREATE FUNCTION outbox_claim_due(p_limit integer)
+RETURNS TABLE (seq bigint)
+LANGUAGE sql VOLATILE
+ROWS 10
+SET enable_sort = off
+SET search_path FROM CURRENT
+AS $$
+    SELECT e.seq FROM outbox_events e
+     WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.attempts > 0 AND e.next_attempt_at <= now()
+     ORDER BY e.next_attempt_at LIMIT p_limit
+       FOR UPDATE SKIP LOCKED
 $$;

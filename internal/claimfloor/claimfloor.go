@@ -186,6 +186,24 @@ func (f *Floor) NextLookIn(now time.Time) time.Duration {
 	return max(0, min(f.lookAt.Sub(now), f.fullAt.Sub(now)))
 }
 
+// LookFailed puts look, which failed, back on the schedule, due at again
+// (a look from the start, or the settled look, whichever it was).
+func (f *Floor) LookFailed(look Below, again time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if look.From == 0 {
+		f.fullAt = minTime(f.fullAt, again)
+	}
+	f.lookAt = minTime(f.lookAt, again)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // LookSoon makes the look from the start due now: the relay reconnected,
 // and a crash may have lost the commits of rounds that moved the floor.
 func (f *Floor) LookSoon() {

@@ -55,14 +55,14 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
    FOR UPDATE SKIP LOCKED;
 
 -- name: ClaimDue
--- $1 batch size: failed events whose retry is due.
-SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,
+-- $1 batch size: failed events whose retry is due, claimed by
+-- outbox_claim_due through the retry index (the function says why).
+SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, e.attempts, e.trace_context,
        (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
          WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
-  FROM /* TEMPLATE: schema */outbox_events
- WHERE fanned_out_at IS NULL AND poisoned_at IS NULL AND attempts > 0 AND next_attempt_at <= now()
- ORDER BY next_attempt_at, seq LIMIT $1
-   FOR UPDATE SKIP LOCKED;
+  FROM /* TEMPLATE: schema */outbox_claim_due($1::integer) c
+  JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = c.seq
+ ORDER BY e.seq;
 
 -- name: Load
 -- $1 seq: a claimed event read again, unlocked.
@@ -80,7 +80,9 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
 -- pair of its subscribers $1 is due; each through a small partial index
 -- (failed events: outbox_retry_next; owed pairs: the first entry of each
 -- active subscriber's range of the claim index, so a backlog costs nothing
--- here), and the oldest transaction running (a failover, see claimfloor).
+-- here), the oldest transaction running (a failover, see claimfloor) and
+-- when the server started (a restart, which a relay without a listener may
+-- not otherwise notice: the pool replaces dead connections quietly).
 SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8),
        extract(epoch FROM least(
            /* TEMPLATE: schema */outbox_retry_next(),
@@ -92,7 +94,7 @@ SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8),
                     ORDER BY p.next_attempt_at LIMIT 1) d
              WHERE u.name NOT IN (SELECT name FROM /* TEMPLATE: schema */outbox_subscribers
                                    WHERE paused_at IS NOT NULL OR retired_at IS NOT NULL))) - now()),
-       pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+       pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_postmaster_start_time();
 
 -- name: Stamp
 -- $1 seqs, $2 their fanout documents, $3 the subscribers the round served:

@@ -355,11 +355,12 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 // to it, and the main loop claims. A look that fails is due again after a
 // backoff; Stop cancels one in flight.
 func (r *Relay) floorLooker(ctx context.Context) {
+	stopping := r.run.Stopping() // read here: the run's field is reset once its goroutines end
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-r.run.Stopping():
+		case <-stopping:
 			cancel()
 		case <-ctx.Done():
 		}

@@ -245,8 +245,8 @@ func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL strin
 		if !committed && tx.Conn().PgConn().TxStatus() != 'I' {
 			_ = tx.Rollback(ctx) // a failed rollback closes the connection
 		}
-		if committed && err == nil && claimed != nil {
-			claimed()
+		if claimed != nil {
+			claimed(committed && err == nil)
 		}
 	}()
 	st, err := work(tx, batch)
@@ -283,10 +283,11 @@ func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL strin
 //
 // A pending-lane batch claim of its own (claimSQL is ClaimBatch) starts
 // where the relay's claim floor says (ClaimFrom, or ClaimBatch for a full
-// rescan), and committed, called once the round has committed, moves the
-// floor (nil for other claims).
+// rescan), and ended, called once the round has committed or failed, moves
+// the floor, or lowers it to where the claim started (the rows it held are
+// pending again); nil for other claims.
 func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, claimSQL string, args []any,
-) (tx pgx.Tx, batch []claimedRow, committed func(), release func(), err error) {
+) (tx pgx.Tx, batch []claimedRow, ended func(committed bool), release func(), err error) {
 	if !own {
 		tx, err := db.Begin(ctx)
 		if err != nil {
@@ -343,9 +344,15 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 	if floored {
 		size := int(args[0].(int64))
 		n := len(batch)
-		committed = func() { r.claimFloor.Observe(fc, xmin, n, size, maxXid, time.Now()) }
+		ended = func(committed bool) {
+			if committed {
+				r.claimFloor.Observe(fc, xmin, n, size, maxXid, time.Now())
+			} else {
+				r.claimFloor.Failed(fc) // the rows it held are pending again
+			}
+		}
 	}
-	return tx, batch, committed, c.Release, nil
+	return tx, batch, ended, c.Release, nil
 }
 
 // floorLooker looks below the claim floor on the floor's schedule (see

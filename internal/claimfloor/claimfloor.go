@@ -218,6 +218,10 @@ func (f *Floor) LookSoon() {
 func (f *Floor) Lower(to int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lower(to)
+}
+
+func (f *Floor) lower(to int64) {
 	if to >= f.floor {
 		return
 	}
@@ -225,6 +229,21 @@ func (f *Floor) Lower(to int64) {
 	for i := range f.marks {
 		f.marks[i].floor = min(f.marks[i].floor, to)
 	}
+}
+
+// Failed tells the floor that claim c's round did not commit: the rows it
+// held are pending again, at or above where it started, perhaps below the
+// floor that other rounds have moved meanwhile. The floor goes back there
+// (a failed first claim from the start makes the next one from the start
+// too), so the next claims take them, not a look seconds later.
+func (f *Floor) Failed(c Claim) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c.Kind == Full {
+		f.started = false
+		return
+	}
+	f.lower(c.From)
 }
 
 // Settled is the floor as it was SettleAfter ago, which the settled look

@@ -148,3 +148,23 @@ func TestAFloorStartsFromAnotherRelaysFloor(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, Below{From: 0, Below: 400}, b)
 }
+
+func TestAFailedRoundPutsTheFloorBackWhereItsClaimStarted(t *testing.T) {
+	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, SettleAfter: time.Second, FullEvery: time.Hour}}
+	f.Observe(f.Next(t0), 100, 0, 10, 0, t0)
+	failing := f.Next(t0.Add(time.Millisecond)) // holds rows from 100 on
+	require.Equal(t, Claim{Kind: From, From: 100}, failing)
+	// Another round, from 100 too, skipped them (locked) and came back short.
+	f.Observe(Claim{Kind: From, From: 100}, 180, 2, 10, 0, t0.Add(2*time.Millisecond))
+	require.EqualValues(t, 180, f.Current())
+	f.Failed(failing) // its rows are pending again, from 100 on
+	require.EqualValues(t, 100, f.Current())
+	require.Equal(t, Claim{Kind: From, From: 100}, f.Next(t0.Add(3*time.Millisecond)))
+
+	// A failed first claim from the start: the next is from the start too.
+	var g Floor
+	c := g.Next(t0)
+	require.Equal(t, Claim{Kind: Full}, c)
+	g.Failed(c)
+	require.Equal(t, Claim{Kind: Full}, g.Next(t0))
+}

@@ -311,7 +311,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		maxXid  int64
 	)
 	if floored {
-		fc = r.claimFloor.Next(time.Now())
+		fc = r.claimFloor.Next()
 		if r.hooks.floorClaim != nil {
 			r.hooks.floorClaim(fc)
 		}

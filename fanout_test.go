@@ -267,29 +267,9 @@ func TestARowLeftBelowTheFloorByARolledBackRoundIsRescanned(t *testing.T) {
 	// row.
 	require.Eventually(t, func() bool { _, ok := b.relay.claimFloor.Settled(time.Now()); return ok }, time.Minute, 50*time.Millisecond)
 
-	// The row is committed, then held by another "round" before the relay
-	// claims it (the relay is idle: it is notified only after the lock).
-	held := Outbox{NotifyInterval: NotifyNever}
-	var e Event
-	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		e, err = held.Record(ctx, tx, Event{Type: "held"})
-		return err
-	}))
-	locker, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = locker.Rollback(ctx) }()
-	_, err = locker.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", e.ID)
-	require.NoError(t, err)
-
-	// The floor passes it: events of later transactions are claimed and
-	// fanned out, and the floor moves above the held row's transaction.
-	var heldXid int64
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT xact_id::text::bigint FROM outbox_events WHERE id = $1", e.ID).Scan(&heldXid))
-	require.Eventually(t, func() bool {
-		b.record(t, Event{Type: "later"})
-		return b.relay.claimFloor.Current() > heldXid
-	}, 30*time.Second, 50*time.Millisecond, "the floor never passed the held row")
+	// The row is committed, then held by another "round" (FOR UPDATE)
+	// while the floor passes it.
+	e, _, locker := heldAsTheFloorPassesIt(t, b, "FOR UPDATE")
 	require.False(t, fannedOut(t, b.pool, e.ID))
 
 	require.NoError(t, locker.Rollback(ctx))
@@ -428,6 +408,33 @@ func TestAnEventRecordedAfterAFailoverToAServerWithLowerTransactionIDsIsFannedOu
 	t.Logf("fanned out %v after its commit", time.Since(recorded))
 }
 
+// heldAsTheFloorPassesIt records an event (waking no relay) that another
+// transaction then holds locked (lock: FOR UPDATE, as a round holds it, or a
+// host's FOR KEY SHARE), and records later events until b's running relay
+// has moved its floor above the event's transaction. It returns the event,
+// its transaction's ID and the holding transaction (rolled back when t ends).
+func heldAsTheFloorPassesIt(t *testing.T, b *testBundle, lock string) (Event, int64, pgx.Tx) {
+	t.Helper()
+	ctx := context.Background()
+	var e Event
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		e, err = Outbox{NotifyInterval: NotifyNever}.Record(ctx, tx, Event{Type: "held"})
+		return err
+	}))
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback(ctx) })
+	_, err = holder.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 "+lock, e.ID)
+	require.NoError(t, err)
+	xid := maxXactID(t, b, []uuid.UUID{e.ID})
+	require.Eventually(t, func() bool {
+		b.record(t, Event{Type: "later"})
+		return b.relay.claimFloor.Current() > xid
+	}, 30*time.Second, 50*time.Millisecond, "the floor never passed the held row")
+	return e, xid, holder
+}
+
 // deadEntriesUnderAHeldSnapshot holds a snapshot on url's database for the
 // rest of the test, has b's relay fan out 2,000 events meanwhile (their
 // stamps leave as many dead entries in the pending indexes), stops it, and
@@ -454,15 +461,18 @@ func deadEntriesUnderAHeldSnapshot(t *testing.T, b *testBundle, url string) {
 	exec(t, b.pool, "ANALYZE outbox_events")
 }
 
-// pendingEntriesRead is how many entries of the pending and claim floor
-// indexes the server has read so far.
-func pendingEntriesRead(t *testing.T, db interface {
+// statsConn is a connection (or pool) whose statistics a test reads.
+type statsConn interface {
 	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 	QueryRow(context.Context, string, ...any) pgx.Row
-}) int64 {
+}
+
+// pendingEntriesRead is how many entries of the pending and claim floor
+// indexes the server has read so far.
+func pendingEntriesRead(t *testing.T, db statsConn) int64 {
 	t.Helper()
 	ctx := context.Background()
-	_, err := db.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+	_, err := db.Exec(ctx, "SELECT pg_stat_force_next_flush()") // this backend's counts so far
 	require.NoError(t, err)
 	var n int64
 	require.NoError(t, db.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
@@ -546,13 +556,10 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 
 // rowsScanned is how many rows of outbox_events sequential scans have read
 // so far.
-func rowsScanned(t *testing.T, db interface {
-	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) int64 {
+func rowsScanned(t *testing.T, db statsConn) int64 {
 	t.Helper()
 	ctx := context.Background()
-	_, err := db.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+	_, err := db.Exec(ctx, "SELECT pg_stat_force_next_flush()") // this backend's counts so far
 	require.NoError(t, err)
 	var n int64
 	require.NoError(t, db.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables WHERE relname = 'outbox_events'`).Scan(&n))
@@ -737,31 +744,13 @@ func TestARelayStartsFromTheRelaysLastClaimFloor(t *testing.T) {
 // claim walking the dead entries the floor is there to step over.
 func TestARowTheClaimsCannotTakeDoesNotKeepPullingTheFloorDown(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 50 * time.Millisecond, SettleAfter: 200 * time.Millisecond, FullEvery: time.Hour}
 	b.start(t)
 	b.quiesce(t)
 
-	held := Outbox{NotifyInterval: NotifyNever}
-	var e Event
-	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		e, err = held.Record(ctx, tx, Event{Type: "referenced"})
-		return err
-	}))
-	host, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = host.Rollback(ctx) }()
-	_, err = host.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 FOR KEY SHARE", e.ID)
-	require.NoError(t, err)
-	var heldXid int64
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT xact_id::text::bigint FROM outbox_events WHERE id = $1", e.ID).Scan(&heldXid))
-	require.Eventually(t, func() bool {
-		b.record(t, Event{Type: "later"})
-		return b.relay.claimFloor.Current() > heldXid
-	}, 30*time.Second, 50*time.Millisecond, "the floor never passed the held row")
+	_, heldXid, _ := heldAsTheFloorPassesIt(t, b, "FOR KEY SHARE")
 
 	// For three seconds: how often is the floor pulled back down to the row?
 	lowered, at := 0, false

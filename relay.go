@@ -892,7 +892,7 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 	// went back (a failover to a server that was behind): then events wait
 	// below the floor, and the next claim starts from 0.
 	floor := r.claimFloor.Current()
-	look := r.claimFloor.Look(time.Now())
+	look := r.claimFloor.Look()
 	var (
 		xmin        int64
 		serverStart time.Time

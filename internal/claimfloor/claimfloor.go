@@ -121,7 +121,7 @@ func (f *Floor) Current() int64 {
 }
 
 // Next returns where the next claim starts.
-func (f *Floor) Next(time.Time) Claim {
+func (f *Floor) Next() Claim {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := f.peek()
@@ -131,7 +131,7 @@ func (f *Floor) Next(time.Time) Claim {
 
 // Look returns where an idle relay's look for pending rows starts: where the
 // next claim would.
-func (f *Floor) Look(time.Time) Claim {
+func (f *Floor) Look() Claim {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.peek()

@@ -11,12 +11,12 @@ var t0 = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 
 func TestTheFirstClaimIsFromTheStart(t *testing.T) {
 	var f Floor
-	require.Equal(t, Claim{Kind: Full}, f.Next(t0))
+	require.Equal(t, Claim{Kind: Full}, f.Next())
 	require.Zero(t, f.Current())
 	// A full batch in seq order leaves the floor at 0; the next claims are
 	// in the floor's order, and a full one of them moves it.
 	f.Observe(Claim{Kind: Full}, 500, 10, 10, 0, t0)
-	c := f.Next(t0.Add(time.Millisecond))
+	c := f.Next()
 	require.Equal(t, Claim{Kind: From, From: 0}, c)
 	f.Observe(c, 500, 10, 10, 120, t0)
 	require.EqualValues(t, 120, f.Current())
@@ -24,10 +24,10 @@ func TestTheFirstClaimIsFromTheStart(t *testing.T) {
 
 func TestAShortClaimMovesTheFloorToTheOldestRunningTransaction(t *testing.T) {
 	var f Floor
-	c := f.Next(t0)
+	c := f.Next()
 	f.Observe(c, 100, 3, 10, 0, t0)
 	require.EqualValues(t, 100, f.Current())
-	require.Equal(t, Claim{Kind: From, From: 100}, f.Next(t0.Add(time.Millisecond)))
+	require.Equal(t, Claim{Kind: From, From: 100}, f.Next())
 	// Never back down: a round that began before the one that moved the
 	// floor, and ends after it, read an older xmin.
 	f.Observe(Claim{Kind: From, From: 80}, 90, 0, 10, 0, t0)
@@ -36,11 +36,11 @@ func TestAShortClaimMovesTheFloorToTheOldestRunningTransaction(t *testing.T) {
 
 func TestAFullClaimMovesTheFloorOnlyInTransactionOrder(t *testing.T) {
 	var f Floor
-	c := f.Next(t0)
+	c := f.Next()
 	f.Observe(c, 500, 10, 10, 0, t0) // full, in seq order: rows may be left anywhere
 	require.Zero(t, f.Current())
 	f.Observe(c, 100, 1, 10, 0, t0)
-	c = f.Next(t0.Add(time.Millisecond))
+	c = f.Next()
 	require.Equal(t, Claim{Kind: From, From: 100}, c)
 	f.Observe(c, 500, 10, 10, 230, t0) // full, in (xid, seq) order: up to its last row's transaction
 	require.EqualValues(t, 230, f.Current())
@@ -52,7 +52,7 @@ func TestLooksBelowComeOnTheirSchedule(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Second, SettleAfter: 10 * time.Second, FullEvery: time.Minute}}
 	_, ok := f.LookBelow(t0)
 	require.False(t, ok, "no floor, nothing below it")
-	f.Observe(f.Next(t0), 100, 0, 10, 0, t0)
+	f.Observe(f.Next(), 100, 0, 10, 0, t0)
 	_, ok = f.LookBelow(t0.Add(500 * time.Millisecond))
 	require.False(t, ok, "not due yet")
 	for i := 1; i <= 12; i++ {
@@ -74,7 +74,7 @@ func TestLooksBelowComeOnTheirSchedule(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, Below{From: 0, Below: 112}, b)
 	// The claims never go below the floor themselves.
-	require.Equal(t, Claim{Kind: From, From: 112}, f.Next(t0.Add(time.Minute+time.Second)))
+	require.Equal(t, Claim{Kind: From, From: 112}, f.Next())
 	// A reconnect makes the look from the start due at once.
 	f.LookSoon()
 	b, ok = f.LookBelow(t0.Add(time.Minute + 2*time.Second))
@@ -84,9 +84,9 @@ func TestLooksBelowComeOnTheirSchedule(t *testing.T) {
 
 func TestARowFoundBelowLowersTheFloorUntilAClaimFromThereMovesIt(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Second, SettleAfter: time.Second, FullEvery: time.Hour}}
-	f.Observe(f.Next(t0), 100, 0, 10, 0, t0)
+	f.Observe(f.Next(), 100, 0, 10, 0, t0)
 	f.Observe(Claim{Kind: From, From: 100}, 150, 0, 10, 0, t0.Add(1500*time.Millisecond))
-	inFlight := f.Next(t0.Add(2 * time.Second)) // a claim from 150 runs
+	inFlight := f.Next() // a claim from 150 runs
 	require.Equal(t, Claim{Kind: From, From: 150}, inFlight)
 	f.Lower(120) // a look found a pending row of transaction 120
 	require.EqualValues(t, 120, f.Current())
@@ -95,7 +95,7 @@ func TestARowFoundBelowLowersTheFloorUntilAClaimFromThereMovesIt(t *testing.T) {
 	// The claim from 150 ends: it never looked at 120, and moves nothing.
 	f.Observe(inFlight, 160, 0, 10, 0, t0.Add(2*time.Second))
 	require.EqualValues(t, 120, f.Current())
-	c := f.Next(t0.Add(2 * time.Second))
+	c := f.Next()
 	require.Equal(t, Claim{Kind: From, From: 120}, c)
 	f.Observe(c, 165, 3, 10, 0, t0.Add(2*time.Second))
 	require.EqualValues(t, 165, f.Current())
@@ -105,14 +105,14 @@ func TestARowFoundBelowLowersTheFloorUntilAClaimFromThereMovesIt(t *testing.T) {
 
 func TestTransactionIDsThatGoBackResetTheFloor(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, FullEvery: time.Hour}}
-	f.Observe(f.Next(t0), 50_000, 0, 10, 0, t0)
+	f.Observe(f.Next(), 50_000, 0, 10, 0, t0)
 	require.EqualValues(t, 50_000, f.Current())
 	// A promoted standby hands out lower IDs: its claims see an older xmin.
 	// That claim started at 50,000 and saw none of the events below: it
 	// moves the floor to 0, not to its xmin.
 	f.Observe(Claim{Kind: From, From: 50_000}, 700, 0, 10, 0, t0.Add(time.Second))
 	require.Zero(t, f.Current())
-	c := f.Next(t0.Add(2 * time.Second))
+	c := f.Next()
 	require.Equal(t, Claim{Kind: From, From: 0}, c)
 	f.Observe(c, 710, 1, 10, 650, t0.Add(2*time.Second))
 	require.EqualValues(t, 710, f.Current())
@@ -120,13 +120,13 @@ func TestTransactionIDsThatGoBackResetTheFloor(t *testing.T) {
 
 func TestALookThatSeesTransactionIDsGoBackResetsTheFloor(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, FullEvery: time.Hour}}
-	f.Observe(f.Next(t0), 50_000, 0, 10, 0, t0)
+	f.Observe(f.Next(), 50_000, 0, 10, 0, t0)
 	floor := f.Current()
 	require.False(t, f.Check(floor, 50_003), "a later look sees the same or a younger xmin")
 	require.EqualValues(t, 50_000, f.Current())
 	require.True(t, f.Check(floor, 700))
 	require.Zero(t, f.Current())
-	require.Equal(t, Claim{Kind: From, From: 0}, f.Next(t0.Add(time.Second)))
+	require.Equal(t, Claim{Kind: From, From: 0}, f.Next())
 	require.False(t, f.Check(0, 700), "no floor, nothing to reset")
 }
 
@@ -134,9 +134,9 @@ func TestAFloorStartsFromAnotherRelaysFloor(t *testing.T) {
 	var f Floor
 	require.Nil(t, f.Stored(), "no floor to write")
 	f.Start(0, t0)
-	require.Equal(t, Claim{Kind: Full}, f.Look(t0), "none: from the start")
+	require.Equal(t, Claim{Kind: Full}, f.Look(), "none: from the start")
 	f.Start(400, t0)
-	require.Equal(t, Claim{Kind: From, From: 400}, f.Next(t0))
+	require.Equal(t, Claim{Kind: From, From: 400}, f.Next())
 	require.EqualValues(t, 400, *f.Stored())
 	f.Start(900, t0)
 	require.EqualValues(t, 400, f.Current(), "a floor that has claimed keeps its own")
@@ -151,20 +151,20 @@ func TestAFloorStartsFromAnotherRelaysFloor(t *testing.T) {
 
 func TestAFailedRoundPutsTheFloorBackWhereItsClaimStarted(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, SettleAfter: time.Second, FullEvery: time.Hour}}
-	f.Observe(f.Next(t0), 100, 0, 10, 0, t0)
-	failing := f.Next(t0.Add(time.Millisecond)) // holds rows from 100 on
+	f.Observe(f.Next(), 100, 0, 10, 0, t0)
+	failing := f.Next() // holds rows from 100 on
 	require.Equal(t, Claim{Kind: From, From: 100}, failing)
 	// Another round, from 100 too, skipped them (locked) and came back short.
 	f.Observe(Claim{Kind: From, From: 100}, 180, 2, 10, 0, t0.Add(2*time.Millisecond))
 	require.EqualValues(t, 180, f.Current())
 	f.Failed(failing) // its rows are pending again, from 100 on
 	require.EqualValues(t, 100, f.Current())
-	require.Equal(t, Claim{Kind: From, From: 100}, f.Next(t0.Add(3*time.Millisecond)))
+	require.Equal(t, Claim{Kind: From, From: 100}, f.Next())
 
 	// A failed first claim from the start: the next is from the start too.
 	var g Floor
-	c := g.Next(t0)
+	c := g.Next()
 	require.Equal(t, Claim{Kind: Full}, c)
 	g.Failed(c)
-	require.Equal(t, Claim{Kind: Full}, g.Next(t0))
+	require.Equal(t, Claim{Kind: Full}, g.Next())
 }

@@ -33,6 +33,7 @@ func main() {
 		evs      = flag.Int("events", 0, "backlog for the throughput runs (default 50000)")
 		batch    = flag.Int("batch", 0, "relay batch size (default 200)")
 		cpuprof  = flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
+		memprof  = flag.String("memprofile", "", "write an allocation profile of the run to this file at its end")
 		mdPath   = flag.String("markdown", "", "also write the results as a Markdown table to this file")
 		snapFor  = flag.Duration("snapshot-for", 0, "how long each run of the held-snapshot section writes (default 5m)")
 	)
@@ -48,11 +49,28 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*jsonPath, *mdPath, *only, *smoke, *evs, *batch, *snapFor); err != nil {
+	err := run(*jsonPath, *mdPath, *only, *smoke, *evs, *batch, *snapFor)
+	if err == nil && *memprof != "" {
+		err = writeAllocs(*memprof)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "eventsbench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
+}
+
+// writeAllocs writes the allocation profile of the whole run to path.
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func run(jsonPath, mdPath, only string, smoke bool, evs, batch int, snapFor time.Duration) error {

@@ -846,11 +846,12 @@ func (r *Relay) helper(ctx context.Context) {
 			}
 			if err == nil && owed {
 				began := time.Now()
-				_, owed, err = r.owedRound(ctx, r.config.BatchSize)
+				_, owed, err = r.owedRound(ctx, r.owedBatch())
 				if err == nil && owed && r.freshFlowing() {
-					// Fresh events come first: the backlog takes at most
-					// half of this loop's time while they flow.
-					if r.sleep(ctx, time.Since(began), nil) == sleepStopped {
+					// Fresh events come first: while they flow, the
+					// backlog takes short rounds and at most a third of
+					// this loop's time (owedYield).
+					if r.sleep(ctx, owedYield*time.Since(began), nil) == sleepStopped {
 						return
 					}
 				}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/maintenance"
 )
 
 // insertAged inserts n events fanned out age ago (or in the given state) by
@@ -80,7 +82,7 @@ func TestRetentionDeletesOnlyOldFannedOutEvents(t *testing.T) {
 	mu.Lock()
 	require.GreaterOrEqual(t, len(sizes), 3, "12,000 rows take at least three batches")
 	for _, s := range sizes {
-		require.LessOrEqual(t, s, pruneBatchMax)
+		require.LessOrEqual(t, s, maintenance.PruneBatchMax)
 	}
 	mu.Unlock()
 
@@ -89,40 +91,6 @@ func TestRetentionDeletesOnlyOldFannedOutEvents(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 	_, err = outbox.GetEvent(ctx, b.pool, old[0])
 	require.ErrorIs(t, err, ErrNotFound)
-}
-
-// Two relays on one database never prune at the same time.
-func TestTwoRelaysNeverPruneAtOnce(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	first := setup(t, setupOpts{config: &RelayConfig{Retention: time.Hour}}, mapSub("audit", false, "**"))
-	second := setup(t, setupOpts{url: first.url, config: &RelayConfig{Retention: time.Hour}}, mapSub("audit", false, "**"))
-	old := insertAged(t, first, 20_000, "fanned_out_at")
-	var inside, most, batches atomic.Int32
-	hook := func(int) {
-		n := inside.Add(1)
-		for {
-			m := most.Load()
-			if n <= m || most.CompareAndSwap(m, n) {
-				break
-			}
-		}
-		batches.Add(1)
-		time.Sleep(5 * time.Millisecond) // hold the lock a while: give the other a chance to collide
-		inside.Add(-1)
-	}
-	for _, b := range []*testBundle{first, second} {
-		b.relay.hooks.pruning = hook
-		b.relay.config.RetentionInterval = 5 * time.Millisecond
-		b.start(t)
-	}
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, first.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE id = ANY($1)", old).Scan(&n))
-		return n == 0
-	}, 30*time.Second, 20*time.Millisecond)
-	require.Equal(t, int32(1), most.Load(), "two relays pruned at once")
-	require.GreaterOrEqual(t, batches.Load(), int32(4))
 }
 
 // A negative Retention keeps everything.

@@ -3,30 +3,20 @@ package events
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
+	"github.com/standmeet/events/internal/maintenance"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/standmeet/events/internal/startstop"
 )
 
-// Heartbeats. Every running relay writes a row of outbox_relays every
-// heartbeatInterval (or more often with a short OrphanAfter), in a statement
-// of its own, never in a host's transaction: which subscribers it serves,
-// whether it listens, how it fares. The same statement stamps
-// last_served_at on the subscribers it serves, and reads back the orphaned
-// ones: registered, active, and served by no relay for OrphanAfter. An
-// orphan's deliveries stay owed (and keep their events from retention) until a
-// release that has it runs again, or it is retired.
-
-// heartbeatInterval is how often a relay reports in.
-const heartbeatInterval = 5 * time.Second
+// Heartbeats: every running relay reports in (internal/maintenance's
+// Heartbeat), never in a host's transaction: which subscribers it serves,
+// whether it listens, how it fares; the same statement stamps
+// last_served_at on the subscribers it serves and reads back the orphaned
+// ones. ListRelays is the operator's view of them.
 
 // RelayInfo is a relay as it last reported in, as [Outbox.ListRelays] reports it.
 type RelayInfo struct {
@@ -98,51 +88,35 @@ var libraryVersion = sync.OnceValue(func() string {
 
 // heartbeater reports in until the relay stops, then marks the run stopped.
 func (r *Relay) heartbeater(ctx context.Context) {
-	every := min(heartbeatInterval, max(r.config.Outbox.OrphanAfter/3, 10*time.Millisecond))
-	startstop.Every(ctx, r.run.Stopping(), 0, every, func() {
-		if err := r.heartbeat(ctx); err != nil && ctx.Err() == nil {
-			r.logger.WarnContext(ctx, "events: relay heartbeat failed", slog.String("err", err.Error()))
-		}
-	})
-	r.markStopped(ctx)
+	r.beat.Load().Run(ctx, r.run.Stopping())
 }
 
-// heartbeat writes the relay's row and reads the orphaned subscribers,
-// warning once about each newly orphaned one.
-func (r *Relay) heartbeat(ctx context.Context) error {
-	host, _ := os.Hostname()
-	var lastRound *time.Time
-	if ns := r.lastRound.Load(); ns != 0 {
-		at := time.Unix(0, ns)
-		lastRound = &at
+// newHeartbeat returns the heartbeat of a new run, which reports the relay's
+// health and claim floor.
+func (r *Relay) newHeartbeat() *maintenance.Heartbeat {
+	return &maintenance.Heartbeat{
+		DB:          r.pool,
+		SQL:         r.sql,
+		RunID:       uuid.Must(uuid.NewV7()),
+		Version:     libraryVersion(),
+		ClientID:    r.client.ID(),
+		OrphanAfter: r.config.Outbox.OrphanAfter,
+		Logger:      r.logger,
+		Report: func() maintenance.Beat {
+			var lastRound *time.Time
+			if ns := r.lastRound.Load(); ns != 0 {
+				at := time.Unix(0, ns)
+				lastRound = &at
+			}
+			h := r.Health()
+			var floor *int64
+			if f := r.claimFloor; f != nil {
+				floor = f.Stored()
+			}
+			return maintenance.Beat{
+				Subscribers: r.known, Listening: h.Listening, PollOnly: h.PollOnly,
+				ConsecutiveFailures: h.ConsecutiveFailures, LastRound: lastRound, ClaimFloor: floor,
+			}
+		},
 	}
-	h := r.Health()
-	var orphaned []string
-	err := r.pool.QueryRow(ctx, r.sql.Heartbeat, r.runID, host, os.Getpid(), libraryVersion(), r.known,
-		h.Listening, h.PollOnly, h.ConsecutiveFailures, lastRound, r.config.Outbox.OrphanAfter.Microseconds(), r.client.ID(),
-		r.claimFloor.Stored()).Scan(&orphaned)
-	if err != nil {
-		return err
-	}
-	before := r.orphaned.Load()
-	for _, name := range orphaned {
-		if before == nil || !slices.Contains(*before, name) {
-			r.logger.WarnContext(ctx, "events: subscriber is orphaned: no running relay has served it; its events stay owed to it"+
-				" and are kept from retention. Deploy a release that has it, or retire it with Outbox.RetireSubscriber",
-				slog.String("subscriber", name), slog.Duration("orphan_after", r.config.Outbox.OrphanAfter))
-		}
-	}
-	if len(orphaned) == 0 {
-		orphaned = nil
-	}
-	r.orphaned.Store(&orphaned)
-	return nil
-}
-
-// markStopped records that the run stopped, within a short bound: the
-// relay's context may be gone already.
-func (r *Relay) markStopped(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	_, _ = r.pool.Exec(ctx, r.sql.RelayStopped, r.runID, r.claimFloor.Stored())
 }

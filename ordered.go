@@ -17,6 +17,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/standmeet/events/internal/groupbatch"
+	"github.com/standmeet/events/internal/maintenance"
 	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 )
@@ -1046,7 +1047,7 @@ func (r *Relay) chainSweeper(ctx context.Context) {
 // deadWorkerAfter is how long a River client's relay must have been silent
 // (never marked stopped) before the heads of chains its process was running
 // are given back to River: six heartbeats.
-const deadWorkerAfter = 6 * heartbeatInterval
+const deadWorkerAfter = 6 * maintenance.HeartbeatInterval
 
 // rescueHeads gives back to River the heads of the chains of subs whose
 // worker's process died (ChainRescue): its subject moves again within

@@ -42,7 +42,7 @@ type orderedNode struct {
 func (n *orderedNode) dieAsRelay(t *testing.T) {
 	t.Helper()
 	require.NoError(t, n.relay.Stop(context.Background()))
-	exec(t, n.pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE id = $1", n.relay.runID)
+	exec(t, n.pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE id = $1", n.relay.beat.Load().RunID)
 }
 
 // nodeOpts shapes an orderedNode; the zero value works.

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
@@ -24,6 +23,7 @@ import (
 	"github.com/standmeet/events/internal/hostcall"
 	"github.com/standmeet/events/internal/listener"
 	"github.com/standmeet/events/internal/logging"
+	"github.com/standmeet/events/internal/maintenance"
 	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/wake"
@@ -235,10 +235,9 @@ type Relay struct {
 	// next.
 	convertAt time.Time
 
-	// Heartbeats (heartbeat.go), for one run.
-	runID     uuid.UUID
-	lastRound atomic.Int64             // unix nanoseconds of the last round that fanned out
-	orphaned  atomic.Pointer[[]string] // as the last heartbeat read them
+	// Heartbeats (heartbeat.go): the run's, and what they report.
+	beat      atomic.Pointer[maintenance.Heartbeat]
+	lastRound atomic.Int64 // unix nanoseconds of the last round that fanned out
 }
 
 // busyTurnInterval is how often a busy relay (full batches, back to back)
@@ -454,14 +453,14 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 	}
 	r.failing.Store(0)
 	r.lastSuccess.Store(time.Now().UnixNano())
-	if r.runID != uuid.Nil {
+	if last := r.beat.Load(); last != nil {
 		// The last run's row is marked stopped again: its Stop marks it
 		// within a second and may have failed. Left unmarked, it looks like
 		// a dead process of this River client, and the dead-worker rescue
 		// (ChainRescue) would take the heads this live process runs.
-		if _, err := r.pool.Exec(ctx, r.sql.RelayStopped, r.runID, r.claimFloor.Stored()); err != nil {
+		if err := last.MarkStopped(ctx); err != nil {
 			r.logger.WarnContext(ctx, "events: marking the last run stopped failed: until it is, the relays may take this process for dead",
-				slog.String("run", r.runID.String()), slog.String("err", err.Error()))
+				slog.String("run", last.RunID.String()), slog.String("err", err.Error()))
 		}
 	}
 	// The run's claims start at the relays' last claim floor (see
@@ -474,9 +473,8 @@ func (r *Relay) prepare(ctx context.Context, run *startstop.Run, client *river.C
 	} else if floor != nil {
 		r.startFloor = *floor
 	}
-	r.runID = uuid.Must(uuid.NewV7())
 	r.lastRound.Store(0)
-	r.orphaned.Store(nil)
+	r.beat.Store(r.newHeartbeat())
 	return nil
 }
 

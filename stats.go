@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -110,8 +109,8 @@ func (r *Relay) Health() Health {
 	running := r.svc.Running()
 	l := r.listener.Load()
 	var orphaned []string
-	if o := r.orphaned.Load(); o != nil {
-		orphaned = slices.Clone(*o)
+	if hb := r.beat.Load(); hb != nil {
+		orphaned = hb.Orphaned()
 	}
 	return Health{
 		Running:             running,

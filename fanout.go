@@ -14,13 +14,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/claimfloor"
+	"github.com/standmeet/events/internal/dbutil"
 	"github.com/standmeet/events/internal/hostcall"
 )
 
@@ -336,7 +336,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		batch, err = collectClaimed(rows, l)
 		return err
 	})
-	tx, err = sendBegun(ctx, c, &b)
+	tx, err = dbutil.SendBegun(ctx, c, &b)
 	if err != nil {
 		c.Release()
 		return nil, nil, nil, nil, err
@@ -425,21 +425,6 @@ func (r *Relay) lookBelow(ctx context.Context, look claimfloor.Below) (found *in
 func (r *Relay) lookBelowSoon() {
 	r.claimFloor.LookSoon()
 	r.floorLookSoon.Send()
-}
-
-// sendBegun sends b, which begins a transaction on c (b.BeginTx) and queues
-// its first statements, and returns the transaction; if the batch fails, a
-// transaction it left open is rolled back.
-func sendBegun(ctx context.Context, c *pgxpool.Conn, b *pgx.Batch) (pgx.Tx, error) {
-	br := c.SendBatch(ctx, b)
-	tx := br.Tx()
-	if err := br.Close(); err != nil {
-		if c.Conn().PgConn().TxStatus() != 'I' {
-			_ = tx.Rollback(ctx)
-		}
-		return nil, err
-	}
-	return tx, nil
 }
 
 // fanout inserts the jobs of a claimed batch inside tx and returns the stamp

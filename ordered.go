@@ -16,9 +16,9 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/standmeet/events/internal/dbutil"
 	"github.com/standmeet/events/internal/groupbatch"
 	"github.com/standmeet/events/internal/maintenance"
-	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 )
 
@@ -74,16 +74,6 @@ const tagOrdered = "events-ordered"
 
 // Timings of ordered subscribers.
 const (
-	// orderedSweepInterval bounds how long a chain whose head River
-	// discarded or cancelled takes to be blocked (or moved on), and a head
-	// completed without the library's completion to be released.
-	orderedSweepInterval = time.Second
-	// orderedSweepBatch is how many chains of one subscriber one sweep
-	// statement handles.
-	orderedSweepBatch = 1000
-	// orderedSweepLockClass is the advisory lock class of the sweep: one
-	// relay at a time sweeps a subscriber's chains.
-	orderedSweepLockClass = 7365110
 	// orderedWait is how long a round waits for an earlier event of a chain
 	// that another round is fanning out, before deferring its own.
 	orderedWait = 250 * time.Millisecond
@@ -411,7 +401,7 @@ func (cp *chainPlan) queue(b *pgx.Batch, batch []claimedRow, jobs []plannedJob, 
 		b.Queue(cp.sql.ChainAppend, lSubs, lSubjects, lPos, lJobs, lSeqs, lIDs, lTypes, cSubs, cSubjects, cFirst, cLast, rIDs, rArgs)
 	}
 	if len(aJobs) > 0 {
-		b.Queue(cp.sql.ChainAppendLate, nSubs, nSubjects, nCounts, nFirst, nLast, aSubs, aSubjects, aJobs, aSeqs, aIDs, aTypes, nilIfEmpty(cp.schema))
+		b.Queue(cp.sql.ChainAppendLate, nSubs, nSubjects, nCounts, nFirst, nLast, aSubs, aSubjects, aJobs, aSeqs, aIDs, aTypes, dbutil.NilIfEmpty(cp.schema))
 	}
 	if len(cp.defSeqs) > 0 {
 		b.Queue(cp.sql.ChainDefer, cp.defSeqs, cp.defSubs, deferBase.Microseconds(), deferMax.Microseconds(), cp.defDue)
@@ -440,7 +430,7 @@ func (e *chainRefusal) Error() string {
 // rolled back.
 func advanceChain(ctx context.Context, tx pgx.Tx, sql *statements.Set, job *rivertype.JobRow) error {
 	var outcome string
-	if err := tx.QueryRow(ctx, sql.Ordered.ChainAdvance, job.ID, job.Attempt, nilIfEmpty(sql.Schema)).Scan(&outcome, nil); err != nil {
+	if err := tx.QueryRow(ctx, sql.Ordered.ChainAdvance, job.ID, job.Attempt, dbutil.NilIfEmpty(sql.Schema)).Scan(&outcome, nil); err != nil {
 		return fmt.Errorf("events: moving the chain of job %d on: %w", job.ID, err)
 	}
 	switch outcome {
@@ -471,13 +461,6 @@ func fenceJob(ctx context.Context, tx pgx.Tx, sql *statements.Set, job *rivertyp
 		return &chainRefusal{jobID: job.ID, attempt: job.Attempt, outcome: "fenced"}
 	}
 	return nil
-}
-
-func nilIfEmpty(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
 }
 
 // isOrderedJob reports whether job belongs to a chain.
@@ -731,7 +714,7 @@ func completeAndTake(ctx context.Context, run runStatement, sql *statements.Set,
 		return nil
 	}
 	if err := run(ctx, &groupbatch.Item{Key: key, SQL: sql.Ordered.ChainComplete,
-		Args: []any{ids, attempts, nilIfEmpty(sql.Schema), takeBy, chainTake, riverMaxAttemptedBy}, Scan: scan}); err != nil {
+		Args: []any{ids, attempts, dbutil.NilIfEmpty(sql.Schema), takeBy, chainTake, riverMaxAttemptedBy}, Scan: scan}); err != nil {
 		return nil, fmt.Errorf("events: completing ordered job %d: %w", ids[0], err)
 	}
 	switch outcome {
@@ -825,7 +808,7 @@ func (w *handleWorker) handBack(ctx context.Context, sub *subscription, jobs []*
 	// It changes only jobs still running in their attempt. Taken jobs left
 	// running under a live client would wait for River's rescuer.
 	if err := retryBriefly(ctx, func(ctx context.Context) error {
-		_, err := w.pool.Exec(ctx, w.sql.Ordered.ChainHandBack, ids, attempts, nilIfEmpty(w.sql.Schema), failed, cause.Error())
+		_, err := w.pool.Exec(ctx, w.sql.Ordered.ChainHandBack, ids, attempts, dbutil.NilIfEmpty(w.sql.Schema), failed, cause.Error())
 		return err
 	}); err != nil {
 		w.logger.ErrorContext(ctx, "events: ordered jobs run on in their chain failed, and giving them back to River failed too: River rescues them",
@@ -857,7 +840,7 @@ func advanceSelfCompleted(ctx context.Context, begin beginFunc, sql *statements.
 		return false, nil
 	}
 	var outcome string
-	if err := tx.QueryRow(ctx, sql.Ordered.ChainAdvance, job.ID, nil, nilIfEmpty(sql.Schema)).Scan(&outcome, nil); err != nil {
+	if err := tx.QueryRow(ctx, sql.Ordered.ChainAdvance, job.ID, nil, dbutil.NilIfEmpty(sql.Schema)).Scan(&outcome, nil); err != nil {
 		return false, fmt.Errorf("events: moving the chain of job %d on: %w", job.ID, err)
 	}
 	return true, tx.Commit(ctx)
@@ -995,13 +978,11 @@ func (r *Relay) orderedSubs() (subs, cont []string) {
 	return subs, cont
 }
 
-// chainSweeper sweeps the chains of the run's ordered subscribers every
-// orderedSweepInterval until the relay stops (see outbox_chain_sweep):
-// River tells no one when it discards a job after its last attempt. It
-// also releases the chains that a release which ordered them left to the
-// run's unordered subscribers (releaseChains), at once and then at every
-// sweep (while a rolling deploy lasts, the previous release's relays may
-// still append), and the chains of retired subscribers (releaseRetiredChains).
+// chainSweeper looks after the run's chains until the relay stops
+// (internal/maintenance's ChainSweeper): River tells no one when it
+// discards a job after its last attempt, a process may die while its worker
+// runs a chain's head, and the chains of subscribers this release serves
+// unordered, or retired ones, are released.
 func (r *Relay) chainSweeper(ctx context.Context) {
 	subs, cont := r.orderedSubs()
 	var unordered []string
@@ -1010,229 +991,11 @@ func (r *Relay) chainSweeper(ctx context.Context) {
 			unordered = append(unordered, s.Name)
 		}
 	}
-	if len(subs) == 0 && len(unordered) == 0 {
-		return
+	s := &maintenance.ChainSweeper{
+		DB: r.pool, SQL: r.sql, Ordered: subs, Continue: cont, Unordered: unordered, Tag: tagOrdered,
+		DeadWorkerAfter: r.hooks.deadWorkerAfter, Logger: r.logger, OnRescued: r.hooks.rescued, Stopping: r.run.Stopping(),
 	}
-	sweeps := 0
-	startstop.Every(ctx, r.run.Stopping(), 0, orderedSweepInterval, func() {
-		if sweeps%orderedRepairEvery == 0 {
-			if err := r.repairChains(ctx); err != nil && ctx.Err() == nil && !r.stopping() {
-				r.logger.WarnContext(ctx, "events: repairing ordered chains failed", slog.String("err", err.Error()))
-			}
-		}
-		sweeps++
-		if len(unordered) > 0 {
-			if err := r.releaseChains(ctx, unordered, "events: released the waiting jobs of subscribers that this release does not order (Ordered was turned off)"); err != nil && ctx.Err() == nil && !r.stopping() {
-				r.logger.WarnContext(ctx, "events: releasing the chains of unordered subscribers failed", slog.String("err", err.Error()))
-			}
-		}
-		if err := r.releaseRetiredChains(ctx); err != nil && ctx.Err() == nil && !r.stopping() {
-			r.logger.WarnContext(ctx, "events: releasing the chains of retired subscribers failed", slog.String("err", err.Error()))
-		}
-		if len(subs) == 0 {
-			return
-		}
-		if err := r.rescueHeads(ctx, subs); err != nil && ctx.Err() == nil && !r.stopping() {
-			r.logger.WarnContext(ctx, "events: rescuing the heads of dead workers failed", slog.String("err", err.Error()))
-		}
-		if r.hooks.rescued != nil {
-			r.hooks.rescued()
-		}
-		if err := r.sweepChains(ctx, subs, cont); err != nil && ctx.Err() == nil && !r.stopping() {
-			r.logger.WarnContext(ctx, "events: sweeping ordered chains failed", slog.String("err", err.Error()))
-		}
-	})
-}
-
-// deadWorkerAfter is how long a River client's relay must have been silent
-// (never marked stopped) before the heads of chains its process was running
-// are given back to River: six heartbeats.
-const deadWorkerAfter = 6 * maintenance.HeartbeatInterval
-
-// rescueHeads gives back to River the heads of the chains of subs whose
-// worker's process died (ChainRescue): its subject moves again within
-// deadWorkerAfter and a sweep, not River's rescue (RescueStuckJobsAfter, an
-// hour by default, for every job). A hung but live worker's process still
-// heartbeats: its job is River's to rescue.
-func (r *Relay) rescueHeads(ctx context.Context, subs []string) error {
-	after := cmp.Or(r.hooks.deadWorkerAfter, deadWorkerAfter)
-	rows, err := r.pool.Query(ctx, r.sql.Ordered.ChainRescue, subs, after.Microseconds(), nilIfEmpty(r.sql.Schema))
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			id            int64
-			state, client string
-		)
-		if err := rows.Scan(&id, &state, &client, nil); err != nil {
-			return err
-		}
-		r.logger.WarnContext(ctx, "events: an ordered job's worker died (its process stopped heartbeating): gave the job back to River",
-			slog.Int64("job_id", id), slog.String("river_client", client), slog.String("state", state))
-	}
-	return rows.Err()
-}
-
-// orderedRepairEvery is how many sweeps apart a relay repairs what a
-// release before migration 015 may leave (repairChains): the statement
-// reads every link and every pending ordered job.
-const orderedRepairEvery = 10
-
-// repairChains releases the jobs that would otherwise be held for good
-// (ChainRepair): links whose chain is gone and ordered jobs pending in no
-// chain (a release before migration 015 may leave them), which run as any
-// job of their subscriber, and chains' heads left pending, which run in
-// their turn.
-func (r *Relay) repairChains(ctx context.Context) error {
-	released := int64(0)
-	for !r.stopping() && ctx.Err() == nil {
-		var n int64
-		if err := r.pool.QueryRow(ctx, r.sql.Ordered.ChainRepair, orderedSweepBatch, nilIfEmpty(r.sql.Schema), tagOrdered).Scan(&n, nil); err != nil {
-			return err
-		}
-		released += n
-		if n < orderedSweepBatch {
-			break
-		}
-	}
-	if released > 0 {
-		r.logger.WarnContext(ctx, "events: released ordered jobs held for good: in no chain (left by a release before migration 015), or a chain's head left pending",
-			slog.Int64("jobs", released))
-	}
-	return nil
-}
-
-// releaseRetiredChains releases the chains of retired subscribers, which no
-// relay orders any more: retiring is final, and a retired subscriber's
-// chain would otherwise hold its waiting jobs for good behind a head that
-// its worker cancelled (a Handle job of a retired subscriber ends
-// cancelled; a Map job runs as any job of its kind).
-func (r *Relay) releaseRetiredChains(ctx context.Context) error {
-	var retired []string
-	if err := r.pool.QueryRow(ctx, r.sql.Ordered.ChainRetired).Scan(&retired); err != nil {
-		return err
-	}
-	if len(retired) == 0 {
-		return nil
-	}
-	return r.releaseChains(ctx, retired, "events: released the chains of retired subscribers")
-}
-
-// releaseChains releases the chains of subscribers subs, and logs done if
-// it released any: subscribers this run serves unordered (a release with
-// Ordered set left them; Ordered was turned off since), or retired ones.
-// Their waiting jobs are made available and run as any job of the
-// subscriber; a job that the ordered release tagged completes as an
-// unordered one (its chain is gone). Without this its jobs would wait
-// behind their heads for good.
-func (r *Relay) releaseChains(ctx context.Context, subs []string, done string) error {
-	released := int64(0)
-	for !r.stopping() && ctx.Err() == nil {
-		// The links go and the chains left empty with them, in one
-		// transaction; an empty chain is dropped only under its lock and
-		// after a fresh look (ChainLockEmpty, then ChainDropEmpty). The
-		// BEGIN, the release and the lock go in one round trip, the commit
-		// in another: a sweep that finds nothing costs two.
-		n, err := r.releaseChainsOnce(ctx, subs)
-		if err != nil {
-			return err
-		}
-		released += n
-		if n < orderedSweepBatch {
-			break
-		}
-	}
-	if released > 0 {
-		r.logger.WarnContext(ctx, done, slog.Any("subscribers", subs), slog.Int64("jobs", released))
-	}
-	return nil
-}
-
-// releaseChainsOnce releases up to orderedSweepBatch links of the chains
-// of subs and drops the chains left empty, and reports how many links went.
-func (r *Relay) releaseChainsOnce(ctx context.Context, subs []string) (n int64, err error) {
-	c, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer c.Release() // a connection left in a transaction is closed, not pooled
-	var (
-		b                     pgx.Batch
-		subscribers, subjects []string
-	)
-	b.BeginTx(ownTx)
-	b.Queue(r.sql.Ordered.ChainRelease, subs, orderedSweepBatch, nilIfEmpty(r.sql.Schema)).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&n, nil)
-	})
-	b.Queue(r.sql.Ordered.ChainLockEmpty, subs).Query(func(rows pgx.Rows) error {
-		var sub, subject string
-		_, err := pgx.ForEachRow(rows, []any{&sub, &subject}, func() error {
-			subscribers, subjects = append(subscribers, sub), append(subjects, subject)
-			return nil
-		})
-		return err
-	})
-	tx, err := sendBegun(ctx, c, &b)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if len(subscribers) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.Ordered.ChainDropEmpty, subscribers, subjects); err != nil {
-			return 0, err
-		}
-	}
-	return n, tx.Commit(ctx)
-}
-
-// sweepChains runs one sweep, statement after statement while they come
-// back full.
-func (r *Relay) sweepChains(ctx context.Context, subs, cont []string) error {
-	for !r.stopping() && ctx.Err() == nil {
-		n := 0
-		err := pgx.BeginTxFunc(ctx, r.pool, ownTx, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, r.sql.Ordered.ChainSweep, subs, cont, orderedSweepBatch, nilIfEmpty(r.sql.Schema), orderedSweepLockClass)
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			for rows.Next() {
-				var (
-					sub, subject, action, state string
-					jobID                       int64
-				)
-				if err := rows.Scan(&sub, &subject, &jobID, &action, &state); err != nil {
-					return err
-				}
-				n++
-				r.logChainAction(ctx, sub, subject, jobID, action, state)
-			}
-			return rows.Err()
-		})
-		if err != nil {
-			return err
-		}
-		if n < orderedSweepBatch {
-			return nil
-		}
-	}
-	return nil
-}
-
-func (r *Relay) logChainAction(ctx context.Context, sub, subject string, jobID int64, action, state string) {
-	attrs := []slog.Attr{slog.String("subscriber", sub), slog.String("subject", subject), slog.Int64("job_id", jobID), slog.String("state", state)}
-	switch action {
-	case "blocked":
-		r.logger.LogAttrs(ctx, slog.LevelError, "events: an ordered subscriber's subject is blocked: the job at its head ended "+state+
-			"; resume or skip it (Outbox.ResumeChain, Outbox.SkipChain, `events chains`)", attrs...)
-	case "skipped":
-		r.logger.LogAttrs(ctx, slog.LevelWarn, "events: an ordered subscriber's job ended "+state+"; its subject goes on with the next (OrderedContinue)", attrs...)
-	case "released":
-		r.logger.LogAttrs(ctx, slog.LevelWarn, "events: an ordered job completed without moving its chain on; released the next now"+
-			" (is events.OrderedMiddleware in river.Config.Middleware of every client that works this subscriber's jobs?)", attrs...)
-	}
+	s.Run(ctx)
 }
 
 // ChainInfo is one ordered subscriber's chain of one subject — its jobs not
@@ -1394,7 +1157,7 @@ func (o Outbox) chainAction(ctx context.Context, db DB, subscriber, subject stri
 		stmt, verb = sql.Ordered.ChainResume, "resume"
 	}
 	var outcome string
-	if err := db.QueryRow(ctx, stmt, subscriber, subject, nilIfEmpty(o.Schema)).Scan(&outcome); err != nil {
+	if err := db.QueryRow(ctx, stmt, subscriber, subject, dbutil.NilIfEmpty(o.Schema)).Scan(&outcome); err != nil {
 		return fmt.Errorf("events: %s chain %q of %q: %w", verb, subject, subscriber, err)
 	}
 	switch outcome {

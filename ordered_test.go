@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/groupbatch"
+	"github.com/standmeet/events/internal/maintenance"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -2451,7 +2452,7 @@ func TestOrderedRepairReadsNoFinishedJobs(t *testing.T) {
 	for range 2 {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql.Ordered.ChainRepair, orderedSweepBatch, nil, tagOrdered)
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql.Ordered.ChainRepair, maintenance.ChainSweepBatch, nil, tagOrdered)
 		require.NoError(t, err)
 		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)

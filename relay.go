@@ -293,7 +293,7 @@ type testHooks struct {
 	prunePass func()
 	// polled runs each time the main loop's poll queries.
 	polled func()
-	// deadWorkerAfter replaces deadWorkerAfter (0: the constant).
+	// deadWorkerAfter replaces maintenance.DeadWorkerAfter (0: the constant).
 	deadWorkerAfter time.Duration
 	// rescued runs after each look for dead workers' heads.
 	rescued func()

@@ -875,3 +875,48 @@ func TestRowsOfARoundACrashLostAreClaimedOnceAPollOnlyRelayIsBack(t *testing.T) 
 	t.Logf("claimed %v after the restart", took)
 	require.Less(t, took, 20*time.Second, "a PollOnly relay found them only by the look from the start, a minute on")
 }
+
+// Stop cancels a look below the floor in flight: a look runs with no
+// statement_timeout (under a held snapshot a look from the start walks
+// every dead entry), so one that waits — here for a table lock, as it
+// would for a long scan — must not hold Stop for as long as it lasts. No
+// event is recorded and the relay has no subscriber: its first claim,
+// short, gives it its floor, nothing wakes it to claim again, and it has
+// no deliveries lane to serve when idle (a round would wait for the lock
+// too, and a round in flight is Stop's to wait for).
+func TestStopCancelsALookBelowTheFloorInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{config: &RelayConfig{Retention: -1}})
+	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 10 * time.Millisecond, SettleAfter: 10 * time.Millisecond, FullEvery: 20 * time.Millisecond}
+	b.start(t)
+	require.Eventually(t, func() bool { return b.relay.claimFloor.Current() > 0 },
+		30*time.Second, 5*time.Millisecond, "the relay never claimed from a floor")
+
+	lock, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, "LOCK TABLE outbox_events IN EXCLUSIVE MODE") // plain reads (the poll) go on
+	require.NoError(t, err)
+	waiting := func(like string) bool {
+		var w bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE query LIKE $1 AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())`, like).Scan(&w))
+		return w
+	}
+	require.Eventually(t, func() bool { return waiting("%outbox_pending_below%") }, 30*time.Second, 5*time.Millisecond,
+		"no look waited for the lock")
+	rows, err := b.pool.Query(ctx, `SELECT query FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND datname = current_database() AND query NOT LIKE '%outbox_pending_below%'`)
+	require.NoError(t, err)
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, others, "more than the look waits for the lock: the test cannot tell what holds Stop")
+
+	stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	began := time.Now()
+	require.NoError(t, b.relay.Stop(stopCtx), "Stop waited for the look (%v)", time.Since(began))
+	require.Eventually(t, func() bool { return !waiting("%outbox_pending_below%") }, 30*time.Second, 10*time.Millisecond,
+		"the look still waits on the server after Stop")
+}

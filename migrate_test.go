@@ -762,3 +762,40 @@ func TestMigrateLeavesAnIndexAnotherUserIsBuildingAlone(t *testing.T) {
 	require.NoError(t, admin.QueryRow(ctx, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_events_claim_floor_idx'::regclass").Scan(&valid))
 	require.True(t, valid)
 }
+
+// An invalid index left by a build cut short is dropped and built again
+// even while autovacuum works on the outbox: autovacuum holds the table's
+// SHARE UPDATE EXCLUSIVE lock, as a build does, and Migrate took it for
+// another process's build and waited it out — for as long as the vacuum of
+// a large outbox lasts. A DROP INDEX CONCURRENTLY queued behind it cancels
+// it instead (as PostgreSQL cancels an autovacuum that blocks a lock). The
+// vacuum here crawls (a cost delay of 100 ms a page): it would last minutes.
+func TestMigrateDoesNotWaitOutAnAutovacuumOfTheOutbox(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, floorURL(t))
+	exec(t, pool, "ALTER SYSTEM SET autovacuum_naptime = '1s'")
+	exec(t, pool, "SELECT pg_reload_conf()")
+	exec(t, pool, `ALTER TABLE outbox_events SET (autovacuum_vacuum_threshold = 0, autovacuum_vacuum_scale_factor = 0,
+		autovacuum_vacuum_cost_delay = 100, autovacuum_vacuum_cost_limit = 1)`)
+	// What a build cut short leaves: the index, invalid, and no version 17.
+	exec(t, pool, "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'outbox_events_claim_floor_idx'::regclass")
+	exec(t, pool, "DELETE FROM outbox_migration WHERE version = 17")
+	exec(t, pool, "INSERT INTO outbox_events (id, type, fanned_out_at) SELECT gen_random_uuid(), 'dead', now() FROM generate_series(1, 20000)")
+	exec(t, pool, "DELETE FROM outbox_events")
+	require.Eventually(t, func() bool {
+		var vacuuming bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_progress_vacuum
+			WHERE relid = 'outbox_events'::regclass)`).Scan(&vacuuming))
+		return vacuuming
+	}, 60*time.Second, 50*time.Millisecond, "autovacuum never started on outbox_events")
+
+	began := time.Now()
+	migrateCtx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	require.NoError(t, outbox.Migrate(migrateCtx, pool), "Migrate waited out the autovacuum (%v)", time.Since(began))
+	t.Logf("migrated in %v", time.Since(began))
+	var valid bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_events_claim_floor_idx'::regclass").Scan(&valid))
+	require.True(t, valid)
+}

@@ -38,13 +38,18 @@ UPDATE /* TEMPLATE: schema */outbox_settings SET channel = $1 WHERE channel <> $
 -- before it commits the index's catalog row, but the progress view hides
 -- another user's backend from a role without pg_read_all_stats; pg_locks
 -- hides nothing, and the build holds SHARE UPDATE EXCLUSIVE on the table
--- throughout (so does a VACUUM: then this waits for it). No row: there is
--- no such index.
+-- throughout. So do VACUUM and ANALYZE, autovacuum's included: their
+-- backends are left out (the progress views show every backend's pid to
+-- every role). Taken for a build, an autovacuum of a large outbox was
+-- waited out; a DROP INDEX CONCURRENTLY queued behind it cancels it, as
+-- PostgreSQL cancels an autovacuum that blocks a lock (a manual VACUUM is
+-- waited for either way). No row: there is no such index.
 SELECT i.indisvalid,
        EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid)
        OR EXISTS (SELECT 1 FROM pg_locks l
                    WHERE l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                      AND l.relation = i.indrelid AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted
-                     AND l.pid <> pg_backend_pid())
+                     AND l.pid <> pg_backend_pid()
+                     AND l.pid NOT IN (SELECT pid FROM pg_stat_progress_vacuum UNION ALL SELECT pid FROM pg_stat_progress_analyze))
   FROM pg_index i
  WHERE i.indexrelid = to_regclass($1);

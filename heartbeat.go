@@ -3,13 +3,14 @@ package events
 import (
 	"context"
 	"fmt"
-	"github.com/standmeet/events/internal/maintenance"
 	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/standmeet/events/internal/maintenance"
 )
 
 // Heartbeats: every running relay reports in (internal/maintenance's

@@ -68,7 +68,7 @@ func TestChainSweeperReleasesRetiredSubscribersChains(t *testing.T) {
 }
 
 // The chains of subscribers this release serves unordered are released at
-// the run's first sweep.
+// the run's first sweep (before its rescue, which OnRescued marks).
 func TestChainSweeperReleasesUnorderedSubscribersChainsAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -80,6 +80,17 @@ func TestChainSweeperReleasesUnorderedSubscribersChainsAtOnce(t *testing.T) {
 	s.Unordered, s.Ordered = []string{"plain"}, []string{"ordered"}
 	stopping := make(chan struct{})
 	s.Stopping = stopping
+	firstRescue := make(chan int, 1) // the plain chain's links left at the first sweep's rescue
+	s.OnRescued = func() {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_chain_jobs WHERE subscriber = 'plain'").Scan(&n); err != nil {
+			n = -1
+		}
+		select {
+		case firstRescue <- n:
+		default:
+		}
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -89,9 +100,12 @@ func TestChainSweeperReleasesUnorderedSubscribersChainsAtOnce(t *testing.T) {
 		close(stopping)
 		<-done
 	}()
-	require.Eventually(t, func() bool {
-		return countRows(t, pool, "SELECT count(*) FROM outbox_chain_jobs WHERE subscriber = 'plain'") == 0
-	}, 30*time.Second, 10*time.Millisecond, "the unordered subscriber's chain was not released")
+	select {
+	case n := <-firstRescue:
+		require.Zero(t, n, "the unordered subscriber's chain was not released at the first sweep")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no sweep ran")
+	}
 	require.Zero(t, countRows(t, pool, "SELECT count(*) FROM river_job WHERE id = ANY($1) AND state = 'pending'", plain))
 	require.Equal(t, 2, countRows(t, pool, "SELECT count(*) FROM river_job WHERE id = ANY($1) AND state = 'pending'", ordered),
 		"the ordered subscriber's waiting jobs were released")

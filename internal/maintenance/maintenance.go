@@ -1,7 +1,8 @@
 // Package maintenance holds a relay's background duties, each run on a
 // goroutine of its own beside the rounds, never in a host's transaction, as
 // River's internal/maintenance holds its job cleaner and rescuer: retention
-// (Pruner) and the relay's heartbeat (Heartbeat).
+// (Pruner), the relay's heartbeat (Heartbeat) and the ordered subscribers'
+// chains (ChainSweeper).
 package maintenance
 
 import (

@@ -212,7 +212,7 @@ SELECT (SELECT count(*) FROM l),
 -- scheduled it for later), at most $1 of each; River's producers are told
 -- ($2 schema or NULL for River's channel). Returns how many jobs it
 -- released. It reads every link and every pending ordered job: the relays
--- run it every orderedRepairEvery sweeps, not every sweep.
+-- run it at every tenth sweep (internal/maintenance's ChainSweeper), not every sweep.
 WITH orphan AS (
     DELETE FROM /* TEMPLATE: schema */outbox_chain_jobs l
      WHERE l.job_id IN (SELECT k.job_id FROM /* TEMPLATE: schema */outbox_chain_jobs k

@@ -80,20 +80,25 @@ func (r *Relay) owedOrder() (names []string, ordered []bool) {
 	return names, ordered
 }
 
-// owedYield is how long the helper loop rests after a round of the
-// deliveries lane while fresh events flow, in multiples of the time that
-// round took: the backlog then takes at most a third of the loop's time,
-// and the two cores the drain shares with the fresh path (PostgreSQL's
-// included) are free for fresh rounds two thirds of it. Measured with
-// eventsbench's backlog section: at 1 (half the time, full batches) fresh
-// commit→fanned p99 during a 40,000-pair drain was 2.4–4.0× the figure with
-// no backlog; at 2 with short rounds, 1.1–2.8×.
-const owedYield = 2
+// owedYield is how long a helper loop rests after a round of the
+// deliveries lane that met fresh events, in multiples of the time that
+// round took, and owedRestMax the longest rest (a round slowed by a lock
+// must not idle the loop for twice as long). The backlog then takes short
+// rounds and at most a third of the loop's time, and the two cores the
+// drain shares with the fresh path (PostgreSQL's included) are free for
+// fresh rounds two thirds of it. Measured with eventsbench's backlog
+// section: resting once as long, in full rounds, whenever fresh events had
+// flowed in the last 100 ms, fresh commit→fanned p99 during a 40,000-pair
+// drain was 2.4–4.0× the figure with no backlog.
+const (
+	owedYield   = 2
+	owedRestMax = 100 * time.Millisecond
+)
 
-// owedBatch is how many deliveries a round of the deliveries lane claims:
-// a batch, or a quarter of one while fresh events flow (the pending lane
-// found rows in the last freshFlowing), so that a fresh event waits for, or
-// shares the machine with, a short round of the backlog, not a full one.
+// owedBatch is how many deliveries a round of the main loop's deliveries
+// lane claims: a batch, or a quarter of one while fresh events flow (the
+// pending lane found rows in the last freshFlowing), so that a fresh event
+// waits for a short round of the backlog, not a full one.
 func (r *Relay) owedBatch() int {
 	if r.freshFlowing() {
 		return max(1, r.config.BatchSize/4)

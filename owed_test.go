@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -475,4 +476,83 @@ func TestAnOldReleasesCatchUpListIsServed(t *testing.T) {
 	}
 	require.Equal(t, map[string]int64{"x": 2}, rows[es[1].ID].Fanout, "y's types do not match the note")
 	require.Empty(t, loadPairs(t, b.pool))
+}
+
+// A helper loop drains a backlog at full speed, full batches and no rests,
+// unless its rounds meet fresh events: then it takes quarter batches and
+// rests after each (twice as long as the round took, at most owedRestMax),
+// so that fresh events get the machine. A trickle seldom meets a round:
+// with the rests keyed to "a fresh event in the last 100 ms", ten fresh
+// events a second made a 40,000-pair drain five times slower.
+func TestAHelperLoopYieldsToFreshEventsOnlyWhileTheyMeetTheBacklog(t *testing.T) {
+	t.Parallel()
+	type helperRound struct {
+		batch int
+		rest  time.Duration
+	}
+	drain := func(t *testing.T, fresh bool) []helperRound {
+		ctx := context.Background()
+		const backlog = 10_000
+		b := setup(t, setupOpts{}, mapSub("slow", false, "slow.*"), mapSub("fast", false, "fast.*"))
+		var (
+			mu     sync.Mutex
+			rounds []helperRound
+		)
+		b.relay.hooks.helperOwedRound = func(batch int, rest time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			rounds = append(rounds, helperRound{batch, rest})
+		}
+		b.start(t)
+		b.settle(t)
+		require.NoError(t, outbox.PauseSubscriber(ctx, b.pool, "slow"))
+		oweTo(t, b.pool, "slow", "slow.changed", backlog)
+		done := make(chan struct{})
+		var writer sync.WaitGroup
+		if fresh {
+			writer.Go(func() {
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					b.record(t, Event{Type: "fast.changed"})
+				}
+			})
+		}
+		require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
+		require.Eventually(t, func() bool { return owedCount(t, b.pool) == 0 }, time.Minute, 10*time.Millisecond,
+			"the backlog was never drained")
+		close(done)
+		writer.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(rounds)
+	}
+
+	t.Run("alone", func(t *testing.T) {
+		t.Parallel()
+		rounds := drain(t, false)
+		require.NotEmpty(t, rounds, "no helper loop served the backlog")
+		for i, r := range rounds {
+			require.Equal(t, helperRound{BatchSizeDefault, 0}, r, "round %d of %d: a backlog with no fresh events yielded", i, len(rounds))
+		}
+	})
+	t.Run("fresh events flowing", func(t *testing.T) {
+		t.Parallel()
+		rounds := drain(t, true)
+		short := 0
+		for _, r := range rounds {
+			require.LessOrEqual(t, r.rest, owedRestMax)
+			if r.batch < BatchSizeDefault {
+				require.Equal(t, BatchSizeDefault/4, r.batch)
+				short++
+			}
+		}
+		t.Logf("%d of %d helper rounds short", short, len(rounds))
+		require.Positive(t, short, "the backlog never yielded to fresh events")
+		require.True(t, slices.ContainsFunc(rounds, func(r helperRound) bool { return r.rest > 0 }),
+			"the helper loop never rested for fresh events")
+	})
 }

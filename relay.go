@@ -269,6 +269,9 @@ const callbackQueue = 1000
 type testHooks struct {
 	// claimFloor is the claim floor's rescan schedule (zero: the defaults).
 	claimFloor claimfloor.Schedule
+	// helperOwedRound is told the batch of each round of the deliveries
+	// lane that a helper loop runs, and how long the loop rests after it.
+	helperOwedRound func(batch int, rest time.Duration)
 	// floorClaim is told where each pending-lane batch claim of the
 	// relay's own starts (see claimfloor).
 	floorClaim func(claimfloor.Claim)
@@ -827,6 +830,7 @@ func (r *Relay) helper(ctx context.Context) {
 			return
 		}
 		pending := r.busy.Load()
+		contended := false // the last round of the backlog met fresh events
 		for !r.stopping() && ctx.Err() == nil {
 			// Read each time: the lane may have found a backlog since.
 			owed := r.owedBusy.Load()
@@ -843,15 +847,32 @@ func (r *Relay) helper(ctx context.Context) {
 				}
 			}
 			if err == nil && owed {
+				batch := r.config.BatchSize
+				if contended {
+					batch = max(1, batch/4)
+				}
 				began := time.Now()
-				_, owed, err = r.owedRound(ctx, r.owedBatch())
-				if err == nil && owed && r.freshFlowing() {
-					// Fresh events come first: while they flow, the
-					// backlog takes short rounds and at most a third of
-					// this loop's time (owedYield).
-					if r.sleep(ctx, owedYield*time.Since(began), nil) == sleepStopped {
-						return
-					}
+				_, owed, err = r.owedRound(ctx, batch)
+				took := time.Since(began)
+				// Fresh events come first: a round of the backlog that met
+				// them (a pending round found rows while it ran, or just
+				// before) is followed by short rounds that rest owedYield
+				// times as long as they took, at most owedRestMax, so that
+				// the backlog takes at most a third of this loop's time
+				// while fresh events contend for the machine. A trickle of
+				// them seldom meets a round: the backlog drains at full
+				// speed. So does a loop that has pending rounds of its
+				// own to run.
+				contended = err == nil && owed && !pending && r.lastFresh.Load() >= began.Add(-took).UnixNano()
+				rest := time.Duration(0)
+				if contended {
+					rest = min(owedYield*took, owedRestMax)
+				}
+				if r.hooks.helperOwedRound != nil {
+					r.hooks.helperOwedRound(batch, rest)
+				}
+				if rest > 0 && r.sleep(ctx, rest, nil) == sleepStopped {
+					return
 				}
 			}
 			if err != nil {

@@ -30,6 +30,8 @@ import (
 //   - fresh during a drain: commit→fanned of another subscriber's events
 //     recorded at a steady 200/s while 4n pairs drain ÷ the same with no
 //     backlog;
+//   - a drain with a trickle of fresh events (10/s) ÷ the same drain alone:
+//     fresh events that leave room must not slow the backlog down;
 //   - several relays: commit→job of an ordered subscriber's events, written
 //     at a steady rate over 200 subjects, with three relays ÷ with one (a
 //     pair deferred behind an earlier event counts until its job is in).
@@ -343,6 +345,10 @@ func orderedCommitToJob(ctx context.Context, h *harness, o Options, relays, rate
 	return lat, lost, err
 }
 
+// trickleRate is the fresh events' rate while the backlog section times
+// a drain that they should barely slow.
+const trickleRate = 10
+
 func runBacklog(ctx context.Context, h *harness, o Options, rep *Report) error {
 	const section = "backlog"
 	n := o.BacklogPairs
@@ -397,6 +403,21 @@ func runBacklog(ctx context.Context, h *harness, o Options, rep *Report) error {
 	rep.add(section, fmt.Sprintf("fresh commit→fanned at 200/s during a %d-pair drain, p99", n), ms(d99), "ms")
 	r99 := ms(d99) / max(ms(a99), 0.001)
 	rep.addTarget(section, "fresh p99 during a drain ÷ no backlog", r99, "×", "≤ 2", r99 <= 2)
+
+	// The same drain with a trickle of fresh events: it leaves room, and
+	// the backlog should drain at about full speed.
+	tAlone, _, _, err := owedDrain(ctx, h, o, n, false, 0)
+	if err != nil {
+		return err
+	}
+	tTrickle, _, lostTrickle, err := owedDrain(ctx, h, o, n, false, trickleRate)
+	if err != nil {
+		return err
+	}
+	rep.Lost += lostTrickle
+	rt := tTrickle.Seconds() / tAlone.Seconds()
+	fmt.Fprintf(o.Log, "owed drain of %d pairs: %v alone, %v with fresh events at %d/s (%.2f×)\n", n, tAlone, tTrickle, trickleRate, rt)
+	rep.addTarget(section, fmt.Sprintf("drain of %d owed pairs with fresh events at %d/s ÷ alone", n, trickleRate), rt, "×", "≤ 2", rt <= 2)
 
 	// Ordered events with one relay and with three.
 	rate := 500

@@ -807,7 +807,7 @@ func TestALookBelowTheFloorSurvivesARowStampedWhileItRuns(t *testing.T) {
 			require.Eventually(t, func() bool {
 				var waiting bool
 				require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-					WHERE query LIKE '%outbox_pending_below%' AND wait_event_type = 'Lock')`).Scan(&waiting))
+					WHERE datname = current_database() AND query LIKE '%outbox_pending_below%' AND wait_event_type = 'Lock')`).Scan(&waiting))
 				return waiting
 			}, 30*time.Second, 5*time.Millisecond, "the look never waited")
 
@@ -901,7 +901,7 @@ func TestStopCancelsALookBelowTheFloorInFlight(t *testing.T) {
 	waiting := func(like string) bool {
 		var w bool
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE query LIKE $1 AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())`, like).Scan(&w))
+			WHERE datname = current_database() AND query LIKE $1 AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())`, like).Scan(&w))
 		return w
 	}
 	require.Eventually(t, func() bool { return waiting("%outbox_pending_below%") }, 30*time.Second, 5*time.Millisecond,

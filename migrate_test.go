@@ -594,7 +594,7 @@ func TestMigrateBuildsAnIndexWithoutQueueingWriters(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock')`).Scan(&waiting))
+			WHERE datname = current_database() AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock')`).Scan(&waiting))
 		return waiting
 	}, 30*time.Second, 10*time.Millisecond, "the index build never waited for the open writer")
 	var share int
@@ -656,7 +656,7 @@ func TestMigrateRebuildsAnIndexWhoseBuildWasCutShort(t *testing.T) {
 			var pid int
 			require.Eventually(t, func() bool {
 				err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
-					WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'`).Scan(&pid)
+					WHERE datname = current_database() AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'`).Scan(&pid)
 				return err == nil
 			}, 30*time.Second, 10*time.Millisecond, "the build never waited for the open writer")
 			exec(t, pool, "SELECT pg_cancel_backend($1)", pid)
@@ -730,7 +730,7 @@ func TestMigrateLeavesAnIndexAnotherUserIsBuildingAlone(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock')`).Scan(&waiting))
+			WHERE datname = current_database() AND query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock')`).Scan(&waiting))
 		return waiting
 	}, 30*time.Second, 10*time.Millisecond, "A's index build never waited for the open writer")
 
@@ -740,7 +740,7 @@ func TestMigrateLeavesAnIndexAnotherUserIsBuildingAlone(t *testing.T) {
 	dropped := false
 	for deadline := time.Now().Add(5 * time.Second); !dropped && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		require.NoError(t, admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE usename = $1 AND query LIKE 'DROP INDEX CONCURRENTLY%')`, userB).Scan(&dropped))
+			WHERE datname = current_database() AND usename = $1 AND query LIKE 'DROP INDEX CONCURRENTLY%')`, userB).Scan(&dropped))
 	}
 	require.NoError(t, open.Commit(ctx))
 	var errA, errB error

@@ -1894,7 +1894,7 @@ func TestOrderedReleaseNeverDropsAChainAnAppendHolds(t *testing.T) {
 	require.True(t, holdsWithin(20*time.Second, func() bool {
 		var released bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM outbox_chain_jobs)
-			OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM%outbox_chains%')`).Scan(&released))
+			OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM%outbox_chains%')`).Scan(&released))
 		return released
 	}), "the release never released the links it sees")
 	require.NoError(t, tx.Commit(ctx))

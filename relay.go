@@ -514,14 +514,19 @@ func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 		},
 		Sleep: r.hooks.reconnectPause,
 	}))
-	run.GoGraceful(r.loop)
+	// The heartbeat marks the run stopped once its rounds have ended, with
+	// the floor their last claims left.
+	rounds := &sync.WaitGroup{}
+	rounds.Add(r.config.MaxRoundsInFlight)
+	run.GoGraceful(func(ctx context.Context) { defer rounds.Done(); r.loop(ctx) })
+	for range r.config.MaxRoundsInFlight - 1 {
+		run.GoGraceful(func(ctx context.Context) { defer rounds.Done(); r.helper(ctx) })
+	}
+	r.beat.Load().RoundsEnded = rounds.Wait
 	run.GoGraceful(r.pruner)
 	run.GoGraceful(r.heartbeater)
 	run.GoGraceful(r.chainSweeper)
 	run.GoGraceful(r.floorLooker)
-	for range r.config.MaxRoundsInFlight - 1 {
-		run.GoGraceful(r.helper)
-	}
 }
 
 // listening reports whether the run learns of new events without polling:

@@ -52,6 +52,9 @@ type Heartbeat struct {
 	OrphanAfter time.Duration
 	// Report returns the relay's state now.
 	Report func() Beat
+	// RoundsEnded, if set, waits until the relay's rounds have ended: the
+	// run is marked stopped after them, with the floor they left.
+	RoundsEnded func()
 	Logger *slog.Logger
 
 	orphaned atomic.Pointer[[]string]
@@ -71,6 +74,9 @@ func (h *Heartbeat) Run(ctx context.Context, stopping <-chan struct{}) {
 			h.Logger.WarnContext(ctx, "events: relay heartbeat failed", slog.String("err", err.Error()))
 		}
 	})
+	if h.RoundsEnded != nil {
+		h.RoundsEnded()
+	}
 	// Within a short bound: the relay's context may be gone already.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()

@@ -55,7 +55,7 @@ type Heartbeat struct {
 	// RoundsEnded, if set, waits until the relay's rounds have ended: the
 	// run is marked stopped after them, with the floor they left.
 	RoundsEnded func()
-	Logger *slog.Logger
+	Logger      *slog.Logger
 
 	orphaned atomic.Pointer[[]string]
 }

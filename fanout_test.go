@@ -638,6 +638,35 @@ func TestRowsLeftBelowTheFloorAreClaimedAllAtOnceWhenALookFindsThem(t *testing.T
 		"rows below the floor beyond one batch waited one full rescan per batch")
 }
 
+// fannedOutBelowASettledFloor records three events, waits for the relay to
+// fan them out and for its settled floor (the relay has run a few seconds
+// since) to pass their transactions, and returns their IDs.
+func fannedOutBelowASettledFloor(t *testing.T, b *testBundle) []uuid.UUID {
+	t.Helper()
+	es := b.record(t, Event{Type: "a"}, Event{Type: "b"}, Event{Type: "c"})
+	ids := []uuid.UUID{es[0].ID, es[1].ID, es[2].ID}
+	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 30*time.Second, 5*time.Millisecond)
+	maxXid := maxXactID(t, b, ids)
+	require.Eventually(t, func() bool {
+		s, ok := b.relay.claimFloor.Settled(time.Now())
+		return ok && s > maxXid
+	}, 30*time.Second, 50*time.Millisecond)
+	return ids
+}
+
+// lostRoundCommit undoes what the round that fanned out ids wrote, as a
+// crash that lost its (asynchronous) commit leaves it: the stamps and the
+// jobs gone, the rows pending with their old transaction IDs.
+func lostRoundCommit(t *testing.T, b *testBundle, ids []uuid.UUID) {
+	t.Helper()
+	exec(t, b.pool, "UPDATE outbox_events SET fanned_out_at = NULL, fanout = NULL WHERE id = ANY($1)", ids)
+	names := make([]string, len(ids))
+	for i, id := range ids {
+		names[i] = id.String()
+	}
+	exec(t, b.pool, "DELETE FROM river_job WHERE args->>'event_id' = ANY($1)", names)
+}
+
 // A round commits with synchronous_commit off, and its commit moves the
 // floor; a server crash may lose that commit, leaving its rows pending again
 // with their old transaction IDs, below the floor. Transaction IDs need not
@@ -657,20 +686,8 @@ func TestRowsOfARoundACrashLostAreClaimedOnceTheRelayReconnects(t *testing.T) {
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	b.start(t)
 	b.settle(t)
-	es := b.record(t, Event{Type: "a"}, Event{Type: "b"}, Event{Type: "c"})
-	ids := []uuid.UUID{es[0].ID, es[1].ID, es[2].ID}
-	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 30*time.Second, 5*time.Millisecond)
-	maxXid := maxXactID(t, b, ids)
-	// A relay that has run a few seconds since.
-	require.Eventually(t, func() bool {
-		s, ok := b.relay.claimFloor.Settled(time.Now())
-		return ok && s > maxXid
-	}, 30*time.Second, 50*time.Millisecond)
-
-	// The crash lost the round's commit: its stamps and jobs are gone.
-	exec(t, b.pool, "UPDATE outbox_events SET fanned_out_at = NULL, fanout = NULL WHERE id = ANY($1)", ids)
-	exec(t, b.pool, "DELETE FROM river_job WHERE args->>'event_id' = ANY($1)",
-		[]string{ids[0].String(), ids[1].String(), ids[2].String()})
+	ids := fannedOutBelowASettledFloor(t, b)
+	lostRoundCommit(t, b, ids)
 	var xmin int64
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").Scan(&xmin))
 	require.GreaterOrEqual(t, xmin, b.relay.claimFloor.Current(), "transaction IDs did not go back below the floor")
@@ -847,18 +864,8 @@ func TestRowsOfARoundACrashLostAreClaimedOnceAPollOnlyRelayIsBack(t *testing.T) 
 	b := setup(t, setupOpts{url: cluster.URL, config: &RelayConfig{Listener: ListenerConfig{PollOnly: true}}}, mapSub("audit", false, "**"))
 	b.start(t)
 	b.settle(t)
-	es := b.record(t, Event{Type: "a"}, Event{Type: "b"}, Event{Type: "c"})
-	ids := []uuid.UUID{es[0].ID, es[1].ID, es[2].ID}
-	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 30*time.Second, 5*time.Millisecond)
-	maxXid := maxXactID(t, b, ids)
-	require.Eventually(t, func() bool {
-		s, ok := b.relay.claimFloor.Settled(time.Now())
-		return ok && s > maxXid
-	}, 30*time.Second, 50*time.Millisecond)
-
-	exec(t, b.pool, "UPDATE outbox_events SET fanned_out_at = NULL, fanout = NULL WHERE id = ANY($1)", ids)
-	exec(t, b.pool, "DELETE FROM river_job WHERE args->>'event_id' = ANY($1)",
-		[]string{ids[0].String(), ids[1].String(), ids[2].String()})
+	ids := fannedOutBelowASettledFloor(t, b)
+	lostRoundCommit(t, b, ids)
 	cluster.Stop()
 	require.NoError(t, cluster.Start(ctx))
 	// The pool's connections are new before the relay uses one (pgxpool

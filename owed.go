@@ -101,10 +101,14 @@ const (
 // waits for a short round of the backlog, not a full one.
 func (r *Relay) owedBatch() int {
 	if r.freshFlowing() {
-		return max(1, r.config.BatchSize/4)
+		return r.shortOwedBatch()
 	}
 	return r.config.BatchSize
 }
+
+// shortOwedBatch is a round of the deliveries lane while fresh events
+// contend: a quarter batch.
+func (r *Relay) shortOwedBatch() int { return max(1, r.config.BatchSize/4) }
 
 // owedHelped reports whether the helper loops drain the deliveries lane's
 // backlog alone, the main loop leaving it to them: while fresh events flow,

@@ -854,7 +854,7 @@ func (r *Relay) helper(ctx context.Context) {
 			if err == nil && owed {
 				batch := r.config.BatchSize
 				if contended {
-					batch = max(1, batch/4)
+					batch = r.shortOwedBatch()
 				}
 				began := time.Now()
 				_, owed, err = r.owedRound(ctx, batch)

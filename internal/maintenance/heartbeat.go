@@ -60,16 +60,16 @@ type Heartbeat struct {
 	orphaned atomic.Pointer[[]string]
 }
 
-// Every is how often the run reports in: every HeartbeatInterval, or a
+// every is how often the run reports in: every HeartbeatInterval, or a
 // third of OrphanAfter when that is shorter.
-func (h *Heartbeat) Every() time.Duration {
+func (h *Heartbeat) every() time.Duration {
 	return min(HeartbeatInterval, max(h.OrphanAfter/3, 10*time.Millisecond))
 }
 
-// Run reports in at once and then every Every() until stopping closes or
+// Run reports in at once and then every every() until stopping closes or
 // ctx ends, then marks the run stopped.
 func (h *Heartbeat) Run(ctx context.Context, stopping <-chan struct{}) {
-	startstop.Every(ctx, stopping, 0, h.Every(), func() {
+	startstop.Every(ctx, stopping, 0, h.every(), func() {
 		if err := h.Beat(ctx); err != nil && ctx.Err() == nil {
 			h.Logger.WarnContext(ctx, "events: relay heartbeat failed", slog.String("err", err.Error()))
 		}

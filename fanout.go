@@ -307,7 +307,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 	var (
 		floored = l == lanePending && claimSQL == r.sql.ClaimBatch
 		fc      claimfloor.Claim
-		xmin    int64
+		snap    claimfloor.Snapshot
 		maxXid  int64
 	)
 	if floored {
@@ -316,7 +316,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 			r.hooks.floorClaim(fc)
 		}
 		if fc.Kind == claimfloor.From {
-			claimSQL, args = r.sql.ClaimFrom, []any{args[0], fc.From}
+			claimSQL, args = r.sql.ClaimFrom, []any{args[0], fc.From, fc.Running}
 		}
 	}
 	c, err := r.pool.Acquire(ctx)
@@ -326,7 +326,13 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 	var b pgx.Batch
 	b.BeginTx(ownTx)
 	b.Queue(r.sql.RoundSettings).QueryRow(func(row pgx.Row) error {
-		return row.Scan(nil, nil, &xmin)
+		var text string
+		if err := row.Scan(nil, nil, &text); err != nil {
+			return err
+		}
+		var perr error
+		snap, perr = claimfloor.ParseSnapshot(text)
+		return perr
 	})
 	b.Queue(claimSQL, args...).Query(func(rows pgx.Rows) (err error) {
 		if claimSQL == r.sql.ClaimFrom {
@@ -346,7 +352,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		n := len(batch)
 		ended = func(committed bool) {
 			if committed {
-				r.claimFloor.Observe(fc, xmin, n, size, maxXid, time.Now())
+				r.claimFloor.Observe(fc, snap, n, size, maxXid, time.Now())
 			} else {
 				r.claimFloor.Failed(fc) // the rows it held are pending again
 			}
@@ -414,7 +420,7 @@ func (r *Relay) lookBelow(ctx context.Context, look claimfloor.Below) (found *in
 		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below).Scan(&found)
+		return tx.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below, look.Skip).Scan(&found)
 	})
 	return found, err
 }

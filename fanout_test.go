@@ -505,7 +505,7 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 	for range 10 { // a generic plan is made after the fifth
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
-		rows, err := tx.Query(ctx, b.relay.sql.ClaimFrom, int64(200), floor)
+		rows, err := tx.Query(ctx, b.relay.sql.ClaimFrom, int64(200), floor, []int64(nil))
 		require.NoError(t, err)
 		claimed, err := pgx.CollectRows(rows, func(pgx.CollectableRow) (int, error) { return 1, nil })
 		require.NoError(t, err)
@@ -530,7 +530,7 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 		var secs *float64
 		var xmin int64
 		var started time.Time
-		require.NoError(t, conn.QueryRow(ctx, b.relay.sql.Poll, []string{"audit"}, floor).Scan(&waiting, &secs, &xmin, &started))
+		require.NoError(t, conn.QueryRow(ctx, b.relay.sql.Poll, []string{"audit"}, floor, []int64(nil)).Scan(&waiting, &secs, &xmin, &started))
 		require.True(t, waiting)
 	}
 	got = pendingEntriesRead(t, conn) - before
@@ -552,6 +552,115 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 	got = pendingEntriesRead(t, conn) - before
 	t.Logf("index entries read by ten claims of due retries: %d", got)
 	require.Less(t, got, int64(2_000), "claims of due retries walk the dead entries")
+}
+
+// A transaction that wrote and stays open (a console's BEGIN after an
+// UPDATE, a long batch job) is the oldest running one for as long as it
+// runs, and keeps VACUUM from removing the dead entries the stamps leave
+// behind, as a held snapshot does. A floor at the oldest running
+// transaction stayed at it, and every claim walked the dead entries of every
+// event fanned out since. The floor keeps it as itself: the claims probe it,
+// then start from the snapshot's xmax; and its event, committed at last, is
+// fanned out once, at once, not at a look below.
+func TestAWriterLeftOpenDoesNotPinTheClaimFloor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := floorURL(t)
+	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	b.relay.hooks.claimFloor = noRescan
+	holdSnapshot(t, url) // the dead entries stay, whatever autovacuum does
+	open, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = open.Rollback(ctx) }()
+	openEvent, err := Record(ctx, open, Event{Type: "open"})
+	require.NoError(t, err)
+	var openXid int64
+	require.NoError(t, open.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&openXid))
+
+	b.start(t)
+	b.settle(t)
+	batch := make([]Event, 100)
+	for i := range batch {
+		batch[i] = Event{Type: "meanwhile"}
+	}
+	for range 20 {
+		b.record(t, batch...)
+	}
+	require.Eventually(t, func() bool { return pendingCount(t, b.pool) == 0 }, 30*time.Second, 10*time.Millisecond,
+		"the 2,000 events were not fanned out")
+	require.Contains(t, b.relay.claimFloor.Look().Running, openXid, "the floor keeps the open writer")
+
+	floor := b.relay.claimFloor.Look()
+	require.Contains(t, floor.Running, openXid, "the floor keeps the open writer")
+	require.Greater(t, floor.From, openXid)
+	require.NoError(t, b.relay.Stop(ctx))
+	exec(t, b.pool, "ANALYZE outbox_events")
+
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var fresh []uuid.UUID
+	for range 10 {
+		fresh = append(fresh, b.record(t, Event{Type: "fresh"})[0].ID)
+	}
+	claim := func(c claimfloor.Claim) (ids []uuid.UUID, read int64) {
+		t.Helper()
+		before := pendingEntriesRead(t, conn)
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		rows, err := tx.Query(ctx, b.relay.sql.ClaimFrom, int64(200), c.From, c.Running)
+		require.NoError(t, err)
+		ids, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (uuid.UUID, error) {
+			var id uuid.UUID
+			err := row.Scan(nil, &id, nil, nil, nil, nil, nil, nil, nil, nil, nil)
+			return id, err
+		})
+		require.NoError(t, err)
+		require.NoError(t, tx.Rollback(ctx))
+		return ids, pendingEntriesRead(t, conn) - before
+	}
+	// The stamps of 2,000 events left at least as many dead entries in the
+	// floor index above the open writer's transaction: a claim from it
+	// reads them all.
+	ids, read := claim(claimfloor.Claim{Kind: claimfloor.From, From: openXid})
+	require.ElementsMatch(t, fresh, ids)
+	require.GreaterOrEqual(t, read, int64(2_000), "no dead entries to step over: the test proves nothing")
+	ids, read = claim(floor)
+	t.Logf("index entries read by a claim from the floor: %d", read)
+	require.ElementsMatch(t, fresh, ids)
+	require.Less(t, read, int64(100), "the claims walk the dead entries from the open writer's transaction")
+	// So do an idle relay's polls.
+	before := pendingEntriesRead(t, conn)
+	var (
+		waiting bool
+		secs    *float64
+		xmin    int64
+		started time.Time
+	)
+	require.NoError(t, conn.QueryRow(ctx, b.relay.sql.Poll, []string{"audit"}, floor.From, floor.Running).Scan(&waiting, &secs, &xmin, &started))
+	require.True(t, waiting)
+	require.Less(t, pendingEntriesRead(t, conn)-before, int64(100), "the polls walk the dead entries from the open writer's transaction")
+
+	// The writer commits at last: its event is the floor's first.
+	require.NoError(t, open.Commit(ctx))
+	// The looks below the floor leave it to the claims: lowering the floor
+	// to it would make them walk down to it again.
+	var found *int64
+	require.NoError(t, conn.QueryRow(ctx, b.relay.sql.PendingBelow, int64(0), floor.From, floor.Running).Scan(&found))
+	require.Nil(t, found, "a look below the floor found a row the claims read")
+	require.NoError(t, conn.QueryRow(ctx, b.relay.sql.PendingBelow, int64(0), floor.From, []int64(nil)).Scan(&found))
+	require.Equal(t, &openXid, found)
+	ids, _ = claim(floor)
+	require.ElementsMatch(t, append([]uuid.UUID{openEvent.ID}, fresh...), ids)
+}
+
+// pendingCount counts the events not yet fanned out.
+func pendingCount(t *testing.T, db statsConn) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(context.Background(), "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL").Scan(&n))
+	return n
 }
 
 // rowsScanned is how many rows of outbox_events sequential scans have read

@@ -36,6 +36,7 @@ func main() {
 		memprof  = flag.String("memprofile", "", "write an allocation profile of the run to this file at its end")
 		mdPath   = flag.String("markdown", "", "also write the results as a Markdown table to this file")
 		snapFor  = flag.Duration("snapshot-for", 0, "how long each run of the held-snapshot section writes (default 5m)")
+		snapW    = flag.Bool("snapshot-writer", false, "the held-snapshot section's held transaction writes too (a BEGIN left open after an UPDATE)")
 	)
 	flag.Parse()
 	if *cpuprof != "" {
@@ -49,7 +50,7 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	err := run(*jsonPath, *mdPath, *only, *smoke, *evs, *batch, *snapFor)
+	err := run(*jsonPath, *mdPath, *only, *smoke, *evs, *batch, *snapFor, *snapW)
 	if err == nil && *memprof != "" {
 		err = writeAllocs(*memprof)
 	}
@@ -73,7 +74,7 @@ func writeAllocs(path string) error {
 	return f.Close()
 }
 
-func run(jsonPath, mdPath, only string, smoke bool, evs, batch int, snapFor time.Duration) error {
+func run(jsonPath, mdPath, only string, smoke bool, evs, batch int, snapFor time.Duration, snapWriter bool) error {
 	ctx := context.Background()
 	url, cleanup, err := pgtest.FromEnv(ctx, "DATABASE_URL")
 	if err != nil {
@@ -88,6 +89,7 @@ func run(jsonPath, mdPath, only string, smoke bool, evs, batch int, snapFor time
 	if snapFor > 0 {
 		opts.SnapshotFor = snapFor
 	}
+	opts.SnapshotWriter = snapWriter
 	if only != "" {
 		opts.Only = map[string]bool{}
 		for _, s := range strings.Split(only, ",") {

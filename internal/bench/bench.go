@@ -63,6 +63,10 @@ type Options struct {
 	// SnapshotBacklog is the backlog each held-snapshot run drains at its
 	// end. Default 20,000.
 	SnapshotBacklog int
+	// SnapshotWriter makes the held-snapshot section's held transaction
+	// write too (a transaction ID of its own, as a BEGIN left open after an
+	// UPDATE has): the oldest running transaction for as long as it is held.
+	SnapshotWriter bool
 	// Only, when set, limits the run to the named sections
 	// ("throughput", "writepath", "operations", "webhooks", "record",
 	// "latency", "receipts", "memory", "ordered", "backlog", "snapshot").

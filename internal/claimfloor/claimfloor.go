@@ -4,14 +4,23 @@
 // from removing them).
 //
 // Each event row carries the ID of the (top-level) transaction that recorded
-// it. The floor is a transaction ID below which the relay has seen every
-// committed pending row: at a claim that came back short of its batch, every
-// transaction older than the oldest one then running (the snapshot's xmin,
-// read before the claim) had ended, so all their rows were visible to the
-// claim, and it took every one it could. A transaction still running then has
-// an ID at or above that xmin, so whenever it commits, however late, its rows
-// are above the floor: a floor is not a cursor that a late commit can slip
-// under.
+// it. The floor is a set of transaction IDs outside which the relay has seen
+// every committed pending row: the transactions that were still running at
+// its last claim that came back short of its batch (the snapshot's xip list,
+// read before the claim), and every one from that snapshot's xmax on. Every
+// other transaction had ended by then, so all its rows were visible to the
+// claim, and it took every one it could. A transaction still running then is
+// in the set, so whenever it commits, however late, its rows are claimed: a
+// floor is not a cursor that a late commit can slip under.
+//
+// The set is a floor proper (From: every transaction from there on) and the
+// running transactions below it (Running), so that one transaction left open
+// for an hour — a console's forgotten BEGIN after an UPDATE, a long batch job,
+// in any database of the server — costs the claims one index probe, not a
+// walk over the dead entries of every event fanned out since it began (which
+// it keeps VACUUM from removing, as a held snapshot does). At most
+// MaxRunning are kept; beyond them the floor proper comes down to the next
+// one, which claims more than needed, never less.
 //
 // What a floor claim cannot see is a row below the floor that is pending
 // again: one it skipped because another round held it locked (SKIP LOCKED)
@@ -33,6 +42,10 @@ package claimfloor
 
 import (
 	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -59,15 +72,78 @@ const (
 	From
 )
 
+// MaxRunning is how many running transactions below the floor proper a floor
+// keeps (see the package's documentation).
+const MaxRunning = 32
+
 // Claim is where one claim starts.
 type Claim struct {
 	Kind Kind
-	From int64 // the floor, for Kind From
+	From int64 // the floor proper, for Kind From
+	// Running are the transactions below From that the claim reads too,
+	// ascending (nil: none).
+	Running []int64
 }
 
+// low is the lowest transaction the claim reads.
+func (c Claim) low() int64 {
+	if len(c.Running) > 0 {
+		return c.Running[0]
+	}
+	return c.From
+}
+
+// has reports whether the claim reads transaction x's rows.
+func (c Claim) has(x int64) bool {
+	if x >= c.From {
+		return true
+	}
+	_, found := slices.BinarySearch(c.Running, x)
+	return found
+}
+
+// Snapshot is a snapshot of the server's running transactions
+// (pg_current_snapshot()), read before a claim or a look.
+type Snapshot struct {
+	Xmin, Xmax int64
+	Running    []int64 // xip: ascending, from Xmin up to Xmax
+}
+
+// ParseSnapshot parses a snapshot's text form, xmin:xmax:xip,xip,...
+func ParseSnapshot(s string) (Snapshot, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return Snapshot{}, fmt.Errorf("claimfloor: snapshot %q: want xmin:xmax:xip", s)
+	}
+	var (
+		snap Snapshot
+		err  error
+	)
+	if snap.Xmin, err = strconv.ParseInt(parts[0], 10, 64); err != nil {
+		return Snapshot{}, fmt.Errorf("claimfloor: snapshot %q: xmin: %w", s, err)
+	}
+	if snap.Xmax, err = strconv.ParseInt(parts[1], 10, 64); err != nil {
+		return Snapshot{}, fmt.Errorf("claimfloor: snapshot %q: xmax: %w", s, err)
+	}
+	if parts[2] != "" {
+		for x := range strings.SplitSeq(parts[2], ",") {
+			v, err := strconv.ParseInt(x, 10, 64)
+			if err != nil {
+				return Snapshot{}, fmt.Errorf("claimfloor: snapshot %q: xip: %w", s, err)
+			}
+			snap.Running = append(snap.Running, v)
+		}
+		slices.Sort(snap.Running)
+	}
+	return snap, nil
+}
+
+// At is a snapshot with no transaction running: xmin and xmax both xid.
+func At(xid int64) Snapshot { return Snapshot{Xmin: xid, Xmax: xid} }
+
 type mark struct {
-	at    time.Time
-	floor int64
+	at  time.Time
+	low int64 // the floor's lowest transaction then
 }
 
 // Floor is one relay's claim floor. The zero value is ready: it has no floor
@@ -78,7 +154,8 @@ type Floor struct {
 	Schedule Schedule
 
 	mu      sync.Mutex
-	floor   int64 // 0: no claim has moved it yet
+	floor   int64   // the floor proper; 0: no claim has moved it yet
+	running []int64 // the running transactions below it, ascending
 	marks   []mark
 	started bool
 	fullAt  time.Time // when the look from the start is due
@@ -98,26 +175,36 @@ func (f *Floor) Start(floor int64, now time.Time) {
 	if f.started || floor <= 0 {
 		return
 	}
-	f.floor, f.started = floor, true
+	f.floor, f.running, f.started = floor, nil, true
 	f.fullAt = now.Add(f.Schedule.settleAfter())
 }
 
-// Stored is the floor to write for other relays to start from (nil: none).
+// Stored is the floor to write for other relays to start from (nil: none):
+// its lowest transaction, since a floor written is one number.
 func (f *Floor) Stored() *int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.floor == 0 {
 		return nil
 	}
-	v := f.floor
+	v := f.low()
 	return &v
 }
 
-// Current is the floor (0: none yet; the next claim is from the start).
+// Current is the floor's lowest transaction (0: none yet; the next claim is
+// from the start): no transaction below it is running.
 func (f *Floor) Current() int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.floor
+	return f.low()
+}
+
+func (f *Floor) low() int64 {
+	return f.claim().low()
+}
+
+func (f *Floor) claim() Claim {
+	return Claim{Kind: From, From: f.floor, Running: f.running}
 }
 
 // Next returns where the next claim starts.
@@ -141,20 +228,22 @@ func (f *Floor) peek() Claim {
 	if !f.started {
 		return Claim{Kind: Full}
 	}
-	return Claim{Kind: From, From: f.floor}
+	return f.claim() // running is never written in place: the claim may keep it
 }
 
 // Below is a look below the floor: for pending rows whose transaction is
-// at least From and below Below.
+// at least From and below Below, but not one of Skip (the running
+// transactions, which the claims read).
 type Below struct {
 	From, Below int64
+	Skip        []int64
 }
 
 // LookBelow returns the look below the floor due at now, if one is, and
 // takes it off the schedule: the look from the start if due, else the
-// settled look (from the floor as it was SettleAfter ago; none while the
-// floor is younger, or has not moved since). Without a floor, claims start
-// from 0 and there is nothing below.
+// settled look (from the floor's lowest transaction as it was SettleAfter
+// ago; none while the floor is younger, or has not moved since). Without a
+// floor, claims start from 0 and there is nothing below.
 func (f *Floor) LookBelow(now time.Time) (Below, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -170,13 +259,13 @@ func (f *Floor) LookBelow(now time.Time) (Below, bool) {
 	case f.floor == 0:
 		return Below{}, false
 	case full:
-		return Below{From: 0, Below: f.floor}, true
+		return Below{From: 0, Below: f.floor, Skip: f.running}, true
 	}
 	settled, ok := f.settled(now)
 	if !ok || settled >= f.floor {
 		return Below{}, false
 	}
-	return Below{From: settled, Below: f.floor}, true
+	return Below{From: settled, Below: f.floor, Skip: f.running}, true
 }
 
 // NextLookIn is how long until a look below is due.
@@ -218,24 +307,35 @@ func (f *Floor) LookSoon() {
 func (f *Floor) Lower(to int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.lower(to)
+	f.widen(Claim{Kind: From, From: to})
 }
 
-func (f *Floor) lower(to int64) {
-	if to >= f.floor {
+// widen makes the floor read every transaction that c reads too.
+func (f *Floor) widen(c Claim) {
+	cur := f.claim()
+	if c.From >= cur.From && !slices.ContainsFunc(c.Running, func(x int64) bool { return !cur.has(x) }) {
 		return
 	}
-	f.floor = to
+	floor := min(cur.From, c.From)
+	var running []int64
+	for _, x := range slices.Concat(cur.Running, c.Running) {
+		if x < floor {
+			running = append(running, x)
+		}
+	}
+	slices.Sort(running)
+	f.floor, f.running = floor, slices.Compact(running)
+	low := f.low()
 	for i := range f.marks {
-		f.marks[i].floor = min(f.marks[i].floor, to)
+		f.marks[i].low = min(f.marks[i].low, low)
 	}
 }
 
 // Failed tells the floor that claim c's round did not commit: the rows it
-// held are pending again, at or above where it started, perhaps below the
-// floor that other rounds have moved meanwhile. The floor goes back there
-// (a failed first claim from the start makes the next one from the start
-// too), so the next claims take them, not a look seconds later.
+// held are pending again, where it read, perhaps below the floor that other
+// rounds have moved meanwhile. The floor goes back there (a failed first
+// claim from the start makes the next one from the start too), so the next
+// claims take them, not a look seconds later.
 func (f *Floor) Failed(c Claim) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -243,11 +343,11 @@ func (f *Floor) Failed(c Claim) {
 		f.started = false
 		return
 	}
-	f.lower(c.From)
+	f.widen(c)
 }
 
-// Settled is the floor as it was SettleAfter ago, which the settled look
-// starts from; 0 and false while the floor is younger.
+// Settled is the floor's lowest transaction as it was SettleAfter ago, which
+// the settled look starts from; 0 and false while the floor is younger.
 func (f *Floor) Settled(now time.Time) (int64, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -258,82 +358,110 @@ func (f *Floor) settled(now time.Time) (int64, bool) {
 	cut := now.Add(-f.Schedule.settleAfter())
 	for i := len(f.marks) - 1; i >= 0; i-- {
 		if !f.marks[i].at.After(cut) {
-			return f.marks[i].floor, true
+			return f.marks[i].low, true
 		}
 	}
 	return 0, false
 }
 
 // Check tells the floor the oldest transaction running (xmin) at a look
-// that began when the floor was floor (Current, read before the look). A
-// look is later than the claim that set that floor, so its xmin is lower
-// only if transaction IDs went back (see Observe): the floor starts again
-// from 0 and Check reports true, since events may wait below the old floor
-// where no look from it sees them.
-func (f *Floor) Check(floor, xmin int64) bool {
+// that began when the floor's lowest transaction was low (Current, read
+// before the look). A look is later than the claim that set that floor, so
+// its xmin is lower only if transaction IDs went back (see Observe): the
+// floor starts again from 0 and Check reports true, since events may wait
+// below the old floor where no look from it sees them.
+func (f *Floor) Check(low, xmin int64) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if xmin >= floor || f.floor == 0 {
+	if xmin >= low || f.floor == 0 {
 		return false
 	}
-	f.floor, f.marks = 0, nil
+	f.floor, f.running, f.marks = 0, nil, nil
 	return true
 }
 
-// Observe moves the floor after claim c's round committed. xmin is the
-// oldest transaction running before the claim looked; claimed how many rows
-// it took, of a batch of size; maxXid the largest transaction ID among them
-// (a From claim's rows are in (xid, seq) order).
+// Observe moves the floor after claim c's round committed. s is the snapshot
+// read before the claim looked; claimed how many rows it took, of a batch of
+// size; maxXid the largest transaction ID among them (a From claim's rows
+// are in (xid, seq) order).
 //
-// A short claim saw every committed row of every transaction older than
-// xmin: the floor moves to xmin. A full From claim left rows above its last
-// one: the floor moves to that row's transaction (its other rows may be
-// left). A full Full claim, in seq order, may have left rows anywhere: the
-// floor stays.
+// A short claim saw every committed row of every transaction it reads that
+// had ended at s: the floor keeps the ones still running (s.Running) and
+// those from s.Xmax on. A full From claim left rows from its last one's
+// transaction on, and those of transactions running at its own snapshot,
+// which are in s.Running or from s.Xmax on: the floor keeps those. A full
+// Full claim, in seq order, may have left rows anywhere: the floor stays.
 //
 // now is when the round committed: the floor's mark takes that time, so that
 // the settled rescan never starts above a floor still in effect SettleAfter
 // ago.
-func (f *Floor) Observe(c Claim, xmin int64, claimed, size int, maxXid int64, now time.Time) {
+func (f *Floor) Observe(c Claim, s Snapshot, claimed, size int, maxXid int64, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if c.Kind == From && xmin < c.From {
+	if c.Kind == From && s.Xmin < c.low() {
 		// Transaction IDs went back: a standby promoted while behind, a
-		// crash that lost commits, a restore. (Every floor was read
-		// before this claim's xmin, and the oldest running transaction
-		// only moves up; a round that began before a later one and ends
-		// after it reads an older xmin than the floor, but not than its
-		// own claim's.) New events are below the floor: start again
-		// from 0. This claim started at the old floor, so it moves
-		// nothing: the next claim is from 0.
-		f.floor, f.marks = 0, nil
+		// crash that lost commits, a restore. (Every floor keeps each
+		// transaction that was running when it was read, and the oldest
+		// running transaction only moves up; a round that began before a
+		// later one and ends after it reads an older xmin than the floor,
+		// but not than its own claim's.) New events are below the floor:
+		// start again from 0. This claim started at the old floor, so it
+		// moves nothing: the next claim is from 0.
+		f.floor, f.running, f.marks = 0, nil, nil
 		return
 	}
-	if c.Kind == From && c.From > f.floor {
+	cur := f.claim()
+	if c.Kind == From && (cur.From < c.From || slices.ContainsFunc(cur.Running, func(x int64) bool { return !c.has(x) })) {
 		// The floor was lowered (or reset) while this claim ran: it did
-		// not look where the floor now is, so it moves nothing.
+		// not read all that the floor now reads, so it moves nothing.
 		return
 	}
-	to := xmin
-	if claimed >= size {
-		if c.Kind == Full {
-			return
+	above := s.Xmax // transactions the claim may not have seen, from here on
+	switch {
+	case c.Kind == Full && claimed >= size:
+		return
+	case c.Kind == Full:
+		c = Claim{Kind: From} // it read every transaction
+	case claimed >= size:
+		above = min(above, maxXid)
+	}
+	// The new floor: what both the current one and this claim's outcome
+	// read.
+	keep := func(x int64) bool {
+		if !cur.has(x) || !c.has(x) {
+			return false
 		}
-		to = min(xmin, maxXid)
+		if x >= above {
+			return true
+		}
+		_, running := slices.BinarySearch(s.Running, x)
+		return running
 	}
-	if to <= f.floor {
+	floor := max(cur.From, c.From, above)
+	var running []int64
+	for _, x := range slices.Concat(cur.Running, c.Running, s.Running) {
+		if x < floor && keep(x) {
+			running = append(running, x)
+		}
+	}
+	slices.Sort(running)
+	running = slices.Compact(running)
+	if len(running) > MaxRunning {
+		floor, running = running[MaxRunning], running[:MaxRunning:MaxRunning]
+	}
+	if floor == cur.From && slices.Equal(running, cur.Running) {
 		return
 	}
-	f.floor = to
-	f.marks = append(f.marks, mark{at: now, floor: f.floor})
+	f.floor, f.running = floor, running
+	f.marks = append(f.marks, mark{at: now, low: f.low()})
 	// Keep the newest mark that is SettleAfter old, and every newer one.
 	cut := now.Add(-f.Schedule.settleAfter())
-	keep := 0
+	keepFrom := 0
 	for i := len(f.marks) - 1; i >= 0; i-- {
 		if !f.marks[i].at.After(cut) {
-			keep = i
+			keepFrom = i
 			break
 		}
 	}
-	f.marks = f.marks[keep:]
+	f.marks = f.marks[keepFrom:]
 }

@@ -16,12 +16,12 @@ SELECT set_config($1, $2, true);
 --    the index, and a 4 MB merge stalled a round for 80–180 ms (commit to
 --    fanned out at 2,000/s p99: 106–147 ms with the default, 15–18 ms with
 --    this). The relay, not a host's transaction, then takes the merges.
---  - it reads the oldest transaction still running (its statement's
---    snapshot, taken before the claim's): every transaction older had
---    ended before the claim looked, so the claim saw all their rows (see
---    claimFloor).
+--  - it reads the transactions still running (its statement's snapshot,
+--    taken before the claim's): every other transaction below the
+--    snapshot's xmax had ended before the claim looked, so the claim saw
+--    all their rows (see package claimfloor).
 SELECT set_config('synchronous_commit', 'off', true), set_config('gin_pending_list_limit', '128', true),
-       pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+       pg_current_snapshot()::text;
 
 -- name: Commit
 -- Ends a relay round's own transaction, queued after its stamp: the stamp

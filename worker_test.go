@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	osexec "os/exec"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -456,15 +457,22 @@ func TestUnorderedHandleTxKeepsTheDatabaseIsolation(t *testing.T) {
 	exec(t, pool, "CREATE TABLE handletx_balance (id int PRIMARY KEY, n int NOT NULL); INSERT INTO handletx_balance VALUES (1, 0)")
 	exec(t, pool, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET default_transaction_isolation = 'serializable'")
 	pool = testdb.Pool(t, url)
-	var arrived atomic.Int32
+	var (
+		arrived    atomic.Int32
+		isolations sync.Map // the handlers' transactions' isolation levels
+	)
 	both := newGate()
 	t.Cleanup(both.open)
 	sub := Subscriber{Name: "ledger", Types: []string{"**"},
 		HandleTx: func(ctx context.Context, tx pgx.Tx, e Event) error {
-			var n int
-			if err := tx.QueryRow(ctx, "SELECT n FROM handletx_balance WHERE id = 1").Scan(&n); err != nil {
+			var (
+				n         int
+				isolation string
+			)
+			if err := tx.QueryRow(ctx, "SELECT n, current_setting('transaction_isolation') FROM handletx_balance WHERE id = 1").Scan(&n, &isolation); err != nil {
 				return err
 			}
+			isolations.Store(isolation, true)
 			if arrived.Add(1) <= 2 {
 				if arrived.Load() == 2 {
 					both.open()
@@ -485,5 +493,8 @@ func TestUnorderedHandleTxKeepsTheDatabaseIsolation(t *testing.T) {
 	}), "the jobs never completed")
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT n FROM handletx_balance WHERE id = 1").Scan(&n))
+	var levels []string
+	isolations.Range(func(k, _ any) bool { levels = append(levels, k.(string)); return true })
+	require.Equal(t, []string{"serializable"}, levels, "the handlers' transactions")
 	require.Equal(t, 2, n, "two handlers each added one; an update was lost")
 }

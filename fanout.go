@@ -89,20 +89,22 @@ func collectClaimed(rows pgx.Rows, l lane) ([]claimedRow, error) {
 // collectClaimedFrom reads a ClaimFrom's rows, in (xid, seq) order, into a
 // batch in seq order (as every pending batch is: coalescing keeps the latest
 // event, and ordered subscribers append in seq order), and returns the
-// largest transaction ID among them.
-func collectClaimedFrom(rows pgx.Rows) ([]claimedRow, int64, error) {
-	var maxXid int64
+// last of them in (xid, seq) order.
+func collectClaimedFrom(rows pgx.Rows) ([]claimedRow, claimfloor.Position, error) {
+	var last claimfloor.Position
 	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
 		var (
 			c   claimedRow
 			xid int64
 		)
 		err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &c.attempts, &c.traceContext, &c.paused, &xid)
-		maxXid = max(maxXid, xid)
+		if xid > last.Xid || xid == last.Xid && c.Seq > last.Seq {
+			last = claimfloor.Position{Xid: xid, Seq: c.Seq}
+		}
 		return c, err
 	})
 	slices.SortFunc(batch, func(a, b claimedRow) int { return cmp.Compare(a.Seq, b.Seq) })
-	return batch, maxXid, err
+	return batch, last, err
 }
 
 // lane is where a round claims its rows: pending events, or the owed deliveries
@@ -308,7 +310,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		floored = l == lanePending && claimSQL == r.sql.ClaimBatch
 		fc      claimfloor.Claim
 		snap    claimfloor.Snapshot
-		maxXid  int64
+		last    claimfloor.Position
 	)
 	if floored {
 		fc = r.claimFloor.Next()
@@ -316,7 +318,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 			r.hooks.floorClaim(fc)
 		}
 		if fc.Kind == claimfloor.From {
-			claimSQL, args = r.sql.ClaimFrom, []any{args[0], fc.From, fc.Running}
+			claimSQL, args = r.sql.ClaimFrom, []any{args[0], fc.From, fc.FromSeq, fc.Running}
 		}
 	}
 	c, err := r.pool.Acquire(ctx)
@@ -336,7 +338,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 	})
 	b.Queue(claimSQL, args...).Query(func(rows pgx.Rows) (err error) {
 		if claimSQL == r.sql.ClaimFrom {
-			batch, maxXid, err = collectClaimedFrom(rows)
+			batch, last, err = collectClaimedFrom(rows)
 			return err
 		}
 		batch, err = collectClaimed(rows, l)
@@ -352,7 +354,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		n := len(batch)
 		ended = func(committed bool) {
 			if committed {
-				r.claimFloor.Observe(fc, snap, n, size, maxXid, time.Now())
+				r.claimFloor.Observe(fc, snap, n, size, last, time.Now())
 			} else {
 				r.claimFloor.Failed(fc) // the rows it held are pending again
 			}
@@ -420,7 +422,7 @@ func (r *Relay) lookBelow(ctx context.Context, look claimfloor.Below) (found *in
 		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below, look.Skip).Scan(&found)
+		return tx.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below, look.BelowSeq, look.Skip).Scan(&found)
 	})
 	return found, err
 }

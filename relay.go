@@ -922,7 +922,7 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 		xmin        int64
 		serverStart time.Time
 	)
-	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From, look.Running).Scan(&waiting, &secs, &xmin, &serverStart); err != nil {
+	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From, look.FromSeq, look.Running).Scan(&waiting, &secs, &xmin, &serverStart); err != nil {
 		return 0, err
 	}
 	if r.claimFloor.Check(floor, xmin) {

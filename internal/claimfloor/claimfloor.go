@@ -22,6 +22,14 @@
 // MaxRunning are kept; beyond them the floor proper comes down to the next
 // one, which claims more than needed, never less.
 //
+// The floor proper is a position, (transaction, seq): a claim that filled
+// its batch took every row it could of its last row's transaction up to
+// that row, and the next starts after it, not at the transaction's first
+// row. One transaction that records a backlog of 100,000 events is drained
+// in batches that each start where the last ended; from the transaction's
+// first row, each would step over the entries of all the rows stamped
+// before it, which a held snapshot keeps from being marked dead.
+//
 // What a floor claim cannot see is a row below the floor that is pending
 // again: one it skipped because another round held it locked (SKIP LOCKED)
 // and that round then rolled back, or one whose round's commit a server
@@ -79,11 +87,36 @@ const MaxRunning = 32
 // Claim is where one claim starts.
 type Claim struct {
 	Kind Kind
-	From int64 // the floor proper, for Kind From
+	// From and FromSeq are the floor proper, for Kind From: the claim reads
+	// the rows of transaction From whose seq is above FromSeq (0: all of
+	// them), and those of every younger transaction.
+	From, FromSeq int64
 	// Running are the transactions below From that the claim reads too,
 	// ascending (nil: none).
 	Running []int64
 }
+
+// Position is a row's place in the floor's order: its transaction, then its
+// seq.
+type Position struct {
+	Xid, Seq int64
+}
+
+func (p Position) less(q Position) bool {
+	return p.Xid < q.Xid || p.Xid == q.Xid && p.Seq < q.Seq
+}
+
+func maxPos(ps ...Position) Position {
+	m := ps[0]
+	for _, p := range ps[1:] {
+		if m.less(p) {
+			m = p
+		}
+	}
+	return m
+}
+
+func (c Claim) proper() Position { return Position{c.From, c.FromSeq} }
 
 // low is the lowest transaction the claim reads.
 func (c Claim) low() int64 {
@@ -93,13 +126,18 @@ func (c Claim) low() int64 {
 	return c.From
 }
 
-// has reports whether the claim reads transaction x's rows.
+// has reports whether the claim reads any of transaction x's rows.
 func (c Claim) has(x int64) bool {
 	if x >= c.From {
 		return true
 	}
 	_, found := slices.BinarySearch(c.Running, x)
 	return found
+}
+
+// hasAll reports whether the claim reads all of transaction x's rows.
+func (c Claim) hasAll(x int64) bool {
+	return c.has(x) && (x != c.From || c.FromSeq == 0)
 }
 
 // Snapshot is a snapshot of the server's running transactions
@@ -154,7 +192,8 @@ type Floor struct {
 	Schedule Schedule
 
 	mu      sync.Mutex
-	floor   int64   // the floor proper; 0: no claim has moved it yet
+	floor   int64   // the floor proper's transaction; 0: no claim has moved it yet
+	seq     int64   // and the seq its rows start after (0: all of them)
 	running []int64 // the running transactions below it, ascending
 	marks   []mark
 	started bool
@@ -175,7 +214,7 @@ func (f *Floor) Start(floor int64, now time.Time) {
 	if f.started || floor <= 0 {
 		return
 	}
-	f.floor, f.running, f.started = floor, nil, true
+	f.floor, f.seq, f.running, f.started = floor, 0, nil, true
 	f.fullAt = now.Add(f.Schedule.settleAfter())
 }
 
@@ -204,7 +243,7 @@ func (f *Floor) low() int64 {
 }
 
 func (f *Floor) claim() Claim {
-	return Claim{Kind: From, From: f.floor, Running: f.running}
+	return Claim{Kind: From, From: f.floor, FromSeq: f.seq, Running: f.running}
 }
 
 // Next returns where the next claim starts.
@@ -232,10 +271,11 @@ func (f *Floor) peek() Claim {
 }
 
 // Below is a look below the floor: for pending rows whose transaction is
-// at least From and below Below, but not one of Skip (the running
-// transactions, which the claims read).
+// at least From and below Below (or Below's own, up to seq BelowSeq), but
+// not one of Skip (the running transactions, which the claims read).
 type Below struct {
 	From, Below int64
+	BelowSeq    int64
 	Skip        []int64
 }
 
@@ -259,13 +299,13 @@ func (f *Floor) LookBelow(now time.Time) (Below, bool) {
 	case f.floor == 0:
 		return Below{}, false
 	case full:
-		return Below{From: 0, Below: f.floor, Skip: f.running}, true
+		return Below{From: 0, Below: f.floor, BelowSeq: f.seq, Skip: f.running}, true
 	}
 	settled, ok := f.settled(now)
-	if !ok || settled >= f.floor {
+	if !ok || settled > f.floor || settled == f.floor && f.seq == 0 {
 		return Below{}, false
 	}
-	return Below{From: settled, Below: f.floor, Skip: f.running}, true
+	return Below{From: settled, Below: f.floor, BelowSeq: f.seq, Skip: f.running}, true
 }
 
 // NextLookIn is how long until a look below is due.
@@ -310,21 +350,27 @@ func (f *Floor) Lower(to int64) {
 	f.widen(Claim{Kind: From, From: to})
 }
 
-// widen makes the floor read every transaction that c reads too.
+// widen makes the floor read every row that c reads too.
 func (f *Floor) widen(c Claim) {
 	cur := f.claim()
-	if c.From >= cur.From && !slices.ContainsFunc(c.Running, func(x int64) bool { return !cur.has(x) }) {
+	if !c.proper().less(cur.proper()) && !slices.ContainsFunc(c.Running, func(x int64) bool { return !cur.hasAll(x) }) {
 		return
 	}
-	floor := min(cur.From, c.From)
+	proper := cur.proper()
+	if c.proper().less(proper) {
+		proper = c.proper()
+	}
 	var running []int64
 	for _, x := range slices.Concat(cur.Running, c.Running) {
-		if x < floor {
+		switch {
+		case x < proper.Xid:
 			running = append(running, x)
+		case x == proper.Xid:
+			proper.Seq = 0 // one reads all of it
 		}
 	}
 	slices.Sort(running)
-	f.floor, f.running = floor, slices.Compact(running)
+	f.floor, f.seq, f.running = proper.Xid, proper.Seq, slices.Compact(running)
 	low := f.low()
 	for i := range f.marks {
 		f.marks[i].low = min(f.marks[i].low, low)
@@ -376,26 +422,28 @@ func (f *Floor) Check(low, xmin int64) bool {
 	if xmin >= low || f.floor == 0 {
 		return false
 	}
-	f.floor, f.running, f.marks = 0, nil, nil
+	f.floor, f.seq, f.running, f.marks = 0, 0, nil, nil
 	return true
 }
 
 // Observe moves the floor after claim c's round committed. s is the snapshot
 // read before the claim looked; claimed how many rows it took, of a batch of
-// size; maxXid the largest transaction ID among them (a From claim's rows
-// are in (xid, seq) order).
+// size; last the last of them in (transaction, seq) order (a From claim's
+// rows are in that order).
 //
 // A short claim saw every committed row of every transaction it reads that
 // had ended at s: the floor keeps the ones still running (s.Running) and
 // those from s.Xmax on. A full From claim left rows from its last one's
 // transaction on, and those of transactions running at its own snapshot,
-// which are in s.Running or from s.Xmax on: the floor keeps those. A full
+// which are in s.Running or from s.Xmax on: the floor keeps those. Of the
+// last row's transaction, which had committed, it took every row up to the
+// last it could: the floor proper moves past that row. A full
 // Full claim, in seq order, may have left rows anywhere: the floor stays.
 //
 // now is when the round committed: the floor's mark takes that time, so that
 // the settled rescan never starts above a floor still in effect SettleAfter
 // ago.
-func (f *Floor) Observe(c Claim, s Snapshot, claimed, size int, maxXid int64, now time.Time) {
+func (f *Floor) Observe(c Claim, s Snapshot, claimed, size int, last Position, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if c.Kind == From && s.Xmin < c.low() {
@@ -407,23 +455,23 @@ func (f *Floor) Observe(c Claim, s Snapshot, claimed, size int, maxXid int64, no
 		// but not than its own claim's.) New events are below the floor:
 		// start again from 0. This claim started at the old floor, so it
 		// moves nothing: the next claim is from 0.
-		f.floor, f.running, f.marks = 0, nil, nil
+		f.floor, f.seq, f.running, f.marks = 0, 0, nil, nil
 		return
 	}
 	cur := f.claim()
-	if c.Kind == From && (cur.From < c.From || slices.ContainsFunc(cur.Running, func(x int64) bool { return !c.has(x) })) {
+	if c.Kind == From && (cur.proper().less(c.proper()) || slices.ContainsFunc(cur.Running, func(x int64) bool { return !c.hasAll(x) })) {
 		// The floor was lowered (or reset) while this claim ran: it did
 		// not read all that the floor now reads, so it moves nothing.
 		return
 	}
-	above := s.Xmax // transactions the claim may not have seen, from here on
+	above := Position{Xid: s.Xmax} // rows the claim may not have seen, from here on
 	switch {
 	case c.Kind == Full && claimed >= size:
 		return
 	case c.Kind == Full:
 		c = Claim{Kind: From} // it read every transaction
-	case claimed >= size:
-		above = min(above, maxXid)
+	case claimed >= size && last.Xid < s.Xmax:
+		above = last
 	}
 	// The new floor: what both the current one and this claim's outcome
 	// read.
@@ -431,28 +479,28 @@ func (f *Floor) Observe(c Claim, s Snapshot, claimed, size int, maxXid int64, no
 		if !cur.has(x) || !c.has(x) {
 			return false
 		}
-		if x >= above {
+		if x >= above.Xid {
 			return true
 		}
 		_, running := slices.BinarySearch(s.Running, x)
 		return running
 	}
-	floor := max(cur.From, c.From, above)
+	proper := maxPos(cur.proper(), c.proper(), above)
 	var running []int64
 	for _, x := range slices.Concat(cur.Running, c.Running, s.Running) {
-		if x < floor && keep(x) {
+		if x < proper.Xid && keep(x) {
 			running = append(running, x)
 		}
 	}
 	slices.Sort(running)
 	running = slices.Compact(running)
 	if len(running) > MaxRunning {
-		floor, running = running[MaxRunning], running[:MaxRunning:MaxRunning]
+		proper, running = Position{Xid: running[MaxRunning]}, running[:MaxRunning:MaxRunning]
 	}
-	if floor == cur.From && slices.Equal(running, cur.Running) {
+	if proper == cur.proper() && slices.Equal(running, cur.Running) {
 		return
 	}
-	f.floor, f.running = floor, running
+	f.floor, f.seq, f.running = proper.Xid, proper.Seq, running
 	f.marks = append(f.marks, mark{at: now, low: f.low()})
 	// Keep the newest mark that is SettleAfter old, and every newer one.
 	cut := now.Add(-f.Schedule.settleAfter())

@@ -15,36 +15,36 @@ func TestTheFirstClaimIsFromTheStart(t *testing.T) {
 	require.Zero(t, f.Current())
 	// A full batch in seq order leaves the floor at 0; the next claims are
 	// in the floor's order, and a full one of them moves it.
-	f.Observe(Claim{Kind: Full}, At(500), 10, 10, 0, t0)
+	f.Observe(Claim{Kind: Full}, At(500), 10, 10, Position{}, t0)
 	c := f.Next()
 	require.Equal(t, Claim{Kind: From, From: 0}, c)
-	f.Observe(c, At(500), 10, 10, 120, t0)
+	f.Observe(c, At(500), 10, 10, Position{Xid: 120}, t0)
 	require.EqualValues(t, 120, f.Current())
 }
 
 func TestAShortClaimMovesTheFloorToTheOldestRunningTransaction(t *testing.T) {
 	var f Floor
 	c := f.Next()
-	f.Observe(c, At(100), 3, 10, 0, t0)
+	f.Observe(c, At(100), 3, 10, Position{}, t0)
 	require.EqualValues(t, 100, f.Current())
 	require.Equal(t, Claim{Kind: From, From: 100}, f.Next())
 	// Never back down: a round that began before the one that moved the
 	// floor, and ends after it, read an older xmin.
-	f.Observe(Claim{Kind: From, From: 80}, At(90), 0, 10, 0, t0)
+	f.Observe(Claim{Kind: From, From: 80}, At(90), 0, 10, Position{}, t0)
 	require.EqualValues(t, 100, f.Current())
 }
 
 func TestAFullClaimMovesTheFloorOnlyInTransactionOrder(t *testing.T) {
 	var f Floor
 	c := f.Next()
-	f.Observe(c, At(500), 10, 10, 0, t0) // full, in seq order: rows may be left anywhere
+	f.Observe(c, At(500), 10, 10, Position{}, t0) // full, in seq order: rows may be left anywhere
 	require.Zero(t, f.Current())
-	f.Observe(c, At(100), 1, 10, 0, t0)
+	f.Observe(c, At(100), 1, 10, Position{}, t0)
 	c = f.Next()
 	require.Equal(t, Claim{Kind: From, From: 100}, c)
-	f.Observe(c, At(500), 10, 10, 230, t0) // full, in (xid, seq) order: up to its last row's transaction
+	f.Observe(c, At(500), 10, 10, Position{Xid: 230}, t0) // full, in (xid, seq) order: up to its last row's transaction
 	require.EqualValues(t, 230, f.Current())
-	f.Observe(c, At(200), 10, 10, 230, t0) // and never past the oldest running one
+	f.Observe(c, At(200), 10, 10, Position{Xid: 230}, t0) // and never past the oldest running one
 	require.EqualValues(t, 230, f.Current())
 }
 
@@ -52,12 +52,12 @@ func TestLooksBelowComeOnTheirSchedule(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Second, SettleAfter: 10 * time.Second, FullEvery: time.Minute}}
 	_, ok := f.LookBelow(t0)
 	require.False(t, ok, "no floor, nothing below it")
-	f.Observe(f.Next(), At(100), 0, 10, 0, t0)
+	f.Observe(f.Next(), At(100), 0, 10, Position{}, t0)
 	_, ok = f.LookBelow(t0.Add(500 * time.Millisecond))
 	require.False(t, ok, "not due yet")
 	for i := 1; i <= 12; i++ {
 		at := t0.Add(time.Duration(i) * time.Second)
-		f.Observe(Claim{Kind: From, From: f.Current()}, At(int64(100+i)), 0, 10, 0, at)
+		f.Observe(Claim{Kind: From, From: f.Current()}, At(int64(100+i)), 0, 10, Position{}, at)
 	}
 	// At 12.5 s, the floor as it was at 2.5 s (set at 2 s: 102), up to
 	// the floor.
@@ -84,8 +84,8 @@ func TestLooksBelowComeOnTheirSchedule(t *testing.T) {
 
 func TestARowFoundBelowLowersTheFloorUntilAClaimFromThereMovesIt(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Second, SettleAfter: time.Second, FullEvery: time.Hour}}
-	f.Observe(f.Next(), At(100), 0, 10, 0, t0)
-	f.Observe(Claim{Kind: From, From: 100}, At(150), 0, 10, 0, t0.Add(1500*time.Millisecond))
+	f.Observe(f.Next(), At(100), 0, 10, Position{}, t0)
+	f.Observe(Claim{Kind: From, From: 100}, At(150), 0, 10, Position{}, t0.Add(1500*time.Millisecond))
 	inFlight := f.Next() // a claim from 150 runs
 	require.Equal(t, Claim{Kind: From, From: 150}, inFlight)
 	f.Lower(120) // a look found a pending row of transaction 120
@@ -93,11 +93,11 @@ func TestARowFoundBelowLowersTheFloorUntilAClaimFromThereMovesIt(t *testing.T) {
 	settled, _ := f.Settled(t0.Add(3 * time.Second))
 	require.EqualValues(t, 120, settled, "no settled look starts above the row either")
 	// The claim from 150 ends: it never looked at 120, and moves nothing.
-	f.Observe(inFlight, At(160), 0, 10, 0, t0.Add(2*time.Second))
+	f.Observe(inFlight, At(160), 0, 10, Position{}, t0.Add(2*time.Second))
 	require.EqualValues(t, 120, f.Current())
 	c := f.Next()
 	require.Equal(t, Claim{Kind: From, From: 120}, c)
-	f.Observe(c, At(165), 3, 10, 0, t0.Add(2*time.Second))
+	f.Observe(c, At(165), 3, 10, Position{}, t0.Add(2*time.Second))
 	require.EqualValues(t, 165, f.Current())
 	f.Lower(200)
 	require.EqualValues(t, 165, f.Current(), "lowering never raises")
@@ -105,22 +105,22 @@ func TestARowFoundBelowLowersTheFloorUntilAClaimFromThereMovesIt(t *testing.T) {
 
 func TestTransactionIDsThatGoBackResetTheFloor(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, FullEvery: time.Hour}}
-	f.Observe(f.Next(), At(50_000), 0, 10, 0, t0)
+	f.Observe(f.Next(), At(50_000), 0, 10, Position{}, t0)
 	require.EqualValues(t, 50_000, f.Current())
 	// A promoted standby hands out lower IDs: its claims see an older xmin.
 	// That claim started at 50,000 and saw none of the events below: it
 	// moves the floor to 0, not to its xmin.
-	f.Observe(Claim{Kind: From, From: 50_000}, At(700), 0, 10, 0, t0.Add(time.Second))
+	f.Observe(Claim{Kind: From, From: 50_000}, At(700), 0, 10, Position{}, t0.Add(time.Second))
 	require.Zero(t, f.Current())
 	c := f.Next()
 	require.Equal(t, Claim{Kind: From, From: 0}, c)
-	f.Observe(c, At(710), 1, 10, 650, t0.Add(2*time.Second))
+	f.Observe(c, At(710), 1, 10, Position{Xid: 650}, t0.Add(2*time.Second))
 	require.EqualValues(t, 710, f.Current())
 }
 
 func TestALookThatSeesTransactionIDsGoBackResetsTheFloor(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, FullEvery: time.Hour}}
-	f.Observe(f.Next(), At(50_000), 0, 10, 0, t0)
+	f.Observe(f.Next(), At(50_000), 0, 10, Position{}, t0)
 	floor := f.Current()
 	require.False(t, f.Check(floor, 50_003), "a later look sees the same or a younger xmin")
 	require.EqualValues(t, 50_000, f.Current())
@@ -151,11 +151,11 @@ func TestAFloorStartsFromAnotherRelaysFloor(t *testing.T) {
 
 func TestAFailedRoundPutsTheFloorBackWhereItsClaimStarted(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, SettleAfter: time.Second, FullEvery: time.Hour}}
-	f.Observe(f.Next(), At(100), 0, 10, 0, t0)
+	f.Observe(f.Next(), At(100), 0, 10, Position{}, t0)
 	failing := f.Next() // holds rows from 100 on
 	require.Equal(t, Claim{Kind: From, From: 100}, failing)
 	// Another round, from 100 too, skipped them (locked) and came back short.
-	f.Observe(Claim{Kind: From, From: 100}, At(180), 2, 10, 0, t0.Add(2*time.Millisecond))
+	f.Observe(Claim{Kind: From, From: 100}, At(180), 2, 10, Position{}, t0.Add(2*time.Millisecond))
 	require.EqualValues(t, 180, f.Current())
 	f.Failed(failing) // its rows are pending again, from 100 on
 	require.EqualValues(t, 100, f.Current())
@@ -187,20 +187,20 @@ func TestParseSnapshot(t *testing.T) {
 // transaction from the snapshot's xmax on, not everything since it began.
 func TestATransactionLeftRunningStaysInTheFloorAsItself(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, SettleAfter: time.Second, FullEvery: time.Hour}}
-	f.Observe(f.Next(), Snapshot{Xmin: 100, Xmax: 500, Running: []int64{100, 300}}, 3, 10, 0, t0)
+	f.Observe(f.Next(), Snapshot{Xmin: 100, Xmax: 500, Running: []int64{100, 300}}, 3, 10, Position{}, t0)
 	c := f.Next()
 	require.Equal(t, Claim{Kind: From, From: 500, Running: []int64{100, 300}}, c)
 	require.EqualValues(t, 100, f.Current(), "no transaction below 100 runs")
 	require.EqualValues(t, 100, *f.Stored())
 
 	// 300 ended (its rows were visible to the claim), 650 began.
-	f.Observe(c, Snapshot{Xmin: 100, Xmax: 800, Running: []int64{100, 650}}, 0, 10, 0, t0.Add(time.Second))
+	f.Observe(c, Snapshot{Xmin: 100, Xmax: 800, Running: []int64{100, 650}}, 0, 10, Position{}, t0.Add(time.Second))
 	c = f.Next()
 	require.Equal(t, Claim{Kind: From, From: 800, Running: []int64{100, 650}}, c)
 
 	// A full claim got as far as 820: it may have left rows from there
 	// on, and any of the transactions running at its snapshot.
-	f.Observe(c, Snapshot{Xmin: 100, Xmax: 900, Running: []int64{100, 650, 850}}, 10, 10, 820, t0.Add(2*time.Second))
+	f.Observe(c, Snapshot{Xmin: 100, Xmax: 900, Running: []int64{100, 650, 850}}, 10, 10, Position{Xid: 820}, t0.Add(2*time.Second))
 	c = f.Next()
 	require.Equal(t, Claim{Kind: From, From: 820, Running: []int64{100, 650}}, c)
 
@@ -215,13 +215,13 @@ func TestATransactionLeftRunningStaysInTheFloorAsItself(t *testing.T) {
 
 	// A round that held rows from 820 on (and of 100 and 650) fails after
 	// another moved the floor past them: the floor reads them again.
-	f.Observe(c, Snapshot{Xmin: 100, Xmax: 1000, Running: []int64{100}}, 0, 10, 0, t0.Add(4*time.Second))
+	f.Observe(c, Snapshot{Xmin: 100, Xmax: 1000, Running: []int64{100}}, 0, 10, Position{}, t0.Add(4*time.Second))
 	require.Equal(t, Claim{Kind: From, From: 1000, Running: []int64{100}}, f.Next())
 	f.Failed(c)
 	require.Equal(t, Claim{Kind: From, From: 820, Running: []int64{100, 650}}, f.Next())
 
 	// A claim that did not read all the floor now reads moves nothing.
-	f.Observe(Claim{Kind: From, From: 1000, Running: []int64{100}}, Snapshot{Xmin: 100, Xmax: 1100, Running: []int64{100}}, 0, 10, 0, t0.Add(5*time.Second))
+	f.Observe(Claim{Kind: From, From: 1000, Running: []int64{100}}, Snapshot{Xmin: 100, Xmax: 1100, Running: []int64{100}}, 0, 10, Position{}, t0.Add(5*time.Second))
 	require.Equal(t, Claim{Kind: From, From: 820, Running: []int64{100, 650}}, f.Next())
 
 	// A row found below lowers the floor proper; the running below it stay.
@@ -231,7 +231,7 @@ func TestATransactionLeftRunningStaysInTheFloorAsItself(t *testing.T) {
 	require.EqualValues(t, 100, settled)
 
 	// IDs that go back below the oldest the floor reads reset it.
-	f.Observe(f.Next(), Snapshot{Xmin: 90, Xmax: 95}, 0, 10, 0, t0.Add(6*time.Second))
+	f.Observe(f.Next(), Snapshot{Xmin: 90, Xmax: 95}, 0, 10, Position{}, t0.Add(6*time.Second))
 	require.Zero(t, f.Current())
 }
 
@@ -243,9 +243,40 @@ func TestAFloorKeepsAtMostMaxRunningTransactions(t *testing.T) {
 	for i := range MaxRunning + 8 {
 		s.Running = append(s.Running, int64(1000+10*i))
 	}
-	f.Observe(f.Next(), s, 0, 10, 0, t0)
+	f.Observe(f.Next(), s, 0, 10, Position{}, t0)
 	c := f.Next()
 	require.Len(t, c.Running, MaxRunning)
 	require.Equal(t, s.Running[:MaxRunning], c.Running)
 	require.Equal(t, s.Running[MaxRunning], c.From)
+}
+
+// A full claim ends at a row: the next starts after it, not at its
+// transaction's first row (a backlog one transaction recorded is drained
+// batch after batch, each starting where the last ended).
+func TestAFullClaimMovesTheFloorPastItsLastRow(t *testing.T) {
+	f := Floor{Schedule: Schedule{RescanEvery: time.Second, SettleAfter: time.Second, FullEvery: time.Hour}}
+	f.Observe(f.Next(), At(100), 0, 10, Position{}, t0)
+	_, _ = f.LookBelow(t0) // the first look, from the start
+	c := f.Next()
+	f.Observe(c, At(500), 10, 10, Position{Xid: 230, Seq: 57}, t0)
+	c = f.Next()
+	require.Equal(t, Claim{Kind: From, From: 230, FromSeq: 57}, c)
+	require.EqualValues(t, 230, f.Current())
+	f.Observe(c, At(500), 10, 10, Position{Xid: 230, Seq: 67}, t0.Add(time.Second))
+	require.Equal(t, Claim{Kind: From, From: 230, FromSeq: 67}, f.Next())
+	// The settled look reaches the rows of 230 up to the floor's.
+	b, ok := f.LookBelow(t0.Add(2 * time.Second))
+	require.True(t, ok)
+	require.Equal(t, Below{From: 230, Below: 230, BelowSeq: 67}, b)
+	// A claim that began at 57 and fails: the floor goes back to 57.
+	f.Failed(c)
+	require.Equal(t, Claim{Kind: From, From: 230, FromSeq: 57}, f.Next())
+	// A row of 230 found below: all of 230 again.
+	f.Lower(230)
+	require.Equal(t, Claim{Kind: From, From: 230}, f.Next())
+	// A failed claim that read all of 230 as a running transaction.
+	f.Observe(f.Next(), At(500), 10, 10, Position{Xid: 240, Seq: 9}, t0.Add(3*time.Second))
+	require.Equal(t, Claim{Kind: From, From: 240, FromSeq: 9}, f.Next())
+	f.Failed(Claim{Kind: From, From: 300, Running: []int64{240}})
+	require.Equal(t, Claim{Kind: From, From: 240}, f.Next())
 }

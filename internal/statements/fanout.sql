@@ -27,9 +27,10 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
    FOR UPDATE SKIP LOCKED;
 
 -- name: ClaimFrom
--- $1 batch size, $2 the claim floor, $3 the transactions below it still
--- running at the floor's claim: the pending events recorded by one of $3,
--- or by transaction $2 or younger (and requeued since), claimed by
+-- $1 batch size, $2 and $3 the claim floor (a transaction, and the seq its
+-- rows start after), $4 the transactions below it still running at the
+-- floor's claim: the pending events recorded by one of $4, or at or above
+-- the floor (and requeued since), claimed by
 -- outbox_claim_from in the order of outbox_events_claim_floor_idx, which
 -- starts the scan at the floor rather than at the oldest dead entry (the
 -- function says why it is one). The round sorts its batch by seq;
@@ -38,15 +39,15 @@ SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, e.attem
        (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
          WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused,
        e.xact_id::text::bigint AS claimed_xid
-  FROM /* TEMPLATE: schema */outbox_claim_from($2::bigint::text::xid8, $3::bigint[]::text[]::xid8[], $1::integer) c
+  FROM /* TEMPLATE: schema */outbox_claim_from($2::bigint::text::xid8, $3::bigint, $4::bigint[]::text[]::xid8[], $1::integer) c
   JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = c.seq;
 
 -- name: PendingBelow
--- $1, $2, $3: the first transaction from $1 up to (not including) $2, and
--- not one of $3 (which the claims read), of a pending row that no round
--- holds, or NULL (see claimfloor).
-SELECT /* TEMPLATE: schema */outbox_pending_below($1::bigint::text::xid8, $2::bigint::text::xid8,
-                                                  $3::bigint[]::text[]::xid8[])::text::bigint;
+-- $1, $2, $3, $4: the first transaction from $1 up to (not including) $2,
+-- or $2's own up to seq $3, and not one of $4 (which the claims read), of a
+-- pending row that no round holds, or NULL (see claimfloor).
+SELECT /* TEMPLATE: schema */outbox_pending_below($1::bigint::text::xid8, $2::bigint::text::xid8, $3::bigint,
+                                                  $4::bigint[]::text[]::xid8[])::text::bigint;
 
 -- name: ClaimOne
 -- $1 seq.
@@ -77,7 +78,7 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
 
 -- name: Poll
 -- One query tells an idle relay both whether new rows wait in its claim
--- floor $2, $3 (a notification may have been throttled or lost; below the
+-- floor $2, $3, $4 (a notification may have been throttled or lost; below the
 -- floor, its looks below look; outbox_pending_from starts at the floor in
 -- outbox_events_claim_floor_idx) and when the next failed event or owed
 -- pair of its subscribers $1 is due; each through a small partial index
@@ -86,7 +87,7 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
 -- here), the oldest transaction running (a failover, see claimfloor) and
 -- when the server started (a restart, which a relay without a listener may
 -- not otherwise notice: the pool replaces dead connections quietly).
-SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8, $3::bigint[]::text[]::xid8[]),
+SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8, $3::bigint, $4::bigint[]::text[]::xid8[]),
        extract(epoch FROM least(
            /* TEMPLATE: schema */outbox_retry_next(),
            (SELECT min(d.next_attempt_at)

@@ -422,7 +422,7 @@ func (r *Relay) lookBelow(ctx context.Context, look claimfloor.Below) (found *in
 		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below, look.BelowSeq, look.Skip).Scan(&found)
+		return tx.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below, look.BelowSeq, look.Dropped, look.Skip).Scan(&found)
 	})
 	return found, err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -648,9 +649,9 @@ func TestAWriterLeftOpenDoesNotPinTheClaimFloor(t *testing.T) {
 	// The looks below the floor leave it to the claims: lowering the floor
 	// to it would make them walk down to it again.
 	var found *int64
-	require.NoError(t, conn.QueryRow(ctx, b.relay.sql.PendingBelow, int64(0), floor.From, floor.FromSeq, floor.Running).Scan(&found))
+	require.NoError(t, conn.QueryRow(ctx, b.relay.sql.PendingBelow, int64(0), floor.From, floor.FromSeq, []int64(nil), floor.Running).Scan(&found))
 	require.Nil(t, found, "a look below the floor found a row the claims read")
-	require.NoError(t, conn.QueryRow(ctx, b.relay.sql.PendingBelow, int64(0), floor.From, floor.FromSeq, []int64(nil)).Scan(&found))
+	require.NoError(t, conn.QueryRow(ctx, b.relay.sql.PendingBelow, int64(0), floor.From, floor.FromSeq, []int64(nil), []int64(nil)).Scan(&found))
 	require.Equal(t, &openXid, found)
 	ids, _ = claim(floor)
 	require.ElementsMatch(t, append([]uuid.UUID{openEvent.ID}, fresh...), ids)
@@ -1103,6 +1104,11 @@ func TestStopCancelsALookBelowTheFloorInFlight(t *testing.T) {
 	b := setup(t, setupOpts{config: &RelayConfig{Retention: -1}})
 	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 10 * time.Millisecond, SettleAfter: 10 * time.Millisecond, FullEvery: 20 * time.Millisecond}
 	b.start(t)
+	select { // listening, and its claim after it connected is over
+	case <-b.relay.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay never got ready")
+	}
 	require.Eventually(t, func() bool { return b.relay.claimFloor.Current() > 0 },
 		30*time.Second, 5*time.Millisecond, "the relay never claimed from a floor")
 
@@ -1124,7 +1130,7 @@ func TestStopCancelsALookBelowTheFloorInFlight(t *testing.T) {
 	require.NoError(t, err)
 	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Empty(t, others, "more than the look waits for the lock: the test cannot tell what holds Stop")
+	require.Empty(t, others, "more than the look waits for the lock: the test cannot tell what holds Stop: %q", others)
 
 	stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -1132,4 +1138,98 @@ func TestStopCancelsALookBelowTheFloorInFlight(t *testing.T) {
 	require.NoError(t, b.relay.Stop(stopCtx), "Stop waited for the look (%v)", time.Since(began))
 	require.Eventually(t, func() bool { return !waiting("%outbox_pending_below%") }, 30*time.Second, 10*time.Millisecond,
 		"the look still waits on the server after Stop")
+}
+
+// A floor claim's rows are locked by outbox_claim_from, a VOLATILE SQL
+// function whose query takes a snapshot of its own (READ COMMITTED), later
+// than the snapshot of ClaimFrom's statement. When the statement joined the
+// seqs it returned to outbox_events, a transaction (T) that committed
+// between the two had its rows locked by the function and dropped by the
+// join: the batch came back short although the function filled its LIMIT.
+// Observe then took the claim as one that saw every committed row of every
+// transaction that had ended at its snapshot, and dropped them from the
+// floor, including one (U) that the function's scan never reached: U's
+// event was outside the floor, and no claim took it (only a look below
+// would). The function returns the rows it locked.
+//
+// The window between the two snapshots is made wide enough to commit in
+// by a pg_sleep ahead of the function's query; the query itself is the
+// migration's, unchanged.
+func TestAClaimCountsTheRowsItLockedNotThoseAJoinSaw(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := floorURL(t)
+	b := setup(t, setupOpts{url: url, config: &RelayConfig{BatchSize: 10}}, mapSub("audit", false, "**"))
+	r := b.relay
+	r.claimFloor = &claimfloor.Floor{Schedule: noRescan}
+
+	// One round of the pending lane, as the relay runs it (beginClaim and
+	// ended), its stamp reduced to fanned_out_at.
+	round := func() []uuid.UUID {
+		tx, batch, ended, release, err := r.beginClaim(ctx, r.pool, true, lanePending, r.sql.ClaimBatch, []any{int64(10)})
+		require.NoError(t, err)
+		defer release()
+		var (
+			seqs []int64
+			ids  []uuid.UUID
+		)
+		for _, row := range batch {
+			seqs = append(seqs, row.Seq)
+			ids = append(ids, row.ID)
+		}
+		_, err = tx.Exec(ctx, "UPDATE outbox_events SET fanned_out_at = now() WHERE seq = ANY($1)", seqs)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		ended(true)
+		return ids
+	}
+
+	b.record(t, Event{Type: "first"})
+	require.Len(t, round(), 1) // the first claim, from the start: the floor is set
+	require.Equal(t, claimfloor.From, r.claimFloor.Look().Kind)
+
+	// T records more than a batch and stays open; U, younger, commits.
+	T, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = T.Rollback(ctx) }()
+	many := make([]Event, 20)
+	for i := range many {
+		many[i] = Event{Type: "t"}
+	}
+	_, err = RecordMany(ctx, T, many)
+	require.NoError(t, err)
+	u := b.record(t, Event{Type: "u"})[0]
+
+	// Widen the window between the statement's snapshot and the
+	// function's query's.
+	var def string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_get_functiondef(oid) FROM pg_proc
+		WHERE proname = 'outbox_claim_from' ORDER BY pronargs DESC LIMIT 1`).Scan(&def))
+	require.Contains(t, def, "AS $function$\n")
+	exec(t, b.pool, strings.Replace(def, "AS $function$\n", "AS $function$\nSELECT pg_sleep(1);\n", 1))
+
+	done := make(chan []uuid.UUID, 1)
+	go func() { done <- round() }()
+	require.Eventually(t, func() bool { // the round is in the function's sleep
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event = 'PgSleep'`).Scan(&n))
+		return n == 1
+	}, 30*time.Second, 5*time.Millisecond)
+	require.NoError(t, T.Commit(ctx))
+	cut := <-done
+	t.Logf("the round in the window claimed %d rows; floor after: %+v", len(cut), r.claimFloor.Look())
+	exec(t, b.pool, def)
+
+	var claimed []uuid.UUID
+	for range 10 {
+		ids := round()
+		if len(ids) == 0 {
+			break
+		}
+		claimed = append(claimed, ids...)
+	}
+	t.Logf("then claimed %d rows; floor: %+v", len(claimed), r.claimFloor.Look())
+	require.True(t, slices.Contains(claimed, u.ID),
+		"U's event (committed before the round, its transaction ended at the round's snapshot) is left outside the floor: no claim takes it")
 }

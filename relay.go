@@ -916,7 +916,6 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 	// From the claim floor (see claimfloor). The oldest transaction running (xmin) tells whether transaction IDs
 	// went back (a failover to a server that was behind): then events wait
 	// below the floor, and the next claim starts from 0.
-	floor := r.claimFloor.Current()
 	look := r.claimFloor.Look()
 	var (
 		xmin        int64
@@ -925,7 +924,7 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From, look.FromSeq, look.Running).Scan(&waiting, &secs, &xmin, &serverStart); err != nil {
 		return 0, err
 	}
-	if r.claimFloor.Check(floor, xmin) {
+	if r.claimFloor.Check(look, xmin) {
 		waiting = true
 	}
 	if !r.serverStart.IsZero() && !serverStart.Equal(r.serverStart) {

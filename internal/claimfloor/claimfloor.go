@@ -180,8 +180,8 @@ func ParseSnapshot(s string) (Snapshot, error) {
 func At(xid int64) Snapshot { return Snapshot{Xmin: xid, Xmax: xid} }
 
 type mark struct {
-	at  time.Time
-	low int64 // the floor's lowest transaction then
+	at    time.Time
+	floor Claim // the floor then
 }
 
 // Floor is one relay's claim floor. The zero value is ready: it has no floor
@@ -271,19 +271,22 @@ func (f *Floor) peek() Claim {
 }
 
 // Below is a look below the floor: for pending rows whose transaction is
-// at least From and below Below (or Below's own, up to seq BelowSeq), but
-// not one of Skip (the running transactions, which the claims read).
+// at least From and below Below (or Below's own, up to seq BelowSeq), or
+// one of Dropped, but not one of Skip (the running transactions, which the
+// claims read).
 type Below struct {
 	From, Below int64
 	BelowSeq    int64
+	Dropped     []int64
 	Skip        []int64
 }
 
 // LookBelow returns the look below the floor due at now, if one is, and
 // takes it off the schedule: the look from the start if due, else the
-// settled look (from the floor's lowest transaction as it was SettleAfter
-// ago; none while the floor is younger, or has not moved since). Without a
-// floor, claims start from 0 and there is nothing below.
+// settled look: over what the floor read SettleAfter ago and reads no
+// longer (from the floor proper then, and the running transactions then
+// that it dropped since; none while the floor is younger, or has not moved
+// since). Without a floor, claims start from 0 and there is nothing below.
 func (f *Floor) LookBelow(now time.Time) (Below, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -301,11 +304,21 @@ func (f *Floor) LookBelow(now time.Time) (Below, bool) {
 	case full:
 		return Below{From: 0, Below: f.floor, BelowSeq: f.seq, Skip: f.running}, true
 	}
-	settled, ok := f.settled(now)
-	if !ok || settled > f.floor || settled == f.floor && f.seq == 0 {
+	then, ok := f.settledClaim(now)
+	if !ok {
 		return Below{}, false
 	}
-	return Below{From: settled, Below: f.floor, BelowSeq: f.seq, Skip: f.running}, true
+	cur := f.claim()
+	var dropped []int64
+	for _, x := range then.Running {
+		if !cur.hasAll(x) {
+			dropped = append(dropped, x)
+		}
+	}
+	if !then.proper().less(cur.proper()) && len(dropped) == 0 {
+		return Below{}, false // the floor reads all it read then
+	}
+	return Below{From: min(then.From, cur.From), Below: f.floor, BelowSeq: f.seq, Dropped: dropped, Skip: f.running}, true
 }
 
 // NextLookIn is how long until a look below is due.
@@ -353,15 +366,30 @@ func (f *Floor) Lower(to int64) {
 // widen makes the floor read every row that c reads too.
 func (f *Floor) widen(c Claim) {
 	cur := f.claim()
-	if !c.proper().less(cur.proper()) && !slices.ContainsFunc(c.Running, func(x int64) bool { return !cur.hasAll(x) }) {
+	if cur.covers(c) {
 		return
 	}
-	proper := cur.proper()
-	if c.proper().less(proper) {
-		proper = c.proper()
+	u := union(cur, c)
+	f.floor, f.seq, f.running = u.From, u.FromSeq, u.Running
+	for i := range f.marks {
+		f.marks[i].floor = union(f.marks[i].floor, c)
+	}
+}
+
+// covers reports whether c reads every row that d reads.
+func (c Claim) covers(d Claim) bool {
+	return !d.proper().less(c.proper()) && !slices.ContainsFunc(d.Running, func(x int64) bool { return !c.hasAll(x) })
+}
+
+// union is a claim that reads every row that a or b reads (and, beyond
+// MaxRunning running transactions, more).
+func union(a, b Claim) Claim {
+	proper := a.proper()
+	if b.proper().less(proper) {
+		proper = b.proper()
 	}
 	var running []int64
-	for _, x := range slices.Concat(cur.Running, c.Running) {
+	for _, x := range slices.Concat(a.Running, b.Running) {
 		switch {
 		case x < proper.Xid:
 			running = append(running, x)
@@ -370,11 +398,11 @@ func (f *Floor) widen(c Claim) {
 		}
 	}
 	slices.Sort(running)
-	f.floor, f.seq, f.running = proper.Xid, proper.Seq, slices.Compact(running)
-	low := f.low()
-	for i := range f.marks {
-		f.marks[i].low = min(f.marks[i].low, low)
+	running = slices.Compact(running)
+	if len(running) > MaxRunning {
+		proper, running = Position{Xid: running[MaxRunning]}, running[:MaxRunning:MaxRunning]
 	}
+	return Claim{Kind: From, From: proper.Xid, FromSeq: proper.Seq, Running: running}
 }
 
 // Failed tells the floor that claim c's round did not commit: the rows it
@@ -392,34 +420,37 @@ func (f *Floor) Failed(c Claim) {
 	f.widen(c)
 }
 
-// Settled is the floor's lowest transaction as it was SettleAfter ago, which
-// the settled look starts from; 0 and false while the floor is younger.
+// Settled is the floor's lowest transaction as it was SettleAfter ago; 0
+// and false while the floor is younger.
 func (f *Floor) Settled(now time.Time) (int64, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.settled(now)
+	c, ok := f.settledClaim(now)
+	return c.low(), ok
 }
 
-func (f *Floor) settled(now time.Time) (int64, bool) {
+// settledClaim is the floor as it was SettleAfter ago, which the settled
+// look starts from; false while the floor is younger.
+func (f *Floor) settledClaim(now time.Time) (Claim, bool) {
 	cut := now.Add(-f.Schedule.settleAfter())
 	for i := len(f.marks) - 1; i >= 0; i-- {
 		if !f.marks[i].at.After(cut) {
-			return f.marks[i].low, true
+			return f.marks[i].floor, true
 		}
 	}
-	return 0, false
+	return Claim{}, false
 }
 
 // Check tells the floor the oldest transaction running (xmin) at a look
-// that began when the floor's lowest transaction was low (Current, read
-// before the look). A look is later than the claim that set that floor, so
-// its xmin is lower only if transaction IDs went back (see Observe): the
-// floor starts again from 0 and Check reports true, since events may wait
-// below the old floor where no look from it sees them.
-func (f *Floor) Check(low, xmin int64) bool {
+// that began when the floor was look (Look, read before). Every transaction
+// running then or since is in the floor, so xmin is outside it only if
+// transaction IDs went back (see Observe): the floor starts again from 0
+// and Check reports true, since events may wait outside the old floor where
+// no claim or look from it sees them.
+func (f *Floor) Check(look Claim, xmin int64) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if xmin >= low || f.floor == 0 {
+	if look.Kind != From || look.has(xmin) || f.floor == 0 {
 		return false
 	}
 	f.floor, f.seq, f.running, f.marks = 0, 0, nil, nil
@@ -446,20 +477,20 @@ func (f *Floor) Check(low, xmin int64) bool {
 func (f *Floor) Observe(c Claim, s Snapshot, claimed, size int, last Position, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if c.Kind == From && s.Xmin < c.low() {
+	if c.Kind == From && !c.has(s.Xmin) {
 		// Transaction IDs went back: a standby promoted while behind, a
 		// crash that lost commits, a restore. (Every floor keeps each
-		// transaction that was running when it was read, and the oldest
-		// running transaction only moves up; a round that began before a
-		// later one and ends after it reads an older xmin than the floor,
-		// but not than its own claim's.) New events are below the floor:
-		// start again from 0. This claim started at the old floor, so it
-		// moves nothing: the next claim is from 0.
+		// transaction that was running when it was read, and every
+		// transaction that begins later gets a younger ID than its floor
+		// proper, so the oldest running one is in every floor read
+		// before.) New events are outside the floor: start again from 0.
+		// This claim started at the old floor, so it moves nothing: the
+		// next claim is from 0.
 		f.floor, f.seq, f.running, f.marks = 0, 0, nil, nil
 		return
 	}
 	cur := f.claim()
-	if c.Kind == From && (cur.proper().less(c.proper()) || slices.ContainsFunc(cur.Running, func(x int64) bool { return !c.hasAll(x) })) {
+	if c.Kind == From && !c.covers(cur) {
 		// The floor was lowered (or reset) while this claim ran: it did
 		// not read all that the floor now reads, so it moves nothing.
 		return
@@ -501,7 +532,7 @@ func (f *Floor) Observe(c Claim, s Snapshot, claimed, size int, last Position, n
 		return
 	}
 	f.floor, f.seq, f.running = proper.Xid, proper.Seq, running
-	f.marks = append(f.marks, mark{at: now, low: f.low()})
+	f.marks = append(f.marks, mark{at: now, floor: f.claim()})
 	// Keep the newest mark that is SettleAfter old, and every newer one.
 	cut := now.Add(-f.Schedule.settleAfter())
 	keepFrom := 0

@@ -121,13 +121,67 @@ func TestTransactionIDsThatGoBackResetTheFloor(t *testing.T) {
 func TestALookThatSeesTransactionIDsGoBackResetsTheFloor(t *testing.T) {
 	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, FullEvery: time.Hour}}
 	f.Observe(f.Next(), At(50_000), 0, 10, Position{}, t0)
-	floor := f.Current()
-	require.False(t, f.Check(floor, 50_003), "a later look sees the same or a younger xmin")
+	look := f.Look()
+	require.False(t, f.Check(look, 50_003), "a later look sees the same or a younger xmin")
 	require.EqualValues(t, 50_000, f.Current())
-	require.True(t, f.Check(floor, 700))
+	require.True(t, f.Check(look, 700))
 	require.Zero(t, f.Current())
 	require.Equal(t, Claim{Kind: From, From: 0}, f.Next())
-	require.False(t, f.Check(0, 700), "no floor, nothing to reset")
+	require.False(t, f.Check(f.Look(), 700), "no floor, nothing to reset")
+}
+
+// A failover to a standby that was behind hands out transaction IDs below
+// the floor proper but above a transaction the floor keeps as running (a
+// writer left open before the failover): the oldest running one is then
+// outside the floor, which cannot happen unless IDs went back, and the
+// floor starts again from 0, whether a claim or an idle relay's poll sees
+// it first.
+func TestTransactionIDsThatGoBackIntoAGapOfTheFloorResetIt(t *testing.T) {
+	f := Floor{Schedule: Schedule{RescanEvery: time.Hour, FullEvery: time.Hour}}
+	f.Observe(f.Next(), Snapshot{Xmin: 100, Xmax: 5_000, Running: []int64{100}}, 0, 10, Position{}, t0)
+	c := f.Next()
+	require.Equal(t, Claim{Kind: From, From: 5_000, Running: []int64{100}}, c)
+	require.False(t, f.Check(c, 100), "the writer still runs")
+
+	// The promoted standby: the writer is gone, new transactions get IDs
+	// from 3,000. The claim read 100 and from 5,000 on: none of 3,001 to
+	// 3,004, which committed events.
+	f.Observe(c, Snapshot{Xmin: 3_000, Xmax: 3_005, Running: []int64{3_000}}, 0, 10, Position{}, t0.Add(time.Second))
+	require.Equal(t, Claim{Kind: From}, f.Next(), "the next claim is from 0")
+
+	// The same go-back, seen by a poll.
+	var g Floor
+	g.Observe(g.Next(), Snapshot{Xmin: 100, Xmax: 5_000, Running: []int64{100}}, 0, 10, Position{}, t0)
+	require.True(t, g.Check(g.Look(), 3_000))
+	require.Equal(t, Claim{Kind: From}, g.Next())
+}
+
+// With a writer left open, the settled look covers what the floor read
+// SettleAfter ago and reads no longer: not everything from the writer on,
+// which the writer keeps VACUUM from removing (every RescanEvery, that walk
+// would only have moved from the claims to the looks).
+func TestTheSettledLookDoesNotWalkFromAWriterLeftOpen(t *testing.T) {
+	f := Floor{Schedule: Schedule{RescanEvery: time.Second, SettleAfter: 5 * time.Second, FullEvery: time.Hour}}
+	_, _ = f.LookBelow(t0) // the look from the start: due at once, next in an hour
+	for i := range 20 {
+		xmax := int64(10_000 + 1_000*i)
+		running := []int64{100}
+		if i < 14 {
+			running = append(running, 12_500) // a transaction that ends at 14 s
+		}
+		f.Observe(f.Next(), Snapshot{Xmin: 100, Xmax: xmax, Running: running}, 0, 10, Position{}, t0.Add(time.Duration(i)*time.Second))
+		if i == 18 {
+			// At 18.5 s, the floor 5 s before (set at 13 s) read 100,
+			// 12,500 and from 23,000 on: 12,500 has left the floor since.
+			look, ok := f.LookBelow(t0.Add(18500 * time.Millisecond))
+			require.True(t, ok)
+			require.Equal(t, Below{From: 23_000, Below: 28_000, Dropped: []int64{12_500}, Skip: []int64{100}}, look)
+		}
+	}
+	// At 20 s, the floor set at 15 s read 100 and from 25,000 on.
+	look, ok := f.LookBelow(t0.Add(20 * time.Second))
+	require.True(t, ok)
+	require.Equal(t, Below{From: 25_000, Below: 29_000, Skip: []int64{100}}, look)
 }
 
 func TestAFloorStartsFromAnotherRelaysFloor(t *testing.T) {
@@ -209,8 +263,8 @@ func TestATransactionLeftRunningStaysInTheFloorAsItself(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, Below{From: 0, Below: 820, Skip: []int64{100, 650}}, b) // the first is from the start
 
-	// A look's xmin checks against the oldest: 100 still runs.
-	require.False(t, f.Check(f.Current(), 100))
+	// A look's xmin: 100 still runs, and it is in the floor.
+	require.False(t, f.Check(f.Look(), 100))
 	require.Equal(t, c, f.Next())
 
 	// A round that held rows from 820 on (and of 100 and 650) fails after
@@ -265,7 +319,7 @@ func TestAFullClaimMovesTheFloorPastItsLastRow(t *testing.T) {
 	f.Observe(c, At(500), 10, 10, Position{Xid: 230, Seq: 67}, t0.Add(time.Second))
 	require.Equal(t, Claim{Kind: From, From: 230, FromSeq: 67}, f.Next())
 	// The settled look reaches the rows of 230 up to the floor's.
-	b, ok := f.LookBelow(t0.Add(2 * time.Second))
+	b, ok := f.LookBelow(t0.Add(1500 * time.Millisecond))
 	require.True(t, ok)
 	require.Equal(t, Below{From: 230, Below: 230, BelowSeq: 67}, b)
 	// A claim that began at 57 and fails: the floor goes back to 57.

@@ -30,24 +30,24 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
 -- $1 batch size, $2 and $3 the claim floor (a transaction, and the seq its
 -- rows start after), $4 the transactions below it still running at the
 -- floor's claim: the pending events recorded by one of $4, or at or above
--- the floor (and requeued since), claimed by
--- outbox_claim_from in the order of outbox_events_claim_floor_idx, which
--- starts the scan at the floor rather than at the oldest dead entry (the
--- function says why it is one). The round sorts its batch by seq;
--- claimed_xid tells the relay how far the claim got.
-SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, e.attempts, e.trace_context,
+-- the floor (and requeued since), claimed by outbox_claim_from in the
+-- order of outbox_events_claim_floor_idx, which starts the scan at the
+-- floor rather than at the oldest dead entry (the function says why it is
+-- one, and why it returns the rows it locked). The round sorts its batch
+-- by seq; claimed_xid tells the relay how far the claim got.
+SELECT c.seq, c.id, c.type, c.subject, c.scope, c.payload, c.created_at, c.attempts, c.trace_context,
        (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
          WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused,
-       e.xact_id::text::bigint AS claimed_xid
-  FROM /* TEMPLATE: schema */outbox_claim_from($2::bigint::text::xid8, $3::bigint, $4::bigint[]::text[]::xid8[], $1::integer) c
-  JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = c.seq;
+       c.xact_id::text::bigint AS claimed_xid
+  FROM /* TEMPLATE: schema */outbox_claim_from($2::bigint::text::xid8, $3::bigint, $4::bigint[]::text[]::xid8[], $1::integer) c;
 
 -- name: PendingBelow
--- $1, $2, $3, $4: the first transaction from $1 up to (not including) $2,
--- or $2's own up to seq $3, and not one of $4 (which the claims read), of a
--- pending row that no round holds, or NULL (see claimfloor).
+-- $1, $2, $3, $4, $5: the first transaction from $1 up to (not including)
+-- $2, or $2's own up to seq $3, or one of $4, and not one of $5 (which the
+-- claims read), of a pending row that no round holds, or NULL (see
+-- claimfloor).
 SELECT /* TEMPLATE: schema */outbox_pending_below($1::bigint::text::xid8, $2::bigint::text::xid8, $3::bigint,
-                                                  $4::bigint[]::text[]::xid8[])::text::bigint;
+                                                  $4::bigint[]::text[]::xid8[], $5::bigint[]::text[]::xid8[])::text::bigint;
 
 -- name: ClaimOne
 -- $1 seq.

@@ -136,6 +136,12 @@ func TestFanoutTxRacingStop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
+	// Registered first: a FanoutTx that registers a new name inserts its
+	// registry row in the caller's transaction, and a Start that registers
+	// it too waits for that transaction, which this test ends only after
+	// Start returns.
+	require.NoError(t, b.relay.Start(ctx, b.client))
+	require.NoError(t, b.relay.Stop(ctx))
 	b.record(t, Event{Type: "a"})
 	for i := range 200 {
 		tx, err := b.pool.Begin(ctx)

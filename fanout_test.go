@@ -237,18 +237,7 @@ func TestALateCommitIsAboveTheClaimFloor(t *testing.T) {
 	lateEvent, err := Record(ctx, late, Event{Type: "late"})
 	require.NoError(t, err)
 
-	batch := make([]Event, 100)
-	for i := range batch {
-		batch[i] = Event{Type: "meanwhile"}
-	}
-	for range 20 {
-		b.record(t, batch...)
-	}
-	require.Eventually(t, func() bool {
-		var left int
-		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL").Scan(&left))
-		return left == 0
-	}, 30*time.Second, 10*time.Millisecond)
+	fanOutMeanwhile(t, b)
 	require.Positive(t, b.relay.claimFloor.Current(), "the relay claims from a floor")
 
 	require.NoError(t, late.Commit(ctx))
@@ -453,18 +442,7 @@ func deadEntriesUnderAHeldSnapshot(t *testing.T, b *testBundle, url string) {
 	holdSnapshot(t, url)
 	b.start(t)
 	b.settle(t)
-	batch := make([]Event, 100)
-	for i := range batch {
-		batch[i] = Event{Type: "meanwhile"}
-	}
-	for range 20 {
-		b.record(t, batch...)
-	}
-	require.Eventually(t, func() bool {
-		var left int
-		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL").Scan(&left))
-		return left == 0
-	}, 30*time.Second, 10*time.Millisecond)
+	fanOutMeanwhile(t, b)
 	require.NoError(t, b.relay.Stop(ctx))
 	exec(t, b.pool, "ANALYZE outbox_events")
 }
@@ -587,15 +565,7 @@ func TestAWriterLeftOpenDoesNotPinTheClaimFloor(t *testing.T) {
 
 	b.start(t)
 	b.settle(t)
-	batch := make([]Event, 100)
-	for i := range batch {
-		batch[i] = Event{Type: "meanwhile"}
-	}
-	for range 20 {
-		b.record(t, batch...)
-	}
-	require.Eventually(t, func() bool { return pendingCount(t, b.pool) == 0 }, 30*time.Second, 10*time.Millisecond,
-		"the 2,000 events were not fanned out")
+	fanOutMeanwhile(t, b)
 	require.Contains(t, b.relay.claimFloor.Look().Running, openXid, "the floor keeps the open writer")
 
 	floor := b.relay.claimFloor.Look()
@@ -757,6 +727,22 @@ func TestClaimsOfOneTransactionsBacklogStartWhereTheLastEnded(t *testing.T) {
 	t.Logf("index entries read draining 2,000 rows of one transaction: %d from its first row each time, %d resuming", fromFirst, fromLast)
 	require.Greater(t, fromFirst, int64(10_000), "no dead entries to step over: the test proves nothing")
 	require.Less(t, fromLast, int64(5_000))
+}
+
+// fanOutMeanwhile records 2,000 events, in 20 transactions, and waits until
+// the running relay has fanned every event out: their stamps leave at least
+// as many dead entries in the pending indexes.
+func fanOutMeanwhile(t *testing.T, b *testBundle) {
+	t.Helper()
+	batch := make([]Event, 100)
+	for i := range batch {
+		batch[i] = Event{Type: "meanwhile"}
+	}
+	for range 20 {
+		b.record(t, batch...)
+	}
+	require.Eventually(t, func() bool { return pendingCount(t, b.pool) == 0 }, 30*time.Second, 10*time.Millisecond,
+		"the 2,000 events were not fanned out")
 }
 
 // pendingCount counts the events not yet fanned out.

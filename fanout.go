@@ -37,6 +37,9 @@ type claimedRow struct {
 	// traceContext is the recording request's W3C trace context (JSON), or
 	// nil.
 	traceContext []byte
+	// slot is the partition the row is in (pending lane): the stamp names
+	// the batch's.
+	slot int16
 }
 
 // owedPair is a claimed delivery of the deliveries lane.
@@ -48,7 +51,7 @@ type owedPair struct {
 // scanClaimed reads a row selected with claimColumns.
 func scanClaimed(row pgx.Row) (claimedRow, error) {
 	var c claimedRow
-	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &c.attempts, &c.traceContext, &c.paused)
+	err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &c.attempts, &c.traceContext, &c.slot, &c.paused)
 	return c, err
 }
 
@@ -97,7 +100,7 @@ func collectClaimedFrom(rows pgx.Rows) ([]claimedRow, claimfloor.Position, error
 			c   claimedRow
 			xid int64
 		)
-		err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &c.attempts, &c.traceContext, &c.paused, &xid)
+		err := row.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &c.attempts, &c.traceContext, &c.slot, &c.paused, &xid)
 		if xid > last.Xid || xid == last.Xid && c.Seq > last.Seq {
 			last = claimfloor.Position{Xid: xid, Seq: c.Seq}
 		}
@@ -552,10 +555,14 @@ func fanoutByEvent(jobs []plannedJob, results []*rivertype.JobInsertResult, n in
 // answered at the first fan-out (AwaitDelivery waits for the lane).
 func (r *Relay) queueStampPending(b *pgx.Batch, batch []claimedRow, fanout [][]fanoutEntry) {
 	seqs, docs, ids := make([]int64, len(batch)), make([]string, len(batch)), make([]uuid.UUID, len(batch))
+	var slots []int16
 	for i, c := range batch {
 		seqs[i], docs[i], ids[i] = c.Seq, encodeFanout(fanout[i]), c.ID
+		if !slices.Contains(slots, c.slot) {
+			slots = append(slots, c.slot)
+		}
 	}
-	b.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused))
+	b.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused), slots)
 	r.queueNotifyFanned(b, ids)
 }
 

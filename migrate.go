@@ -249,6 +249,12 @@ func migrateOutsideTx(ctx context.Context, pool *pgxpool.Pool, sql *statements.S
 		err := pool.QueryRow(ctx, sql.IndexState, name).Scan(&valid, &building)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
+			// Another process may have built it, recorded the version and
+			// gone on to later versions that moved the table on (020
+			// partitions it, and drops the index with the empty table).
+			if err = step(func(tx pgx.Tx) (err error) { done, err = applied(tx); return err }); err != nil || done {
+				return err
+			}
 			if _, err = pool.Exec(ctx, create); raced(err) {
 				err = backoff.Sleep(ctx, backoff.Delay(try, 100*time.Millisecond, 2*time.Second))
 			}

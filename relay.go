@@ -294,6 +294,8 @@ type testHooks struct {
 	pruning func(size int)
 	// prunePass runs at the start of every retention pass.
 	prunePass func()
+	// truncated runs after retention emptied a partition with TRUNCATE.
+	truncated func(partition string)
 	// polled runs each time the main loop's poll queries.
 	polled func()
 	// deadWorkerAfter replaces maintenance.DeadWorkerAfter (0: the constant).

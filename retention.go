@@ -28,6 +28,7 @@ func (r *Relay) pruner(ctx context.Context) {
 		Logger:    r.logger,
 		OnPass:    r.hooks.prunePass,
 		OnBatch:   r.hooks.pruning,
+		OnTruncate: r.hooks.truncated,
 	}
 	p.Run(ctx, r.run.Stopping())
 }

@@ -2,15 +2,19 @@ package events
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/maintenance"
+	"github.com/standmeet/events/internal/testdb"
 )
 
 // insertAged inserts n events fanned out age ago (or in the given state) by
@@ -129,4 +133,185 @@ func TestDiscardOnlyPoisonedEvents(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 	_, err = discard(poisoned)
 	require.ErrorIs(t, err, ErrNotFound)
+}
+
+// Retention by whole partitions under fire (issue 31): partitions of a
+// second, so the ring comes round every ten; relays that prune every 100 ms
+// with a retention of 300 ms, killed mid-round and restarted; writers whose
+// transactions sometimes span several rotations before they commit or roll
+// back; and snapshots held now and then, some over outbox_events (which
+// keeps every partition from being emptied meanwhile), some elsewhere. Every
+// committed event must reach each of its subscribers exactly once (River's
+// jobs, which retention never touches, are the record: the rows are gone),
+// and a rolled-back one none; and partitions must have been emptied.
+func TestRetentionByPartitionsSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 15 s soak: run without -short (CI always does)")
+	}
+	ctx := context.Background()
+	url := testdb.URL(t)
+	admin := testdb.Pool(t, url)
+	exec(t, admin, "SELECT outbox_set_partition_period('1 second')")
+	var emptied atomic.Int64
+	type running struct {
+		b      *testBundle
+		cancel context.CancelFunc
+	}
+	start := func() running {
+		b := setup(t, setupOpts{url: url, config: &RelayConfig{BatchSize: 20,
+			Retention: 300 * time.Millisecond, RetentionInterval: 100 * time.Millisecond}},
+			mapSub("audit", false, "**"), mapSub("mail", false, "order.*"))
+		b.relay.hooks.truncated = func(string) { emptied.Add(1) }
+		rctx, cancel := context.WithCancel(ctx)
+		require.NoError(t, b.relay.Start(rctx, b.client))
+		return running{b, cancel}
+	}
+	stop := func(r running) {
+		r.cancel() // mid-round, if a round is in flight
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_ = r.b.relay.Stop(sctx)
+	}
+	relays := []running{start(), start(), start()}
+
+	var (
+		mu         sync.Mutex
+		committed  = map[uuid.UUID]string{} // ID -> type
+		rolledBack = map[uuid.UUID]bool{}
+		unknown    = map[uuid.UUID]bool{}
+	)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	writer := testdb.Pool(t, url)
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				typ := []string{"order.placed", "note.changed"}[(w+i)%2]
+				tx, err := writer.Begin(ctx)
+				if err != nil {
+					continue
+				}
+				var ids []uuid.UUID
+				for range 1 + i%3 {
+					e, err := Record(ctx, tx, Event{Type: typ, Subject: fmt.Sprintf("s-%d", i%7)})
+					if err != nil {
+						t.Errorf("Record: %v", err)
+						_ = tx.Rollback(ctx)
+						return
+					}
+					ids = append(ids, e.ID)
+				}
+				if i%25 == 7 {
+					time.Sleep(time.Duration(1500+100*w) * time.Millisecond) // spans rotations
+				}
+				if i%20 == 3 {
+					if err := tx.Rollback(ctx); err != nil {
+						t.Errorf("Rollback: %v", err)
+						return
+					}
+					mu.Lock()
+					for _, id := range ids {
+						rolledBack[id] = true
+					}
+					mu.Unlock()
+					continue
+				}
+				err = tx.Commit(ctx)
+				mu.Lock()
+				for _, id := range ids {
+					if err == nil {
+						committed[id] = typ
+					} else {
+						unknown[id] = true
+					}
+				}
+				mu.Unlock()
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
+	}
+	// Snapshots held for 1.5 s in every 3: over outbox_events, then not.
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			case <-time.After(1500 * time.Millisecond):
+			}
+			tx, err := admin.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			if err != nil {
+				t.Errorf("the held snapshot: %v", err)
+				return
+			}
+			table := []string{"outbox_events", "river_job"}[i%2]
+			if _, err = tx.Exec(ctx, "SELECT count(*) FROM "+table); err != nil {
+				t.Errorf("the held snapshot: %v", err)
+			}
+			select {
+			case <-done:
+			case <-time.After(1500 * time.Millisecond):
+			}
+			_ = tx.Rollback(ctx)
+		}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		time.Sleep(700 * time.Millisecond)
+		k := i % len(relays)
+		stop(relays[k])
+		relays[k] = start()
+	}
+	close(done)
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, committed)
+	require.NotEmpty(t, rolledBack)
+	// Every committed event reaches its subscribers, within a bound far
+	// beyond a healthy drain (a second or two).
+	want := 0
+	for _, typ := range committed {
+		want++
+		if strings.HasPrefix(typ, "order.") {
+			want++
+		}
+	}
+	require.Eventually(t, func() bool {
+		var jobs int
+		require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&jobs))
+		return jobs >= want
+	}, 60*time.Second, 50*time.Millisecond, "the committed events' jobs never all came")
+	for _, r := range relays {
+		stop(r)
+	}
+	jobs := map[string]map[uuid.UUID]int{}
+	for _, j := range loadJobs(t, admin) {
+		if jobs[j.Subscriber] == nil {
+			jobs[j.Subscriber] = map[uuid.UUID]int{}
+		}
+		jobs[j.Subscriber][j.EventID]++
+	}
+	for id, typ := range committed {
+		require.Equal(t, 1, jobs["audit"][id], "audit's jobs for %s", id)
+		mail := 0
+		if strings.HasPrefix(typ, "order.") {
+			mail = 1
+		}
+		require.Equal(t, mail, jobs["mail"][id], "mail's jobs for %s (%s)", id, typ)
+	}
+	for id := range rolledBack {
+		require.Zero(t, jobs["audit"][id]+jobs["mail"][id], "a rolled-back event has jobs: %s", id)
+	}
+	for id := range unknown {
+		require.LessOrEqual(t, jobs["audit"][id], 1, "audit's jobs for %s", id)
+	}
+	t.Logf("%d events committed, %d rolled back, %d of unknown outcome; %d partitions emptied",
+		len(committed), len(rolledBack), len(unknown), emptied.Load())
+	require.Positive(t, emptied.Load(), "retention never emptied a partition")
 }

@@ -14,8 +14,15 @@ import (
 	"github.com/standmeet/events/internal/statements"
 )
 
-// Retention works like River's JobCleaner: delete by seq from an
-// index-driven SELECT … LIMIT, a few thousand rows per statement, under a
+// Retention empties whole partitions first: outbox_events is a ring of
+// partitions, one written per period (migration 020), and a partition whose
+// rows have all expired and owe nothing is emptied with one TRUNCATE, under
+// an exclusive lock on it that waits at most pruneLockTimeout (a claim
+// holds a lock on every partition for the length of its round; a wait in
+// the lock queue holds the next claims back, so it is kept short). What
+// is left — rows in a partition with some that have not expired, or one
+// that could not be locked — works like River's JobCleaner: delete by seq
+// from an index-driven SELECT … LIMIT, a few thousand rows per statement, under a
 // short statement timeout, with smaller batches after a timeout and a pause
 // between batches; one relay at a time (a transaction-level advisory
 // try-lock per batch: a relay that does not get it skips the pass). It runs
@@ -30,6 +37,7 @@ const (
 	pruneBatchPause  = 20 * time.Millisecond // between batches
 	pruneBusyPause   = time.Second           // before each batch while the relay is busy
 	pruneLockClassID = 7365109               // advisory lock: (class, hashtext(schema))
+	pruneLockTimeout = "50ms"                // lock_timeout of a partition's TRUNCATE
 )
 
 // Beginner begins transactions: a *pgxpool.Pool.
@@ -51,9 +59,11 @@ type Pruner struct {
 	Logger *slog.Logger
 
 	// Tests' hooks: OnPass runs at the start of every pass, OnBatch
-	// before every DELETE, with its size, under the lock.
-	OnPass  func()
-	OnBatch func(size int)
+	// before every DELETE, with its size, under the lock; OnTruncate after
+	// a partition was emptied.
+	OnPass     func()
+	OnBatch    func(size int)
+	OnTruncate func(partition string)
 }
 
 // Run runs a pass soon after it starts, then every Interval, until stopping
@@ -69,6 +79,9 @@ func (p *Pruner) Pass(ctx context.Context, stopping <-chan struct{}) {
 		p.OnPass()
 	}
 	if p.Retention < 0 {
+		return
+	}
+	if !p.truncateExpired(ctx, stopping) {
 		return
 	}
 	size := PruneBatchMax
@@ -100,6 +113,63 @@ func (p *Pruner) Pass(ctx context.Context, stopping <-chan struct{}) {
 			return
 		}
 	}
+}
+
+// truncateExpired empties the partitions whose rows have all expired, one
+// transaction each. It reports false when the pass should end: another
+// relay prunes, or stopping closed. A partition it could not lock in time
+// (a long transaction reads or writes it) is left for the next pass, and
+// meanwhile for the DELETEs.
+func (p *Pruner) truncateExpired(ctx context.Context, stopping <-chan struct{}) bool {
+	var parts []string
+	err := pgx.BeginTxFunc(ctx, p.DB, ownTx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, p.SQL.SetLocal, "statement_timeout", pruneTimeout); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, p.SQL.ExpiredPartitions, p.Retention.Microseconds())
+		if err == nil {
+			parts, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		return err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			p.Logger.WarnContext(ctx, "events: retention could not list expired partitions", slog.String("err", err.Error()))
+		}
+		return !stopped(ctx, stopping)
+	}
+	for _, part := range parts {
+		if stopped(ctx, stopping) {
+			return false
+		}
+		var locked, emptied bool
+		err := pgx.BeginTxFunc(ctx, p.DB, ownTx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, p.SQL.SetLocal, "statement_timeout", pruneTimeout); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, p.SQL.SetLocal, "lock_timeout", pruneLockTimeout); err != nil {
+				return err
+			}
+			if err := tx.QueryRow(ctx, p.SQL.PruneLock, pruneLockClassID, p.SQL.Schema).Scan(&locked); err != nil || !locked {
+				return err
+			}
+			return tx.QueryRow(ctx, p.SQL.TruncateExpired, part, p.Retention.Microseconds()).Scan(&emptied)
+		})
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable:
+			p.Logger.DebugContext(ctx, "events: retention could not lock a partition in time; deleting its rows instead", slog.String("partition", part))
+		case err != nil:
+			if ctx.Err() == nil {
+				p.Logger.WarnContext(ctx, "events: retention could not empty a partition", slog.String("partition", part), slog.String("err", err.Error()))
+			}
+		case !locked:
+			return false
+		case emptied && p.OnTruncate != nil:
+			p.OnTruncate(part)
+		}
+	}
+	return true
 }
 
 // batch deletes up to size fanned-out events older than the retention, if

@@ -2,14 +2,17 @@ package maintenance_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -210,4 +213,156 @@ func TestPrunerStopsBetweenBatches(t *testing.T) {
 	}
 	require.EqualValues(t, 1, batches.Load(), "a batch ran after stopping closed")
 	require.Equal(t, 2*maintenance.PruneBatchMax, remaining(t, pool, old))
+}
+
+// slotAway is the ring's slot k periods after the present one.
+func slotAway(t *testing.T, pool *pgxpool.Pool, k int) int {
+	t.Helper()
+	var s int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT (outbox_slot_of(now()) + $1) % 10", k).Scan(&s))
+	return s
+}
+
+// truncations records the partitions a pruner emptied and the DELETEs it
+// ran.
+type truncations struct {
+	mu      sync.Mutex
+	emptied []string
+	batches int
+}
+
+func (tr *truncations) watch(p *maintenance.Pruner) {
+	p.OnTruncate = func(part string) {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		tr.emptied = append(tr.emptied, part)
+	}
+	p.OnBatch = func(int) {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		tr.batches++
+	}
+}
+
+// A partition whose rows have all expired is emptied with one TRUNCATE, not
+// deleted 5,000 rows at a time: what makes retention cost the same for a
+// million rows as for ten, and leave no dead rows behind.
+func TestPrunerEmptiesAnExpiredPartitionWhole(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	s := slotAway(t, pool, 5)
+	old := insert(t, pool, 3*maintenance.PruneBatchMax, "slot, fanned_out_at", fmt.Sprintf("%d, now() - interval '2 hours'", s))
+	p := pruner(pool, defaultSQL(t))
+	var tr truncations
+	tr.watch(p)
+	p.Pass(context.Background(), nil)
+	require.Zero(t, remaining(t, pool, old))
+	require.Equal(t, []string{fmt.Sprintf("outbox_events_%d", s)}, tr.emptied)
+	require.LessOrEqual(t, tr.batches, 1, "the rows went by DELETE (%d batches), not by TRUNCATE", tr.batches)
+	var dead int64
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = $1", fmt.Sprintf("outbox_events_%d", s)).Scan(&dead))
+	require.Zero(t, dead)
+}
+
+// A partition with a single row that has not expired is not emptied, and
+// that row stays (its expired neighbours go by DELETE): pending, retrying,
+// poisoned, recent, owing a pair or a 0.1.0 catch_up list.
+func TestPrunerLeavesAPartitionWithAnyRowUnexpired(t *testing.T) {
+	t.Parallel()
+	for what, state := range map[string][2]string{
+		"pending":     {"created_at", "now() - interval '2 hours'"},
+		"retrying":    {"attempts, next_attempt_at, created_at", "1, now() + interval '1 hour', now() - interval '2 hours'"},
+		"poisoned":    {"poisoned_at, attempts", "now() - interval '2 hours', 5"},
+		"recent":      {"fanned_out_at", "now() - interval '59 minutes'"},
+		"owing":       {"fanned_out_at", "now() - interval '2 hours'"},
+		"catching up": {"fanned_out_at, catch_up", "now() - interval '2 hours', ARRAY['ghost']"},
+	} {
+		t.Run(what, func(t *testing.T) {
+			t.Parallel()
+			pool := testdb.New(t)
+			s := slotAway(t, pool, 5)
+			old := insert(t, pool, 100, "slot, fanned_out_at", fmt.Sprintf("%d, now() - interval '2 hours'", s))
+			keep := insert(t, pool, 1, "slot, "+state[0], fmt.Sprintf("%d, %s", s, state[1]))
+			if what == "owing" {
+				_, err := pool.Exec(context.Background(), "INSERT INTO outbox_deliveries (event_seq, subscriber) VALUES ($1, 'late')", keep[0])
+				require.NoError(t, err)
+			}
+			p := pruner(pool, defaultSQL(t))
+			var tr truncations
+			tr.watch(p)
+			p.Pass(context.Background(), nil)
+			require.Empty(t, tr.emptied, "a partition holding a %s row was emptied", what)
+			require.Equal(t, 1, remaining(t, pool, keep), "the %s row is gone", what)
+			require.Zero(t, remaining(t, pool, old), "the expired rows beside it stayed")
+		})
+	}
+}
+
+// The partitions of this period and the one before are never emptied, even
+// when every row in them has expired: host transactions write to them, and
+// must never wait for retention.
+func TestPrunerNeverEmptiesThePartitionsHostsWriteTo(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	var old []int64
+	for _, k := range []int{0, -1} {
+		s := slotAway(t, pool, 10+k)
+		old = append(old, insert(t, pool, 100, "slot, fanned_out_at", fmt.Sprintf("%d, now() - interval '2 hours'", s))...)
+	}
+	p := pruner(pool, defaultSQL(t))
+	var tr truncations
+	tr.watch(p)
+	p.Pass(context.Background(), nil)
+	require.Empty(t, tr.emptied)
+	require.Zero(t, remaining(t, pool, old), "the DELETEs did not take the expired rows")
+}
+
+// A partition that a transaction still writes to (one that began periods
+// ago and records now) is not emptied: the TRUNCATE waits for its lock at
+// most a moment and gives up, the DELETEs take the expired rows, and the
+// transaction's event, committed afterwards, is there.
+func TestPrunerLeavesAPartitionAWriterHolds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	s := slotAway(t, pool, 5)
+	old := insert(t, pool, 100, "slot, fanned_out_at", fmt.Sprintf("%d, now() - interval '2 hours'", s))
+	writer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer writer.Rollback(ctx)
+	var late int64
+	require.NoError(t, writer.QueryRow(ctx, "INSERT INTO outbox_events (id, type, slot) VALUES (gen_random_uuid(), 'late', $1) RETURNING seq", s).Scan(&late))
+
+	p := pruner(pool, defaultSQL(t))
+	var tr truncations
+	tr.watch(p)
+	start := time.Now()
+	p.Pass(ctx, nil)
+	require.Less(t, time.Since(start), 20*time.Second, "the pass waited for the writer")
+	require.Empty(t, tr.emptied)
+	require.Zero(t, remaining(t, pool, old))
+	require.NoError(t, writer.Commit(ctx))
+	require.Equal(t, 1, remaining(t, pool, []int64{late}))
+}
+
+// Whether a partition has expired is asked again under the exclusive lock:
+// a row committed between the list and the TRUNCATE keeps its partition.
+func TestTruncateLooksAgainUnderTheLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	sql := defaultSQL(t)
+	s := slotAway(t, pool, 5)
+	insert(t, pool, 100, "slot, fanned_out_at", fmt.Sprintf("%d, now() - interval '2 hours'", s))
+	rows, err := pool.Query(ctx, sql.ExpiredPartitions, time.Hour.Microseconds())
+	require.NoError(t, err)
+	parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{fmt.Sprintf("outbox_events_%d", s)}, parts)
+	late := insert(t, pool, 1, "slot", strconv.Itoa(s))
+	var emptied bool
+	require.NoError(t, pool.QueryRow(ctx, sql.TruncateExpired, parts[0], time.Hour.Microseconds()).Scan(&emptied))
+	require.False(t, emptied)
+	require.Equal(t, 1, remaining(t, pool, late))
 }

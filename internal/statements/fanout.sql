@@ -18,7 +18,7 @@
 -- its full rescans: see claimFloor). Under a held snapshot it steps over
 -- the dead index entries of every event fanned out since; ClaimFrom does
 -- not.
-SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,
+SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context, slot,
        (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
          WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
   FROM /* TEMPLATE: schema */outbox_events
@@ -32,14 +32,15 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
 -- floor's claim: the pending events recorded by one of $4, or at or above
 -- the floor (and requeued since), claimed by outbox_claim_from in the
 -- order of outbox_events_claim_floor_idx, which starts the scan at the
--- floor rather than at the oldest dead entry (the function says why it is
--- one, and why it returns the rows it locked). The round sorts its batch
+-- floor rather than at the oldest dead entry (the functions, 018's
+-- outbox_claim_from and 020's outbox_claim_rows, which adds the slot, say
+-- why it is one, and why it returns the rows it locked). The round sorts its batch
 -- by seq; claimed_xid tells the relay how far the claim got.
-SELECT c.seq, c.id, c.type, c.subject, c.scope, c.payload, c.created_at, c.attempts, c.trace_context,
+SELECT c.seq, c.id, c.type, c.subject, c.scope, c.payload, c.created_at, c.attempts, c.trace_context, c.slot,
        (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
          WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused,
        c.xact_id::text::bigint AS claimed_xid
-  FROM /* TEMPLATE: schema */outbox_claim_from($2::bigint::text::xid8, $3::bigint, $4::bigint[]::text[]::xid8[], $1::integer) c;
+  FROM /* TEMPLATE: schema */outbox_claim_rows($2::bigint::text::xid8, $3::bigint, $4::bigint[]::text[]::xid8[], $1::integer) c;
 
 -- name: PendingBelow
 -- $1, $2, $3, $4, $5: the first transaction from $1 up to (not including)
@@ -51,7 +52,7 @@ SELECT /* TEMPLATE: schema */outbox_pending_below($1::bigint::text::xid8, $2::bi
 
 -- name: ClaimOne
 -- $1 seq.
-SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,
+SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context, slot,
        (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
          WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
   FROM /* TEMPLATE: schema */outbox_events
@@ -61,7 +62,7 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
 -- name: ClaimDue
 -- $1 batch size: failed events whose retry is due, claimed by
 -- outbox_claim_due through the retry index (the function says why).
-SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, e.attempts, e.trace_context,
+SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, e.attempts, e.trace_context, e.slot,
        (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
          WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
   FROM /* TEMPLATE: schema */outbox_claim_due($1::integer) c
@@ -70,7 +71,7 @@ SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, e.attem
 
 -- name: Load
 -- $1 seq: a claimed event read again, unlocked.
-SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context,
+SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_context, slot,
        (SELECT array_agg(name) FROM /* TEMPLATE: schema */outbox_subscribers
          WHERE paused_at IS NOT NULL AND retired_at IS NULL) AS paused
   FROM /* TEMPLATE: schema */outbox_events
@@ -101,7 +102,9 @@ SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8, $3::big
        pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_postmaster_start_time();
 
 -- name: Stamp
--- $1 seqs, $2 their fanout documents, $3 the subscribers the round served:
+-- $1 seqs, $2 their fanout documents, $3 the subscribers the round served,
+-- $4 the slots the rows are in (the partitions the UPDATE reads: the
+-- others are pruned, rather than probed for every seq):
 -- every other active registered subscriber whose types match an event (or
 -- whose types are unknown: registered by an older release) is owed it, as a
 -- pair. The registry rows read are locked FOR KEY SHARE, so a
@@ -117,7 +120,7 @@ stamped AS (
     UPDATE /* TEMPLATE: schema */outbox_events AS e
        SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL
       FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout)
-     WHERE e.seq = u.seq
+     WHERE e.seq = u.seq AND e.slot = ANY($4::smallint[])
     RETURNING e.seq, e.type)
 INSERT INTO /* TEMPLATE: schema */outbox_deliveries (event_seq, subscriber)
 SELECT st.seq, l.name

@@ -16,3 +16,15 @@ WITH doomed AS (
      ORDER BY fanned_out_at LIMIT $2
        FOR UPDATE SKIP LOCKED)
 DELETE FROM /* TEMPLATE: schema */outbox_events WHERE seq IN (SELECT seq FROM doomed);
+
+-- name: ExpiredPartitions
+-- $1 the retention in µs: the partitions of outbox_events whose rows have
+-- all expired, looked at without a lock (outbox_expired_partitions), as
+-- names to give TruncateExpired.
+SELECT p::text FROM /* TEMPLATE: schema */outbox_expired_partitions($1::bigint) AS p;
+
+-- name: TruncateExpired
+-- $1 a partition, $2 the retention in µs: emptied with TRUNCATE if all of
+-- its rows have still expired under an exclusive lock on it, which the
+-- caller's lock_timeout bounds (outbox_truncate_expired).
+SELECT /* TEMPLATE: schema */outbox_truncate_expired($1::regclass, $2::bigint);

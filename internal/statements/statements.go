@@ -93,8 +93,11 @@ type Set struct {
 	FanoutJobs, FanoutByMinute, DeliveriesBySubscriber string
 
 	// Retention (retention.sql): Prune deletes up to $2 fanned-out rows
-	// older than $1 µs, under PruneLock.
-	Prune, PruneLock string
+	// older than $1 µs, under PruneLock; ExpiredPartitions lists the
+	// partitions whose rows have all expired, which TruncateExpired
+	// empties.
+	Prune, PruneLock                   string
+	ExpiredPartitions, TruncateExpired string
 
 	// List pages through events by state (list.sql), by state name:
 	// "pending", "retrying", "poisoned", "recent". Every query takes $1

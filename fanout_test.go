@@ -462,7 +462,7 @@ func pendingEntriesRead(t *testing.T, db statsConn) int64 {
 	require.NoError(t, err)
 	var n int64
 	require.NoError(t, db.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-		WHERE indexrelname IN ('outbox_events_pending_idx', 'outbox_events_claim_floor_idx')`).Scan(&n))
+		WHERE indexrelname ~ '^outbox_events_(\d+_)?(pending|claim_floor)_idx$'`).Scan(&n)) // every partition's
 	return n
 }
 
@@ -591,7 +591,7 @@ func TestAWriterLeftOpenDoesNotPinTheClaimFloor(t *testing.T) {
 		require.NoError(t, err)
 		ids, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (uuid.UUID, error) {
 			var id uuid.UUID
-			err := row.Scan(nil, &id, nil, nil, nil, nil, nil, nil, nil, nil, nil)
+			err := row.Scan(nil, &id, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil)
 			return id, err
 		})
 		require.NoError(t, err)
@@ -706,7 +706,7 @@ func TestClaimsOfOneTransactionsBacklogStartWhereTheLastEnded(t *testing.T) {
 				}
 				seqs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (int64, error) {
 					var s int64
-					err := row.Scan(&s, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil)
+					err := row.Scan(&s, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil)
 					return s, err
 				})
 				if err != nil || len(seqs) == 0 {
@@ -753,15 +753,15 @@ func pendingCount(t *testing.T, db statsConn) int {
 	return n
 }
 
-// rowsScanned is how many rows of outbox_events sequential scans have read
-// so far.
+// rowsScanned is how many rows of outbox_events (its partitions)
+// sequential scans have read so far.
 func rowsScanned(t *testing.T, db statsConn) int64 {
 	t.Helper()
 	ctx := context.Background()
 	_, err := db.Exec(ctx, "SELECT pg_stat_force_next_flush()") // this backend's counts so far
 	require.NoError(t, err)
 	var n int64
-	require.NoError(t, db.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables WHERE relname = 'outbox_events'`).Scan(&n))
+	require.NoError(t, db.QueryRow(ctx, `SELECT coalesce(sum(seq_tup_read), 0)::bigint FROM pg_stat_user_tables WHERE relname ~ '^outbox_events_(\d+|legacy)$'`).Scan(&n))
 	return n
 }
 
@@ -1132,7 +1132,7 @@ func TestStopCancelsALookBelowTheFloorInFlight(t *testing.T) {
 		"the look still waits on the server after Stop")
 }
 
-// A floor claim's rows are locked by outbox_claim_from, a VOLATILE SQL
+// A floor claim's rows are locked by outbox_claim_rows, a VOLATILE SQL
 // function whose query takes a snapshot of its own (READ COMMITTED), later
 // than the snapshot of ClaimFrom's statement. When the statement joined the
 // seqs it returned to outbox_events, a transaction (T) that committed
@@ -1196,7 +1196,7 @@ func TestAClaimCountsTheRowsItLockedNotThoseAJoinSaw(t *testing.T) {
 	// function's query's.
 	var def string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_get_functiondef(oid) FROM pg_proc
-		WHERE proname = 'outbox_claim_from' ORDER BY pronargs DESC LIMIT 1`).Scan(&def))
+		WHERE proname = 'outbox_claim_rows'`).Scan(&def))
 	require.Contains(t, def, "AS $function$\n")
 	exec(t, b.pool, strings.Replace(def, "AS $function$\n", "AS $function$\nSELECT pg_sleep(1);\n", 1))
 

@@ -214,8 +214,8 @@ func snapshotRun(ctx context.Context, h *harness, o Options, held bool) (snapsho
 		return res, err
 	}
 	defer stats.Close(context.Background())
-	err = stats.QueryRow(ctx, `SELECT n_dead_tup, n_live_tup, pg_total_relation_size(relid)
-		FROM pg_stat_user_tables WHERE relname = 'outbox_events'`).Scan(&res.dead, &res.live, &res.bytes)
+	err = stats.QueryRow(ctx, `SELECT sum(n_dead_tup)::bigint, sum(n_live_tup)::bigint, sum(pg_total_relation_size(relid))::bigint
+		FROM pg_stat_user_tables WHERE relname ~ '^outbox_events_(\d+|legacy)$'`).Scan(&res.dead, &res.live, &res.bytes)
 	return res, err
 }
 

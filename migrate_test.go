@@ -803,3 +803,81 @@ func TestMigrateDoesNotWaitOutAnAutovacuumOfTheOutbox(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'before_ring.outbox_events_claim_floor_idx'::regclass").Scan(&valid))
 	require.True(t, valid)
 }
+
+// Migration 020 makes the existing outbox a partition of the ring, rows and
+// all, without a copy: every row is still there (in outbox_events_legacy),
+// seq carries on from the identity's value, a transaction that had
+// recorded before the migration and commits after it has its event fanned
+// out, and retention empties the old table whole once its rows expire.
+func TestMigrationToThePartitionRingKeepsTheTableAndItsRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	pool := testdb.Pool(t, url)
+	require.NoError(t, migrate(ctx, pool, outbox, 18))
+	exec(t, pool, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout)
+		SELECT gen_random_uuid(), 'old', now() - interval '2 hours', '{}' FROM generate_series(1, 1000)`)
+	var pending []uuid.UUID
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		es, err := RecordMany(ctx, tx, []Event{{Type: "before.a"}, {Type: "before.b"}})
+		for _, e := range es {
+			pending = append(pending, e.ID)
+		}
+		return err
+	}))
+	var lastSeq int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT max(seq) FROM outbox_events").Scan(&lastSeq))
+
+	// A transaction that recorded before the migration: the swap's lock
+	// waits for it (Migrate retries), and its event is there afterwards.
+	open, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	straddling, err := Record(ctx, open, Event{Type: "straddling"})
+	require.NoError(t, err)
+	migrated := make(chan error, 1)
+	go func() { migrated <- outbox.Migrate(ctx, pool) }()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting))
+		return waiting
+	}, 30*time.Second, 10*time.Millisecond, "the migration never waited for the open writer")
+	require.NoError(t, open.Commit(ctx))
+	select {
+	case err := <-migrated:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("Migrate never finished after the writer committed")
+	}
+
+	var partitioned bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT relkind = 'p' FROM pg_class WHERE oid = 'outbox_events'::regclass").Scan(&partitioned))
+	require.True(t, partitioned)
+	var legacy, all int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_events_legacy), (SELECT count(*) FROM outbox_events)").Scan(&legacy, &all))
+	require.Equal(t, 1003, legacy)
+	require.Equal(t, 1003, all)
+	after := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
+	next := after.record(t, Event{Type: "after"})[0]
+	require.Greater(t, next.Seq, lastSeq, "seq went back")
+	after.start(t)
+	waitFannedOut(t, pool, 30*time.Second)
+	jobs := loadJobs(t, pool)
+	for _, id := range append(pending, straddling.ID, next.ID) {
+		n := 0
+		for _, j := range jobs {
+			if j.EventID == id {
+				n++
+			}
+		}
+		require.Equal(t, 1, n, "jobs of %s", id)
+	}
+
+	// Once its rows expire, the old table is emptied whole.
+	sql := defaultSQL(t)
+	var emptied bool
+	require.NoError(t, pool.QueryRow(ctx, sql.TruncateExpired, "outbox_events_legacy", int64(1)).Scan(&emptied))
+	require.True(t, emptied)
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events").Scan(&all))
+	require.Equal(t, 1, all, "only the event recorded after the migration is left")
+}

@@ -7,6 +7,7 @@ DO $$
 DECLARE
     last bigint;
     called boolean;
+    g record;
 BEGIN
     SELECT last_value, is_called INTO last, called FROM outbox_events_seq_seq;
     IF to_regclass('outbox_events_legacy') IS NOT NULL THEN
@@ -56,6 +57,13 @@ BEGIN
     SELECT seq, id, type, subject, payload, created_at, fanned_out_at, fanout, attempts,
            last_error, next_attempt_at, poisoned_at, xact_id, catch_up, trace_context, scope, -1
       FROM outbox_events;
+    FOR g IN SELECT a.grantee, a.privilege_type, a.is_grantable
+               FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+              WHERE c.oid = 'outbox_events'::regclass AND a.grantee <> c.relowner LOOP
+        EXECUTE format('GRANT %s ON outbox_events_legacy TO %s%s', g.privilege_type,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
+                       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
     DROP TABLE outbox_events;
     ALTER TABLE outbox_events_legacy RENAME TO outbox_events;
     EXECUTE format('ALTER TABLE outbox_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (START WITH %s)',
@@ -74,3 +82,28 @@ DROP FUNCTION IF EXISTS outbox_partition_expired(regclass, bigint);
 DROP FUNCTION IF EXISTS outbox_set_partition_period(interval);
 DROP FUNCTION IF EXISTS outbox_slot_of(timestamptz);
 DROP FUNCTION IF EXISTS outbox_partition_period();
+
+-- 014's outbox_recorded_in_tx.
+CREATE OR REPLACE FUNCTION outbox_recorded_in_tx()
+RETURNS TABLE (seq bigint, id uuid, type text, subject text, scope text, payload jsonb, created_at timestamptz)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') = 'serializable' AND has_database_privilege(current_database(), 'TEMPORARY') THEN
+        IF to_regclass('pg_temp.outbox_recorded') IS NOT NULL THEN
+            RETURN QUERY
+            SELECT r.seq, r.id, r.type, r.subject, r.scope, r.payload, r.created_at
+              FROM pg_temp.outbox_recorded r
+             WHERE r.outbox_table = 'outbox_events'::regclass
+             ORDER BY r.seq;
+        END IF;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at
+      FROM outbox_events e
+     WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.xact_id = pg_current_xact_id_if_assigned()
+     ORDER BY e.seq;
+END
+$$;

@@ -81,6 +81,26 @@ CREATE TABLE outbox_events (
     CONSTRAINT outbox_events_scope_check CHECK (length(scope) <= 255)
 ) PARTITION BY LIST (slot);
 ALTER SEQUENCE outbox_events_seq_seq OWNED BY outbox_events.seq;
+-- An identity needs no privilege on its sequence; a default's nextval
+-- does: every role that may insert into outbox_events may take a seq (as
+-- 004 does for outbox_notify_slot). Seqs order rows, they grant nothing.
+GRANT USAGE ON SEQUENCE outbox_events_seq_seq TO PUBLIC;
+
+-- The roles the table was granted to (a host role that records, say) keep
+-- what they had, on the table they now name.
+DO $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN SELECT a.grantee, a.privilege_type, a.is_grantable
+               FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+              WHERE c.oid = 'outbox_events_legacy'::regclass AND a.grantee <> c.relowner LOOP
+        EXECUTE format('GRANT %s ON outbox_events TO %s%s', g.privilege_type,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
+                       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END
+$$;
 
 CREATE TRIGGER outbox_recorded AFTER INSERT ON outbox_events
     FOR EACH ROW WHEN (current_setting('transaction_isolation') = 'serializable')
@@ -247,4 +267,33 @@ AS $$
     UNION ALL
     SELECT * FROM from_floor
      LIMIT p_limit
+$$;
+
+-- RecordedInTx under SERIALIZABLE reads the session's notes, which the
+-- trigger writes with TG_RELID: on a partitioned table, the partition the
+-- row went to. The notes of this schema's outbox are those of its
+-- partitions (or of the table itself: notes written before the swap).
+CREATE OR REPLACE FUNCTION outbox_recorded_in_tx()
+RETURNS TABLE (seq bigint, id uuid, type text, subject text, scope text, payload jsonb, created_at timestamptz)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') = 'serializable' AND has_database_privilege(current_database(), 'TEMPORARY') THEN
+        IF to_regclass('pg_temp.outbox_recorded') IS NOT NULL THEN
+            RETURN QUERY
+            SELECT r.seq, r.id, r.type, r.subject, r.scope, r.payload, r.created_at
+              FROM pg_temp.outbox_recorded r
+             WHERE r.outbox_table = 'outbox_events'::regclass
+                OR r.outbox_table IN (SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = 'outbox_events'::regclass)
+             ORDER BY r.seq;
+        END IF;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at
+      FROM outbox_events e
+     WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.xact_id = pg_current_xact_id_if_assigned()
+     ORDER BY e.seq;
+END
 $$;

@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -78,86 +80,206 @@ func tracedThroughput(ctx context.Context, h *harness, o Options, rep *Report) e
 	return nil
 }
 
+// retentionUnderLoad prunes o.RetentionRows fanned-out rows two ways, each
+// on a fresh database while a relay fans out 500 events/s and a writer
+// takes write receipts: rows in the partition that is being written (which
+// retention may not empty: today's batched DELETE, as before partitions)
+// and rows in a partition of an earlier period (emptied with one TRUNCATE).
+// It reports both times, their ratio, and the receipts' p99 while each
+// pass ran against the p99 of the five seconds after it. Stats is measured
+// on the first table.
 func retentionUnderLoad(ctx context.Context, h *harness, o Options, rep *Report) error {
+	var res [2]pruneRun
+	for k, truncate := range []bool{false, true} {
+		var err error
+		if res[k], err = pruneUnderLoad(ctx, h, o, rep, truncate, k == 0); err != nil {
+			return err
+		}
+	}
+	rows := o.RetentionRows
+	del, trunc := res[0], res[1]
+	rep.add("operations", fmt.Sprintf("retention of %d rows by batched DELETE (the partition being written)", rows), del.took.Seconds(), "s")
+	rep.add("operations", "retention deletes/s while fanning out 500 events/s", float64(rows)/del.took.Seconds(), "deletes/s")
+	rep.add("operations", fmt.Sprintf("retention of %d rows by TRUNCATE of their partition", rows), trunc.took.Seconds(), "s")
+	ratio := del.took.Seconds() / trunc.took.Seconds()
+	rep.addTarget("operations", "retention: batched DELETE time ÷ TRUNCATE time", ratio, "×", "≥ 10", ratio >= 10)
+	for k, r := range res {
+		how := []string{"DELETE", "TRUNCATE"}[k]
+		_, _, during := percentiles(r.during)
+		_, _, after := percentiles(r.after)
+		rep.add("operations", fmt.Sprintf("commit→receipt p99 while retention ran (%s)", how), ms(during), "ms")
+		rep.add("operations", fmt.Sprintf("commit→receipt p99 in the 5 s after (%s)", how), ms(after), "ms")
+		q := ms(during) / ms(after)
+		if k == 1 {
+			rep.addTarget("operations", "receipts' p99 while TRUNCATE ran ÷ after", q, "×", "≤ 1.5", q <= 1.5)
+		} else {
+			rep.add("operations", "receipts' p99 while DELETE ran ÷ after", q, "×")
+		}
+		fmt.Fprintf(o.Log, "retention by %s: %d rows in %v; receipts p99 %.2fms during (%d), %.2fms after (%d)\n",
+			how, rows, r.took, ms(during), len(r.during), ms(after), len(r.after))
+	}
+	return nil
+}
+
+// pruneRun is one of retentionUnderLoad's: how long the rows took to go,
+// and the receipts' latencies meanwhile and after.
+type pruneRun struct {
+	took          time.Duration
+	during, after []time.Duration
+}
+
+// pruneUnderLoad runs one of retentionUnderLoad's two: the receipts taken
+// while the rows were there (and at least the first five seconds, so that
+// a pass of milliseconds has samples around it), then those of the five
+// seconds after.
+func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, truncate, stats bool) (pruneRun, error) {
+	var run pruneRun
 	rows := o.RetentionRows
 	pool, err := h.database(ctx, 20)
 	if err != nil {
-		return err
+		return run, err
 	}
 	defer h.drop(ctx)
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, created_at)
-		SELECT gen_random_uuid(), 'old', now() - interval '2 days' - g * interval '1 millisecond', '{}', now() - interval '2 days'
+	slot := "outbox_slot_of(now())" // the partition being written: not emptied
+	if truncate {
+		slot = "(outbox_slot_of(now()) + 5) % 10"
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox_events (id, type, fanned_out_at, fanout, created_at, slot)
+		SELECT gen_random_uuid(), 'old', now() - interval '2 days' - g * interval '1 millisecond', '{}', now() - interval '2 days', `+slot+`
 		  FROM generate_series(1, $1::int) g`, rows); err != nil {
-		return err
+		return run, err
 	}
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_events"); err != nil {
-		return err
+		return run, err
 	}
-	// Stats on the big table.
-	var took []time.Duration
-	for range 10 {
-		start := time.Now()
-		if _, err := outbox.GetStats(ctx, pool); err != nil {
-			return err
+	if stats {
+		var took []time.Duration
+		for range 10 {
+			start := time.Now()
+			if _, err := outbox.GetStats(ctx, pool); err != nil {
+				return run, err
+			}
+			took = append(took, time.Since(start))
 		}
-		took = append(took, time.Since(start))
+		sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+		rep.add("operations", fmt.Sprintf("Stats on a %d-row table (median of 10)", rows), ms(took[len(took)/2]), "ms")
 	}
-	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
-	rep.add("operations", fmt.Sprintf("Stats on a %d-row table (median of 10)", rows), ms(took[len(took)/2]), "ms")
 
-	// A relay with a one-day retention, while writers record 500 events/s.
+	// A relay with a one-day retention, while writers record 500 events/s
+	// and one takes receipts.
 	client, err := riverClient(pool)
 	if err != nil {
-		return err
+		return run, err
 	}
 	relay, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: o.Batch, Logger: quiet, Retention: 24 * time.Hour,
 		RetentionInterval: 100 * time.Millisecond})
 	if err != nil {
-		return err
+		return run, err
 	}
 	for _, s := range subscribers() {
 		if err := relay.Subscribe(s); err != nil {
-			return err
+			return run, err
 		}
 	}
+	awaiter, err := events.NewAwaiter(pool, &events.AwaiterConfig{Logger: quiet})
+	if err != nil {
+		return run, err
+	}
+	if err := awaiter.Start(ctx); err != nil {
+		return run, err
+	}
+	defer awaiter.Stop(ctx)
 	stopWriting := make(chan struct{})
 	writing := make(chan error, 1)
 	go func() { writing <- writeSteadily(ctx, pool, 500, stopWriting) }()
+	var (
+		mu       sync.Mutex
+		receipts []time.Time // commit time of each, with its latency
+		lat      []time.Duration
+	)
+	receipting := make(chan error, 1)
+	go func() {
+		receipting <- takeReceipts(ctx, pool, awaiter, stopWriting, func(at time.Time, d time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			receipts, lat = append(receipts, at), append(lat, d)
+		})
+	}()
+	stop := func() error {
+		close(stopWriting)
+		return errors.Join(<-writing, <-receipting)
+	}
 	start := time.Now()
 	if err := relay.Start(ctx, client); err != nil {
-		close(stopWriting)
-		return err
+		return run, errors.Join(err, stop())
 	}
 	defer relay.Stop(ctx)
 	for {
-		var left int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE type = 'old'").Scan(&left); err != nil {
-			close(stopWriting)
-			return err
+		var left bool
+		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox_events WHERE type = 'old')").Scan(&left); err != nil {
+			return run, errors.Join(err, stop())
 		}
-		if left == 0 {
+		if !left {
 			break
 		}
 		if time.Since(start) > 10*time.Minute {
-			close(stopWriting)
-			return fmt.Errorf("retention left %d rows after 10 minutes", left)
+			return run, errors.Join(fmt.Errorf("retention left rows after 10 minutes"), stop())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
-	elapsed := time.Since(start)
-	close(stopWriting)
-	if err := <-writing; err != nil {
-		return err
+	run.took = time.Since(start)
+	pruned := start.Add(max(run.took, 5*time.Second))
+	time.Sleep(time.Until(pruned.Add(5 * time.Second)))
+	if err := stop(); err != nil {
+		return run, err
 	}
-	st, err := outbox.GetStats(ctx, pool)
-	if err != nil {
-		return err
+	mu.Lock()
+	defer mu.Unlock()
+	for i, at := range receipts {
+		switch {
+		case at.Before(pruned):
+			run.during = append(run.during, lat[i])
+		case at.Before(pruned.Add(5 * time.Second)):
+			run.after = append(run.after, lat[i])
+		}
 	}
-	rate := float64(rows) / elapsed.Seconds()
-	fmt.Fprintf(o.Log, "retention: %d rows in %v (%.0f deletes/s) while writing 500 events/s; lag at the end %v\n", rows, elapsed, rate, st.Lag)
-	rep.add("operations", "retention deletes/s while fanning out 500 events/s", rate, "deletes/s")
-	return nil
+	if len(run.during) == 0 || len(run.after) == 0 {
+		return run, fmt.Errorf("retention: no receipts during (%d) or after (%d)", len(run.during), len(run.after))
+	}
+	return run, nil
+}
+
+// takeReceipts records one event at a time, 100 a second, commits it and
+// waits for its receipt, until stop; took gets each commit's time and its
+// commit→receipt latency.
+func takeReceipts(ctx context.Context, pool *pgxpool.Pool, awaiter *events.Awaiter, stop <-chan struct{}, took func(time.Time, time.Duration)) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return nil
+		case <-t.C:
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		e, err := events.Record(ctx, tx, events.Event{Type: "order.placed", Subject: fmt.Sprintf("receipt:%d", i)})
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return err
+		}
+		start := time.Now()
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		if _, err := awaiter.AwaitFanout(ctx, e.ID); err != nil {
+			return err
+		}
+		took(start, time.Since(start))
+	}
 }
 
 // writeSteadily records rate events/s, one per transaction, until stop.

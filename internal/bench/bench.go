@@ -45,6 +45,9 @@ type Options struct {
 	// RetentionRows is the size of the table the operations section prunes.
 	// Default 1,000,000.
 	RetentionRows int
+	// RetentionWindow is how long the operations section takes receipts
+	// after each retention run, and at least while it runs. Default 5s.
+	RetentionWindow time.Duration
 	// WriteFor is how long each run of the write-path section lasts.
 	// Default 5s.
 	WriteFor time.Duration
@@ -97,6 +100,9 @@ func (o *Options) defaults() {
 	def(&o.SnapshotBacklog, 20_000)
 	if o.SnapshotFor == 0 {
 		o.SnapshotFor = 5 * time.Minute
+	}
+	if o.RetentionWindow == 0 {
+		o.RetentionWindow = 5 * time.Second
 	}
 	if o.LatencyFor == 0 {
 		o.LatencyFor = 5 * time.Second
@@ -303,7 +309,7 @@ func SmokeOptions(adminURL string) Options {
 	return Options{
 		AdminURL: adminURL, Events: 600, MemoryEvents: 1_000, Batch: 50, HostTxs: 40,
 		LatencyFor: 300 * time.Millisecond, Rates: []int{50}, Receipts: 20, WriteFor: 300 * time.Millisecond,
-		RetentionRows: 2_000, Deliveries: 100, OrderedEvents: 600, BacklogPairs: 400,
+		RetentionRows: 2_000, RetentionWindow: 300 * time.Millisecond, Deliveries: 100, OrderedEvents: 600, BacklogPairs: 400,
 		SnapshotFor: 2 * time.Second, SnapshotRate: 100, SnapshotBacklog: 400,
 	}
 }

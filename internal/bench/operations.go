@@ -86,7 +86,7 @@ func tracedThroughput(ctx context.Context, h *harness, o Options, rep *Report) e
 // retention may not empty: today's batched DELETE, as before partitions)
 // and rows in a partition of an earlier period (emptied with one TRUNCATE).
 // It reports both times, their ratio, and the receipts' p99 while each
-// pass ran against the p99 of the five seconds after it. Stats is measured
+// pass ran against the p99 of the o.RetentionWindow after it. Stats is measured
 // on the first table.
 func retentionUnderLoad(ctx context.Context, h *harness, o Options, rep *Report) error {
 	var res [2]pruneRun
@@ -108,7 +108,7 @@ func retentionUnderLoad(ctx context.Context, h *harness, o Options, rep *Report)
 		_, _, during := percentiles(r.during)
 		_, _, after := percentiles(r.after)
 		rep.add("operations", fmt.Sprintf("commit→receipt p99 while retention ran (%s)", how), ms(during), "ms")
-		rep.add("operations", fmt.Sprintf("commit→receipt p99 in the 5 s after (%s)", how), ms(after), "ms")
+		rep.add("operations", fmt.Sprintf("commit→receipt p99 in the %v after (%s)", o.RetentionWindow, how), ms(after), "ms")
 		q := ms(during) / ms(after)
 		if k == 1 {
 			rep.addTarget("operations", "receipts' p99 while TRUNCATE ran ÷ after", q, "×", "≤ 1.5", q <= 1.5)
@@ -129,9 +129,9 @@ type pruneRun struct {
 }
 
 // pruneUnderLoad runs one of retentionUnderLoad's two: the receipts taken
-// while the rows were there (and at least the first five seconds, so that
-// a pass of milliseconds has samples around it), then those of the five
-// seconds after.
+// while the rows were there (and at least the first o.RetentionWindow, so
+// that a pass of milliseconds has samples around it), then those of the
+// o.RetentionWindow after.
 func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, truncate, stats bool) (pruneRun, error) {
 	var run pruneRun
 	rows := o.RetentionRows
@@ -229,8 +229,8 @@ func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, tru
 		time.Sleep(20 * time.Millisecond)
 	}
 	run.took = time.Since(start)
-	pruned := start.Add(max(run.took, 5*time.Second))
-	time.Sleep(time.Until(pruned.Add(5 * time.Second)))
+	pruned := start.Add(max(run.took, o.RetentionWindow))
+	time.Sleep(time.Until(pruned.Add(o.RetentionWindow)))
 	if err := stop(); err != nil {
 		return run, err
 	}
@@ -240,7 +240,7 @@ func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, tru
 		switch {
 		case at.Before(pruned):
 			run.during = append(run.during, lat[i])
-		case at.Before(pruned.Add(5 * time.Second)):
+		case at.Before(pruned.Add(o.RetentionWindow)):
 			run.after = append(run.after, lat[i])
 		}
 	}

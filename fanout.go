@@ -554,13 +554,9 @@ func fanoutByEvent(jobs []plannedJob, results []*rivertype.JobInsertResult, n in
 // receipts, delivered at commit and only if it commits. Receipts are
 // answered at the first fan-out (AwaitDelivery waits for the lane).
 func (r *Relay) queueStampPending(b *pgx.Batch, batch []claimedRow, fanout [][]fanoutEntry) {
-	seqs, docs, ids := make([]int64, len(batch)), make([]string, len(batch)), make([]uuid.UUID, len(batch))
-	var slots []int16
+	seqs, docs, ids, slots := make([]int64, len(batch)), make([]string, len(batch)), make([]uuid.UUID, len(batch)), make([]int16, len(batch))
 	for i, c := range batch {
-		seqs[i], docs[i], ids[i] = c.Seq, encodeFanout(fanout[i]), c.ID
-		if !slices.Contains(slots, c.slot) {
-			slots = append(slots, c.slot)
-		}
+		seqs[i], docs[i], ids[i], slots[i] = c.Seq, encodeFanout(fanout[i]), c.ID, c.slot
 	}
 	b.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused), slots)
 	r.queueNotifyFanned(b, ids)

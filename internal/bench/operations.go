@@ -128,10 +128,11 @@ type pruneRun struct {
 	during, after []time.Duration
 }
 
-// pruneUnderLoad runs one of retentionUnderLoad's two: the receipts taken
-// while the rows were there (and at least the first o.RetentionWindow, so
-// that a pass of milliseconds has samples around it), then those of the
-// o.RetentionWindow after.
+// pruneUnderLoad runs one of retentionUnderLoad's two: the time from the
+// first retention pass (o.RetentionWindow after the relay starts) until
+// the rows are gone; the receipts taken meanwhile (and for at least
+// o.RetentionWindow, so that a pass of milliseconds has samples around
+// it), then those of the o.RetentionWindow after.
 func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, truncate, stats bool) (pruneRun, error) {
 	var run pruneRun
 	rows := o.RetentionRows
@@ -173,7 +174,7 @@ func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, tru
 		return run, err
 	}
 	relay, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: o.Batch, Logger: quiet, Retention: 24 * time.Hour,
-		RetentionInterval: 100 * time.Millisecond})
+		RetentionInterval: 10 * o.RetentionWindow}) // the first pass a window after Start
 	if err != nil {
 		return run, err
 	}
@@ -228,8 +229,12 @@ func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, tru
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	run.took = time.Since(start)
-	pruned := start.Add(max(run.took, o.RetentionWindow))
+	// The first pass starts a window after Start (a tenth of the
+	// interval): the window before it lets the relay settle (the writers
+	// started first), and its receipts are not counted.
+	passed := start.Add(o.RetentionWindow)
+	run.took = time.Since(passed)
+	pruned := passed.Add(max(run.took, o.RetentionWindow))
 	time.Sleep(time.Until(pruned.Add(o.RetentionWindow)))
 	if err := stop(); err != nil {
 		return run, err
@@ -238,6 +243,7 @@ func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, tru
 	defer mu.Unlock()
 	for i, at := range receipts {
 		switch {
+		case at.Before(passed):
 		case at.Before(pruned):
 			run.during = append(run.during, lat[i])
 		case at.Before(pruned.Add(o.RetentionWindow)):

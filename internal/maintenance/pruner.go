@@ -183,6 +183,11 @@ func (p *Pruner) batch(ctx context.Context, size int) (deleted int64, locked boo
 		if err := tx.QueryRow(ctx, p.SQL.PruneLock, pruneLockClassID, p.SQL.Schema).Scan(&locked); err != nil || !locked {
 			return err
 		}
+		for _, off := range []string{"enable_hashjoin", "enable_mergejoin"} { // see Prune
+			if _, err := tx.Exec(ctx, p.SQL.SetLocal, off, "off"); err != nil {
+				return err
+			}
+		}
 		if p.OnBatch != nil {
 			p.OnBatch(size)
 		}

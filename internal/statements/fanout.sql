@@ -103,8 +103,8 @@ SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8, $3::big
 
 -- name: Stamp
 -- $1 seqs, $2 their fanout documents, $3 the subscribers the round served,
--- $4 the slots the rows are in (the partitions the UPDATE reads: the
--- others are pruned, rather than probed for every seq):
+-- $4 the rows' slots (joined on with seq, each row's probe goes to its
+-- partition alone, in a generic plan too, rather than to all ten):
 -- every other active registered subscriber whose types match an event (or
 -- whose types are unknown: registered by an older release) is owed it, as a
 -- pair. The registry rows read are locked FOR KEY SHARE, so a
@@ -119,8 +119,8 @@ WITH lacking AS (
 stamped AS (
     UPDATE /* TEMPLATE: schema */outbox_events AS e
        SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL
-      FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout)
-     WHERE e.seq = u.seq AND e.slot = ANY($4::smallint[])
+      FROM unnest($1::bigint[], $2::text[], $4::smallint[]) AS u(seq, fanout, slot)
+     WHERE e.seq = u.seq AND e.slot = u.slot
     RETURNING e.seq, e.type)
 INSERT INTO /* TEMPLATE: schema */outbox_deliveries (event_seq, subscriber)
 SELECT st.seq, l.name

@@ -7,15 +7,17 @@ SELECT pg_try_advisory_xact_lock($1, hashtext($2));
 
 -- name: Prune
 -- Deletes up to $2 fanned-out rows older than $1 µs that owe nothing:
--- neither a pair nor a catch_up list (0.1.0's) left.
-WITH doomed AS (
-    SELECT seq FROM /* TEMPLATE: schema */outbox_events e
+-- neither a pair nor a catch_up list (0.1.0's) left. Joined on seq and
+-- slot, in a nested loop (the caller turns hash and merge joins off), each
+-- row's probe goes to its partition alone rather than to all ten.
+WITH doomed AS MATERIALIZED (
+    SELECT seq, slot FROM /* TEMPLATE: schema */outbox_events e
      WHERE fanned_out_at < now() - $1::bigint * interval '1 microsecond'
        AND fanned_out_at IS NOT NULL AND poisoned_at IS NULL AND catch_up IS NULL
        AND NOT EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_deliveries d WHERE d.event_seq = e.seq)
      ORDER BY fanned_out_at LIMIT $2
        FOR UPDATE SKIP LOCKED)
-DELETE FROM /* TEMPLATE: schema */outbox_events WHERE seq IN (SELECT seq FROM doomed);
+DELETE FROM /* TEMPLATE: schema */outbox_events e USING doomed d WHERE e.seq = d.seq AND e.slot = d.slot;
 
 -- name: ExpiredPartitions
 -- $1 the retention in µs: the partitions of outbox_events whose rows have

@@ -20,14 +20,14 @@ const RetentionIntervalDefault = time.Minute
 // time, batch by batch, a batch a second while the relay drains a backlog.
 func (r *Relay) pruner(ctx context.Context) {
 	p := &maintenance.Pruner{
-		DB:        r.pool,
-		SQL:       r.sql,
-		Retention: r.config.Retention,
-		Interval:  r.config.RetentionInterval,
-		Busy:      func() bool { return r.busy.Load() || r.owedBusy.Load() },
-		Logger:    r.logger,
-		OnPass:    r.hooks.prunePass,
-		OnBatch:   r.hooks.pruning,
+		DB:         r.pool,
+		SQL:        r.sql,
+		Retention:  r.config.Retention,
+		Interval:   r.config.RetentionInterval,
+		Busy:       func() bool { return r.busy.Load() || r.owedBusy.Load() },
+		Logger:     r.logger,
+		OnPass:     r.hooks.prunePass,
+		OnBatch:    r.hooks.pruning,
 		OnTruncate: r.hooks.truncated,
 	}
 	p.Run(ctx, r.run.Stopping())

@@ -102,8 +102,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, o Outbox, to int) error {
 	})
 }
 
-// migrationTx returns what runs each step of [Outbox.Migrate] in a transaction of
-// its own, in sql's schema (created if missing). Every transaction takes the
+// migrationTx returns what runs each step of [Outbox.Migrate] in a READ
+// COMMITTED transaction of its own, in sql's schema (created if missing). Every transaction takes the
 // migration lock first, a transaction-level advisory lock, so Migrate works
 // through a transaction-pooling proxy (PgBouncer): a session lock would stay
 // with whichever server connection took it.
@@ -114,7 +114,10 @@ func migrationTx(ctx context.Context, pool *pgxpool.Pool, sql *statements.Set) (
 		return nil, err
 	}
 	return func(f func(tx pgx.Tx) error) error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// READ COMMITTED whatever the database's default: a step that waits
+		// for a lock must see what committed while it waited (020 drops
+		// the outbox table if it is empty once locked).
+		return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, sql.MigrateLock, int64(migrateLockKey)); err != nil {
 				return fmt.Errorf("events: migrate: taking the migration lock: %w", err)
 			}

@@ -881,3 +881,77 @@ func TestMigrationToThePartitionRingKeepsTheTableAndItsRows(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events").Scan(&all))
 	require.Equal(t, 1, all, "only the event recorded after the migration is left")
 }
+
+// Migration 020 drops the outbox table if it is empty once locked. Under a
+// database whose default isolation is REPEATABLE READ, a snapshot taken
+// before the lock wait would not see an event committed during it, and
+// drop it with the table: Migrate's transactions are READ COMMITTED.
+func TestMigrationToThePartitionRingSeesWhatCommittedWhileItWaited(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	pool := testdb.Pool(t, url)
+	require.NoError(t, migrate(ctx, pool, outbox, 19))
+	var db string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_database()").Scan(&db))
+	exec(t, pool, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET default_transaction_isolation = 'repeatable read'")
+	migrator := testdb.Pool(t, url) // new connections: REPEATABLE READ by default
+
+	host, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = host.Rollback(ctx) }()
+	e, err := Record(ctx, host, Event{Type: "committed.during.the.swap"})
+	require.NoError(t, err)
+
+	migrated := make(chan error, 1)
+	go func() { migrated <- outbox.Migrate(ctx, migrator) }()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%step 2 of 2%')`).Scan(&waiting))
+		return waiting
+	}, 30*time.Second, 2*time.Millisecond, "the migration never waited for the open writer")
+	require.NoError(t, host.Commit(ctx))
+	select {
+	case err := <-migrated:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("Migrate never finished")
+	}
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE id = $1", e.ID).Scan(&n))
+	require.Equal(t, 1, n, "the committed event %s was dropped with outbox_events_legacy", e.ID)
+}
+
+// Migration 020 run by another role than the outbox table's owner (a DBA, a
+// superuser running `events migrate`): the new table and its partitions
+// belong to the old table's owner, which the service records as.
+func TestMigrationToThePartitionRingKeepsTheTablesOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	pool := testdb.Pool(t, url)
+	require.NoError(t, migrate(ctx, pool, outbox, 18))
+	role := pgx.Identifier{fmt.Sprintf("app_owner_%d", time.Now().UnixNano())}.Sanitize()
+	exec(t, pool, "CREATE ROLE "+role+" NOLOGIN")
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "REASSIGN OWNED BY "+role+" TO CURRENT_USER")
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	exec(t, pool, "ALTER TABLE outbox_events OWNER TO "+role)
+	exec(t, pool, "GRANT SELECT, UPDATE ON outbox_settings TO "+role)
+	exec(t, pool, "INSERT INTO outbox_events (id, type) VALUES (gen_random_uuid(), 'kept')") // a non-empty table: attached
+	asOwner := func() error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+role); err != nil {
+				return err
+			}
+			_, err := Record(ctx, tx, Event{Type: "order.placed"})
+			return err
+		})
+	}
+	require.NoError(t, asOwner(), "before 020, the owner records")
+	require.NoError(t, outbox.Migrate(ctx, pool)) // as another role
+	require.NoError(t, asOwner(), "after 020, the former owner of outbox_events cannot record")
+}

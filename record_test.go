@@ -446,3 +446,37 @@ func TestRecordedInTxAtEveryIsolationLevel(t *testing.T) {
 		})
 	}
 }
+
+// RecordedInTx, below SERIALIZABLE, reads the partition its transaction's
+// rows went to, not the whole outbox table: a read of the table would wait
+// behind retention's exclusive lock on an old partition, inside the host's
+// transaction.
+func TestRecordedInTxDoesNotWaitForRetentionsLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	retention, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = retention.Rollback(ctx) }()
+	var old string
+	require.NoError(t, retention.QueryRow(ctx, "SELECT 'outbox_events_' || (outbox_slot_of(now()) + 5) % 10").Scan(&old))
+	_, err = retention.Exec(ctx, "LOCK TABLE "+old+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	within, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, pgx.BeginFunc(within, b.pool, func(tx pgx.Tx) error {
+		e, err := Record(within, tx, Event{Type: "host.write"})
+		if err != nil {
+			return err
+		}
+		got, err := RecordedInTx(within, tx)
+		if err != nil {
+			return err
+		}
+		if len(got) != 1 || got[0].ID != e.ID {
+			return fmt.Errorf("RecordedInTx returned %v, want %s", got, e.ID)
+		}
+		return nil
+	}), "the host transaction waited for retention's lock")
+}

@@ -1,8 +1,10 @@
 package events
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/maintenance"
@@ -314,4 +317,48 @@ func TestRetentionByPartitionsSoak(t *testing.T) {
 	t.Logf("%d events committed, %d rolled back, %d of unknown outcome; %d partitions emptied",
 		len(committed), len(rolledBack), len(unknown), emptied.Load())
 	require.Positive(t, emptied.Load(), "retention never emptied a partition")
+}
+
+// A relay that runs as a role granted the outbox table (not its owner)
+// before migration 020 reads, locks and empties the partitions: 020 gives
+// every partition the table's grants, TRUNCATE to whoever may DELETE.
+func TestRetentionEmptiesPartitionsAsARoleGrantedTheTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	admin := testdb.Pool(t, url)
+	require.NoError(t, migrate(ctx, admin, outbox, 18))
+	role := pgx.Identifier{fmt.Sprintf("relay_%d", time.Now().UnixNano())}.Sanitize()
+	exec(t, admin, "CREATE ROLE "+role+" NOLOGIN")
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	exec(t, admin, "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_events, outbox_deliveries TO "+role)
+	require.NoError(t, outbox.Migrate(ctx, admin))
+	// Expired rows in a slot that is neither this period's nor the one before.
+	exec(t, admin, `INSERT INTO outbox_events (id, type, fanout, fanned_out_at, slot)
+		SELECT gen_random_uuid(), 'aged', '{}', now() - interval '2 days', (outbox_slot_of(now()) + 5) % 10
+		  FROM generate_series(1, 100)`)
+
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SET ROLE "+role)
+		return err
+	}
+	relayPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(relayPool.Close)
+
+	var logs bytes.Buffer
+	var emptied []string
+	p := &maintenance.Pruner{
+		DB: relayPool, SQL: defaultSQL(t), Retention: time.Hour, Interval: time.Minute,
+		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
+		OnTruncate: func(part string) { emptied = append(emptied, part) },
+	}
+	p.Pass(ctx, make(chan struct{}))
+	t.Logf("logs: %s", logs.String())
+	require.NotEmpty(t, emptied, "no partition emptied by a relay granted outbox_events")
 }

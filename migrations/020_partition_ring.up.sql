@@ -133,6 +133,33 @@ BEGIN
 END
 $$;
 
+-- The new table, its sequence and partitions belong to the old table's
+-- owner (the migration may run as another role: a superuser, a member of
+-- the owner's role), and each partition carries the old table's grants, a
+-- role that may DELETE its rows also TRUNCATE: retention reads, locks and
+-- empties the partitions themselves, as whichever role the relay runs as.
+-- (Column-level grants are not carried over.)
+DO $$
+DECLARE
+    owner regrole;
+    g record;
+BEGIN
+    SELECT relowner::regrole INTO owner FROM pg_class WHERE oid = 'outbox_events_legacy'::regclass;
+    EXECUTE format('ALTER TABLE outbox_events OWNER TO %s', owner);
+    FOR s IN 0..9 LOOP
+        EXECUTE format('ALTER TABLE outbox_events_%s OWNER TO %s', s, owner);
+        FOR g IN SELECT a.grantee, a.privilege_type, a.is_grantable
+                   FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+                  WHERE c.oid = 'outbox_events_legacy'::regclass AND a.grantee <> c.relowner LOOP
+            EXECUTE format('GRANT %s ON outbox_events_%s TO %s%s',
+                           CASE WHEN g.privilege_type = 'DELETE' THEN 'DELETE, TRUNCATE' ELSE g.privilege_type END, s,
+                           CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
+                           CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        END LOOP;
+    END LOOP;
+END
+$$;
+
 -- The table as it was: attached if it holds rows (retention empties it
 -- like the others), dropped if it is empty.
 DO $$
@@ -216,9 +243,11 @@ AS $$
 $$;
 
 -- Empties the partition p_part if all of its rows have expired, looking
--- again under an exclusive lock on it (which waits for the transactions
--- that write to it or read it: the caller bounds the wait with
--- lock_timeout). Under the lock nobody else can write to the partition and
+-- again under an exclusive lock on it, taken NOWAIT: it never waits in the
+-- lock queue, where it would hold back whoever comes after it (a claim, a
+-- host transaction's read), and fails at once (lock_not_available) while
+-- anyone writes to the partition or reads the table; the caller tries
+-- again a moment later. Under the lock nobody else can write to the partition and
 -- every committed row is seen, so nothing that is not expired is lost, in
 -- whichever slot it was recorded. Returns whether it emptied it.
 CREATE FUNCTION outbox_truncate_expired(p_part regclass, p_retention_us bigint)
@@ -227,7 +256,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', p_part);
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE NOWAIT', p_part);
     IF NOT outbox_partition_expired(p_part, p_retention_us) THEN
         RETURN false;
     END IF;
@@ -273,6 +302,12 @@ $$;
 -- trigger writes with TG_RELID: on a partitioned table, the partition the
 -- row went to. The notes of this schema's outbox are those of its
 -- partitions (or of the table itself: notes written before the swap).
+-- At other levels it reads the rows its transaction wrote from the
+-- partition they went to, the slot of the transaction's start (now()),
+-- not through the table: a read of the table locks every partition, and
+-- would wait behind retention emptying an old one. (Rows given a slot by
+-- hand, or recorded before outbox_set_partition_period changed the period
+-- in the same transaction, are not found.)
 CREATE OR REPLACE FUNCTION outbox_recorded_in_tx()
 RETURNS TABLE (seq bigint, id uuid, type text, subject text, scope text, payload jsonb, created_at timestamptz)
 LANGUAGE plpgsql
@@ -290,10 +325,10 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at
-      FROM outbox_events e
-     WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.xact_id = pg_current_xact_id_if_assigned()
-     ORDER BY e.seq;
+    RETURN QUERY EXECUTE format(
+        'SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at
+           FROM %I e
+          WHERE e.fanned_out_at IS NULL AND e.poisoned_at IS NULL AND e.xact_id = pg_current_xact_id_if_assigned()
+          ORDER BY e.seq', 'outbox_events_' || outbox_slot_of(now()));
 END
 $$;

@@ -17,10 +17,11 @@ import (
 // Retention empties whole partitions first: outbox_events is a ring of
 // partitions, one written per period (migration 020), and a partition whose
 // rows have all expired and owe nothing is emptied with one TRUNCATE, under
-// an exclusive lock on it that waits at most pruneLockTimeout (a claim
-// holds a lock on every partition for the length of its round; a wait in
-// the lock queue holds the next claims back, so it is kept short). What
-// is left — rows in a partition with some that have not expired, or one
+// an exclusive lock on it taken NOWAIT: a claim holds a lock on every
+// partition for the length of its round, and a request waiting in the lock
+// queue would hold back whatever comes after it (the next claims, a host
+// transaction's read of the table), so it is tried pruneLockTries times,
+// pruneLockPause apart, never queued. What is left — rows in a partition with some that have not expired, or one
 // that could not be locked — works like River's JobCleaner: delete by seq
 // from an index-driven SELECT … LIMIT, a few thousand rows per statement, under a
 // short statement timeout, with smaller batches after a timeout and a pause
@@ -37,7 +38,8 @@ const (
 	pruneBatchPause  = 20 * time.Millisecond // between batches
 	pruneBusyPause   = time.Second           // before each batch while the relay is busy
 	pruneLockClassID = 7365109               // advisory lock: (class, hashtext(schema))
-	pruneLockTimeout = "50ms"                // lock_timeout of a partition's TRUNCATE
+	pruneLockTries   = 20                    // NOWAIT locks of a partition per pass
+	pruneLockPause   = 25 * time.Millisecond // between them
 )
 
 // Beginner begins transactions: a *pgxpool.Pool.
@@ -117,9 +119,9 @@ func (p *Pruner) Pass(ctx context.Context, stopping <-chan struct{}) {
 
 // truncateExpired empties the partitions whose rows have all expired, one
 // transaction each. It reports false when the pass should end: another
-// relay prunes, or stopping closed. A partition it could not lock in time
-// (a long transaction reads or writes it) is left for the next pass, and
-// meanwhile for the DELETEs.
+// relay prunes, or stopping closed. A partition it could not lock (a long
+// transaction reads or writes it) is left for the next pass, and meanwhile
+// for the DELETEs.
 func (p *Pruner) truncateExpired(ctx context.Context, stopping <-chan struct{}) bool {
 	var parts []string
 	err := pgx.BeginTxFunc(ctx, p.DB, ownTx, func(tx pgx.Tx) error {
@@ -139,26 +141,34 @@ func (p *Pruner) truncateExpired(ctx context.Context, stopping <-chan struct{}) 
 		return !stopped(ctx, stopping)
 	}
 	for _, part := range parts {
-		if stopped(ctx, stopping) {
-			return false
+		var (
+			locked, emptied bool
+			err             error
+			pgErr           *pgconn.PgError
+		)
+		for try := 1; ; try++ {
+			if stopped(ctx, stopping) {
+				return false
+			}
+			err = pgx.BeginTxFunc(ctx, p.DB, ownTx, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, p.SQL.SetLocal, "statement_timeout", pruneTimeout); err != nil {
+					return err
+				}
+				if err := tx.QueryRow(ctx, p.SQL.PruneLock, pruneLockClassID, p.SQL.Schema).Scan(&locked); err != nil || !locked {
+					return err
+				}
+				return tx.QueryRow(ctx, p.SQL.TruncateExpired, part, p.Retention.Microseconds()).Scan(&emptied)
+			})
+			if try == pruneLockTries || !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.LockNotAvailable {
+				break
+			}
+			if !sleep(ctx, stopping, pruneLockPause) {
+				return false
+			}
 		}
-		var locked, emptied bool
-		err := pgx.BeginTxFunc(ctx, p.DB, ownTx, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, p.SQL.SetLocal, "statement_timeout", pruneTimeout); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, p.SQL.SetLocal, "lock_timeout", pruneLockTimeout); err != nil {
-				return err
-			}
-			if err := tx.QueryRow(ctx, p.SQL.PruneLock, pruneLockClassID, p.SQL.Schema).Scan(&locked); err != nil || !locked {
-				return err
-			}
-			return tx.QueryRow(ctx, p.SQL.TruncateExpired, part, p.Retention.Microseconds()).Scan(&emptied)
-		})
-		var pgErr *pgconn.PgError
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable:
-			p.Logger.DebugContext(ctx, "events: retention could not lock a partition in time; deleting its rows instead", slog.String("partition", part))
+			p.Logger.DebugContext(ctx, "events: retention could not lock a partition; deleting its rows instead", slog.String("partition", part))
 		case err != nil:
 			if ctx.Err() == nil {
 				p.Logger.WarnContext(ctx, "events: retention could not empty a partition", slog.String("partition", part), slog.String("err", err.Error()))

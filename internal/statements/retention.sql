@@ -27,6 +27,7 @@ SELECT p::text FROM /* TEMPLATE: schema */outbox_expired_partitions($1::bigint) 
 
 -- name: TruncateExpired
 -- $1 a partition, $2 the retention in µs: emptied with TRUNCATE if all of
--- its rows have still expired under an exclusive lock on it, which the
--- caller's lock_timeout bounds (outbox_truncate_expired).
+-- its rows have still expired under an exclusive lock on it, taken NOWAIT
+-- (outbox_truncate_expired): lock_not_available when anyone holds a lock
+-- on it.
 SELECT /* TEMPLATE: schema */outbox_truncate_expired($1::regclass, $2::bigint);

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -336,4 +337,20 @@ func fannedWithin(t *testing.T, b *testBundle, id uuid.UUID, d time.Duration, ms
 	start := time.Now()
 	require.Eventually(t, func() bool { return loadRows(t, b.pool)[id].FannedOut }, d, 2*time.Millisecond, msg)
 	return time.Since(start)
+}
+
+// newRole creates a NOLOGIN role whose name starts with prefix and is this
+// test's own (roles are cluster-wide), and returns it quoted for SQL. The
+// cleanup hands back what the role owns, drops its grants, then the role.
+func newRole(t *testing.T, pool *pgxpool.Pool, prefix string) string {
+	t.Helper()
+	role := pgx.Identifier{prefix + "_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]}.Sanitize()
+	exec(t, pool, "CREATE ROLE "+role+" NOLOGIN")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = pool.Exec(ctx, "REASSIGN OWNED BY "+role+" TO CURRENT_USER")
+		_, _ = pool.Exec(ctx, "DROP OWNED BY "+role)
+		_, _ = pool.Exec(ctx, "DROP ROLE "+role)
+	})
+	return role
 }

@@ -243,18 +243,7 @@ func TestMigration10SkipsAnotherRolesWatchFunction(t *testing.T) {
 	require.NoError(t, err)
 
 	// Roles are cluster-wide: names of this test's own.
-	migrator := pgx.Identifier{"migrator_" + uuid.NewString()[:8]}.Sanitize()
-	stranger := pgx.Identifier{"stranger_" + uuid.NewString()[:8]}.Sanitize()
-	for _, role := range []string{migrator, stranger} {
-		exec(t, pool, "CREATE ROLE "+role+" NOLOGIN")
-	}
-	t.Cleanup(func() {
-		for _, role := range []string{migrator, stranger} {
-			_, _ = pool.Exec(context.Background(), "REASSIGN OWNED BY "+role+" TO CURRENT_USER")
-			_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
-			_, _ = pool.Exec(context.Background(), "DROP ROLE "+role)
-		}
-	})
+	migrator, stranger := newRole(t, pool, "migrator"), newRole(t, pool, "stranger")
 	exec(t, pool, "GRANT CREATE, USAGE ON SCHEMA public TO "+migrator)
 	exec(t, pool, "ALTER FUNCTION outbox_watch() OWNER TO "+migrator)
 	var strangers, mine string
@@ -300,14 +289,7 @@ func TestLeastPrivilegedHostRoleKeepsWritingAfterMigrate(t *testing.T) {
 	pool := testdb.Pool(t, url)
 	require.NoError(t, migrate(ctx, pool, outbox, previousRelease))
 
-	role := fmt.Sprintf("host_app_%d", time.Now().UnixNano())
-	ident := pgx.Identifier{role}.Sanitize()
-	exec(t, pool, "CREATE ROLE "+ident+" NOLOGIN")
-	t.Cleanup(func() {
-		// Roles are cluster-wide: remove this one's grants, then the role.
-		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+ident)
-		_, _ = pool.Exec(context.Background(), "DROP ROLE "+ident)
-	})
+	ident := newRole(t, pool, "host_app")
 	exec(t, pool, "GRANT INSERT, SELECT ON outbox_events TO "+ident)
 	exec(t, pool, "GRANT SELECT, UPDATE ON outbox_settings TO "+ident)
 	exec(t, pool, "CREATE TABLE orders (id int PRIMARY KEY, note text NOT NULL DEFAULT '')")
@@ -940,13 +922,7 @@ func TestMigrationToThePartitionRingKeepsTheTablesOwner(t *testing.T) {
 	url := testdb.EmptyURL(t)
 	pool := testdb.Pool(t, url)
 	require.NoError(t, migrate(ctx, pool, outbox, 18))
-	role := pgx.Identifier{fmt.Sprintf("app_owner_%d", time.Now().UnixNano())}.Sanitize()
-	exec(t, pool, "CREATE ROLE "+role+" NOLOGIN")
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "REASSIGN OWNED BY "+role+" TO CURRENT_USER")
-		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = pool.Exec(context.Background(), "DROP ROLE "+role)
-	})
+	role := newRole(t, pool, "app_owner")
 	exec(t, pool, "ALTER TABLE outbox_events OWNER TO "+role)
 	exec(t, pool, "GRANT SELECT, UPDATE ON outbox_settings TO "+role)
 	exec(t, pool, "INSERT INTO outbox_events (id, type) VALUES (gen_random_uuid(), 'kept')") // a non-empty table: attached

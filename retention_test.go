@@ -328,12 +328,7 @@ func TestRetentionEmptiesPartitionsAsARoleGrantedTheTable(t *testing.T) {
 	url := testdb.EmptyURL(t)
 	admin := testdb.Pool(t, url)
 	require.NoError(t, migrate(ctx, admin, outbox, 18))
-	role := pgx.Identifier{fmt.Sprintf("relay_%d", time.Now().UnixNano())}.Sanitize()
-	exec(t, admin, "CREATE ROLE "+role+" NOLOGIN")
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
-	})
+	role := newRole(t, admin, "relay")
 	exec(t, admin, "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_events, outbox_deliveries TO "+role)
 	require.NoError(t, outbox.Migrate(ctx, admin))
 	// Expired rows in a slot that is neither this period's nor the one before.

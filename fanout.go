@@ -558,11 +558,6 @@ func (r *Relay) queueStampPending(b *pgx.Batch, batch []claimedRow, fanout [][]f
 	for i, c := range batch {
 		seqs[i], docs[i], ids[i], slots[i] = c.Seq, encodeFanout(fanout[i]), c.ID, c.slot
 	}
-	// The stamp's plan is generic: a custom plan is planned anew at every
-	// round, for the ten partitions of outbox_events (0.6 ms, about a
-	// third of a round at 200 events/s), and prunes no more than the
-	// generic plan's nested loop does per row (see Stamp).
-	b.Queue(r.sql.SetLocal, "plan_cache_mode", "force_generic_plan")
 	b.Queue(r.sql.Stamp, seqs, docs, r.served(batch[0].paused), slots)
 	r.queueNotifyFanned(b, ids)
 }

@@ -1226,8 +1226,8 @@ func TestAClaimCountsTheRowsItLockedNotThoseAJoinSaw(t *testing.T) {
 		"U's event (committed before the round, its transaction ended at the round's snapshot) is left outside the floor: no claim takes it")
 }
 
-// The functions that every round (or the idle poll, a look below the floor,
-// an ordered append, Stats) calls keep their plans for the session, generic
+// The functions that every round (its claim and stamp, or the idle poll, a
+// look below the floor, an ordered append, Stats) calls keep their plans for the session, generic
 // as an SQL function's were: planned at every call, each cost 1-3 ms over
 // the ten partitions of outbox_events, and commit→fanned latency doubled
 // (migration 021; eventsbench -only latency measures it).
@@ -1238,7 +1238,7 @@ func TestTheRoundsFunctionsKeepTheirPlans(t *testing.T) {
 	for _, fn := range []string{
 		"outbox_claim_rows(xid8, bigint, xid8[], integer)", "outbox_claim_due(integer)",
 		"outbox_pending_from(xid8, bigint, xid8[])", "outbox_pending_below(xid8, xid8, bigint, xid8[], xid8[])",
-		"outbox_retry_next()", "outbox_stats()",
+		"outbox_retry_next()", "outbox_stats()", "outbox_stamp(bigint[], text[], text[], smallint[])",
 		"outbox_chain_blockers(text[], text[], bigint[], text[], boolean[], bigint[], bigint[], text[])",
 	} {
 		var lang string

@@ -1,5 +1,6 @@
 -- Back to version 020: the functions as SQL functions again, as 004, 011,
--- 016, 018 and 020 defined them.
+-- 016, 018 and 020 defined them; the stamp is the relay's statement again.
+DROP FUNCTION IF EXISTS outbox_stamp(bigint[], text[], text[], smallint[]);
 CREATE OR REPLACE FUNCTION outbox_claim_rows(p_floor xid8, p_seq bigint, p_running xid8[], p_limit integer)
 RETURNS TABLE (seq bigint, id uuid, type text, subject text, scope text, payload jsonb,
                created_at timestamptz, attempts integer, trace_context jsonb, xact_id xid8, slot smallint)

@@ -103,29 +103,10 @@ SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8, $3::big
 
 -- name: Stamp
 -- $1 seqs, $2 their fanout documents, $3 the subscribers the round served,
--- $4 the rows' slots (joined on with seq, each row's probe goes to its
--- partition alone, in a generic plan too, rather than to all ten):
--- every other active registered subscriber whose types match an event (or
--- whose types are unknown: registered by an older release) is owed it, as a
--- pair. The registry rows read are locked FOR KEY SHARE, so a
--- RetireSubscriber (which locks its row FOR UPDATE) waits for this stamp,
--- and a stamp after it sees the subscriber retired: a retired name is never
--- written back. When the relay knows every registered subscriber, which is
--- the common path, no row is locked and no pair written.
-WITH lacking AS (
-    SELECT name, types_regexp FROM /* TEMPLATE: schema */outbox_subscribers
-     WHERE retired_at IS NULL AND name <> ALL($3::text[])
-       FOR KEY SHARE),
-stamped AS (
-    UPDATE /* TEMPLATE: schema */outbox_events AS e
-       SET fanned_out_at = now(), fanout = u.fanout::jsonb, next_attempt_at = NULL
-      FROM unnest($1::bigint[], $2::text[], $4::smallint[]) AS u(seq, fanout, slot)
-     WHERE e.seq = u.seq AND e.slot = u.slot
-    RETURNING e.seq, e.type)
-INSERT INTO /* TEMPLATE: schema */outbox_deliveries (event_seq, subscriber)
-SELECT st.seq, l.name
-  FROM stamped st JOIN lacking l ON l.types_regexp IS NULL OR ('.' || st.type) ~ l.types_regexp
-ON CONFLICT DO NOTHING;
+-- $4 the rows' slots: the events fanned out, and owed to every other active
+-- registered subscriber whose types match (outbox_stamp, 021, says how; a
+-- function, so that its plan is kept, generic, for the session).
+SELECT /* TEMPLATE: schema */outbox_stamp($1::bigint[], $2::text[], $3::text[], $4::smallint[]);
 
 -- name: Charge
 -- A failed attempt of a whole event ($1 seq, $2 error, $3 pause in µs, $4

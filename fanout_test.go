@@ -1132,7 +1132,7 @@ func TestStopCancelsALookBelowTheFloorInFlight(t *testing.T) {
 		"the look still waits on the server after Stop")
 }
 
-// A floor claim's rows are locked by outbox_claim_rows, a VOLATILE SQL
+// A floor claim's rows are locked by outbox_claim_rows, a VOLATILE
 // function whose query takes a snapshot of its own (READ COMMITTED), later
 // than the snapshot of ClaimFrom's statement. When the statement joined the
 // seqs it returned to outbox_events, a transaction (T) that committed
@@ -1197,8 +1197,8 @@ func TestAClaimCountsTheRowsItLockedNotThoseAJoinSaw(t *testing.T) {
 	var def string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_get_functiondef(oid) FROM pg_proc
 		WHERE proname = 'outbox_claim_rows'`).Scan(&def))
-	require.Contains(t, def, "AS $function$\n")
-	exec(t, b.pool, strings.Replace(def, "AS $function$\n", "AS $function$\nSELECT pg_sleep(1);\n", 1))
+	require.Contains(t, def, "\nBEGIN\n")
+	exec(t, b.pool, strings.Replace(def, "\nBEGIN\n", "\nBEGIN\n    PERFORM pg_sleep(1);\n", 1))
 
 	done := make(chan []uuid.UUID, 1)
 	go func() { done <- round() }()

@@ -205,11 +205,20 @@ $$;
 -- subscriber retired: a retired name is never written back. When the relay
 -- knows every registered subscriber, which is the common path, no row is
 -- locked and no pair written.
+--
+-- Its plan is kept, so it must not depend on a partition's size when it
+-- was planned: a partition analyzed while empty would be read whole per row
+-- once the ring has moved into it, until an analyze of it replans (771 ms
+-- for 100 rows, in a review). Sequential scans are priced out, so each row
+-- probes its partition's primary key; JIT is off, which that pricing would
+-- otherwise set off at every call.
 CREATE FUNCTION outbox_stamp(p_seqs bigint[], p_fanout text[], p_served text[], p_slots smallint[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN

@@ -37,6 +37,7 @@ func main() {
 		mdPath   = flag.String("markdown", "", "also write the results as a Markdown table to this file")
 		snapFor  = flag.Duration("snapshot-for", 0, "how long each run of the held-snapshot section writes (default 5m)")
 		snapW    = flag.Bool("snapshot-writer", false, "the held-snapshot section's held transaction writes too (a BEGIN left open after an UPDATE)")
+		latFor   = flag.Duration("latency-for", 0, "how long each steady-rate run of the latency, ordered and backlog sections writes, after a half-second warm-up (default 5s)")
 	)
 	flag.Parse()
 	if *cpuprof != "" {
@@ -50,7 +51,7 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	err := run(*jsonPath, *mdPath, *only, *smoke, *evs, *batch, *snapFor, *snapW)
+	err := run(*jsonPath, *mdPath, *only, *smoke, *evs, *batch, *snapFor, *latFor, *snapW)
 	if err == nil && *memprof != "" {
 		err = writeAllocs(*memprof)
 	}
@@ -74,7 +75,7 @@ func writeAllocs(path string) error {
 	return f.Close()
 }
 
-func run(jsonPath, mdPath, only string, smoke bool, evs, batch int, snapFor time.Duration, snapWriter bool) error {
+func run(jsonPath, mdPath, only string, smoke bool, evs, batch int, snapFor, latFor time.Duration, snapWriter bool) error {
 	ctx := context.Background()
 	url, cleanup, err := pgtest.FromEnv(ctx, "DATABASE_URL")
 	if err != nil {
@@ -85,6 +86,9 @@ func run(jsonPath, mdPath, only string, smoke bool, evs, batch int, snapFor time
 	if smoke {
 		opts = bench.SmokeOptions(url)
 		opts.Log = os.Stderr
+	}
+	if latFor > 0 {
+		opts.LatencyFor = latFor
 	}
 	if snapFor > 0 {
 		opts.SnapshotFor = snapFor

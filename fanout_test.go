@@ -1249,3 +1249,73 @@ func TestTheRoundsFunctionsKeepTheirPlans(t *testing.T) {
 		require.Contains(t, config, "plan_cache_mode=force_generic_plan", fn)
 	}
 }
+
+// The stamp's plan is kept for the session, so it must not rest on a
+// partition's size when it was planned: a partition analyzed while empty,
+// into which the ring then moves, is probed by primary key per row, not
+// read whole per row until an analyze replans. auto_explain, at NOTICE,
+// shows the kept plan the stamp runs.
+func TestTheStampsKeptPlanProbesAPartitionAnalyzedEmpty(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool := testdb.Pool(t, url)
+	var slot int16
+	require.NoError(t, pool.QueryRow(ctx, "SELECT ((outbox_slot_of(now()) + 5) % 10)::smallint").Scan(&slot))
+	exec(t, pool, "ANALYZE outbox_events")
+
+	cfg, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	var (
+		mu    sync.Mutex
+		plans []string
+	)
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		plans = append(plans, n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	stamp := func(seqs []int64) {
+		docs, slots := make([]string, len(seqs)), make([]int16, len(seqs))
+		for i := range seqs {
+			docs[i], slots[i] = "{}", slot
+		}
+		_, err := conn.Exec(ctx, "SELECT outbox_stamp($1::bigint[], $2::text[], $3::text[], $4::smallint[])",
+			seqs, docs, []string{}, slots)
+		require.NoError(t, err)
+	}
+	stamp([]int64{}) // planned now, with the partition empty
+
+	var seqs []int64
+	rows, err := pool.Query(ctx, `INSERT INTO outbox_events (id, type, slot)
+		SELECT gen_random_uuid(), 'bulk', $1 FROM generate_series(1, 20000) RETURNING seq`, slot)
+	require.NoError(t, err)
+	all, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	seqs = all[:50]
+
+	for _, s := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+		"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_level = notice"} {
+		_, err := conn.Exec(ctx, s)
+		require.NoError(t, err)
+	}
+	stamp(seqs)
+	mu.Lock()
+	defer mu.Unlock()
+	var stampPlan string
+	for _, p := range plans {
+		if strings.Contains(p, "Update on outbox_events") {
+			stampPlan = p
+		}
+	}
+	require.NotEmpty(t, stampPlan, "no plan of the stamp's UPDATE among %q", plans)
+	part := fmt.Sprintf("outbox_events_%d", slot)
+	require.NotContains(t, stampPlan, "Seq Scan on "+part, "the kept plan reads the partition whole, per row")
+	require.Contains(t, stampPlan, part+"_pkey", "the kept plan probes the partition's primary key")
+	var fanned int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE seq = ANY($1) AND fanned_out_at IS NOT NULL", seqs).Scan(&fanned))
+	require.Equal(t, len(seqs), fanned)
+}

@@ -1227,10 +1227,11 @@ func TestAClaimCountsTheRowsItLockedNotThoseAJoinSaw(t *testing.T) {
 }
 
 // The functions that every round (its claim and stamp, or the idle poll, a
-// look below the floor, an ordered append, Stats) calls keep their plans for the session, generic
-// as an SQL function's were: planned at every call, each cost 1-3 ms over
-// the ten partitions of outbox_events, and commit→fanned latency doubled
-// (migration 021; eventsbench -only latency measures it).
+// look below the floor, an ordered append, Stats) calls keep their plans
+// for the session, generic as an SQL function's were: planned at every
+// call, each cost 1-3 ms over the ten partitions of outbox_events, and
+// commit→fanned latency doubled (migration 021; eventsbench -only latency
+// measures it).
 func TestTheRoundsFunctionsKeepTheirPlans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -1289,13 +1290,12 @@ func TestTheStampsKeptPlanProbesAPartitionAnalyzedEmpty(t *testing.T) {
 	}
 	stamp([]int64{}) // planned now, with the partition empty
 
-	var seqs []int64
 	rows, err := pool.Query(ctx, `INSERT INTO outbox_events (id, type, slot)
 		SELECT gen_random_uuid(), 'bulk', $1 FROM generate_series(1, 20000) RETURNING seq`, slot)
 	require.NoError(t, err)
 	all, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
-	seqs = all[:50]
+	seqs := all[:50]
 
 	for _, s := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
 		"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_level = notice"} {

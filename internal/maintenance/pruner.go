@@ -21,12 +21,13 @@ import (
 // partition for the length of its round, and a request waiting in the lock
 // queue would hold back whatever comes after it (the next claims, a host
 // transaction's read of the table), so it is tried pruneLockTries times,
-// pruneLockPause apart, never queued. What is left — rows in a partition with some that have not expired, or one
-// that could not be locked — works like River's JobCleaner: delete by seq
-// from an index-driven SELECT … LIMIT, a few thousand rows per statement, under a
-// short statement timeout, with smaller batches after a timeout and a pause
-// between batches; one relay at a time (a transaction-level advisory
-// try-lock per batch: a relay that does not get it skips the pass). It runs
+// pruneLockPause apart, never queued. What is left — rows in a partition
+// with some that have not expired, or one that could not be locked — works
+// like River's JobCleaner: delete by seq from an index-driven SELECT …
+// LIMIT, a few thousand rows per statement, under a short statement
+// timeout, with smaller batches after a timeout and a pause between
+// batches; one relay at a time (a transaction-level advisory try-lock per
+// batch: a relay that does not get it skips the pass). It runs
 // on a goroutine of the relay's own, so it never delays a round, and while
 // the relay is busy (its batches come back full) it deletes only one batch a
 // second: retention uses the relay's idle time, and still keeps up under

@@ -413,17 +413,31 @@ func TestAnEventRecordedAfterAFailoverToAServerWithLowerTransactionIDsIsFannedOu
 func heldAsTheFloorPassesIt(t *testing.T, b *testBundle, lock string) (Event, int64, pgx.Tx) {
 	t.Helper()
 	ctx := context.Background()
-	var e Event
-	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		e, err = Outbox{NotifyInterval: NotifyNever}.Record(ctx, tx, Event{Type: "held"})
-		return err
-	}))
-	holder, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = holder.Rollback(ctx) })
-	_, err = holder.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 "+lock, e.ID)
-	require.NoError(t, err)
+	var (
+		e      Event
+		holder pgx.Tx
+	)
+	// The relay's polls may claim the row between its commit and the
+	// holder's lock (on a busy machine they did): then the holder finds it
+	// fanned out, and the test takes a new row.
+	for try := 1; ; try++ {
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			e, err = Outbox{NotifyInterval: NotifyNever}.Record(ctx, tx, Event{Type: "held"})
+			return err
+		}))
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		tag, err := tx.Exec(ctx, "SELECT 1 FROM outbox_events WHERE id = $1 AND fanned_out_at IS NULL "+lock, e.ID)
+		require.NoError(t, err)
+		if tag.RowsAffected() == 1 {
+			holder = tx
+			t.Cleanup(func() { _ = holder.Rollback(ctx) })
+			break
+		}
+		require.NoError(t, tx.Rollback(ctx))
+		require.Less(t, try, 10, "the relay fanned out every row before it could be held")
+	}
 	xid := maxXactID(t, b, []uuid.UUID{e.ID})
 	require.Eventually(t, func() bool {
 		b.record(t, Event{Type: "later"})

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -276,9 +277,10 @@ type orderedChaos struct {
 	hung    atomic.Int32
 
 	// The child worker process and when each of its runs was killed.
-	child   *osexec.Cmd
-	childID string
-	kids    atomic.Int32
+	child       *osexec.Cmd
+	childExited chan struct{} // closed once child has exited
+	childID     string
+	kids        atomic.Int32
 	// killedAt is when each child was killed, by the database's clock: a
 	// run's end logged later (a statement the server still ran after the
 	// kill) is not when the run ended.
@@ -415,13 +417,45 @@ func (c *orderedChaos) stopSlot(s *chaosSlot, abrupt bool) {
 	_ = s.client.Stop(ctx)
 }
 
-// startChild starts the child worker process.
+// startChild starts the child worker process and waits until its relay has
+// reported in. The faults come one at a time, and this wait keeps the next
+// one (a terminated connection, above all) from landing while the child
+// starts: a Start that fails ends the child, and nothing here starts it
+// again (CI saw a child that never reported in). A child that never reports
+// in fails the test with what it printed.
 func (c *orderedChaos) startChild() {
 	c.childID = fmt.Sprintf("ordered-child-%d", c.kids.Add(1))
 	cmd := osexec.Command(os.Args[0], "-test.run=^TestOrderedWorkerProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), orderedChildURLEnv+"="+c.url, orderedChildIDEnv+"="+c.childID)
+	var out bytes.Buffer // read only once the child has exited
+	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(c.t, cmd.Start())
 	c.child = cmd
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		_ = cmd.Wait()
+	}()
+	c.childExited = exited
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var up bool
+		require.NoError(c.t, c.admin.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relays WHERE river_client_id = $1)`,
+			c.childID).Scan(&up))
+		if up {
+			return
+		}
+		select {
+		case <-exited:
+			c.t.Fatalf("the child %s exited before its relay reported in:\n%s", c.childID, out.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-exited
+			c.t.Fatalf("the child %s's relay never reported in:\n%s", c.childID, out.String())
+		}
+	}
 }
 
 // killChild SIGKILLs the child; its unfinished runs end now. Nothing here
@@ -429,16 +463,9 @@ func (c *orderedChaos) startChild() {
 // ChainRescue), after chaosDeadWorkerAfter, and River's rescuer would take
 // an hour, longer than the run may take to settle.
 func (c *orderedChaos) killChild() {
-	// A process whose relay never reported in is left to River's rescuer
-	// (an hour): kill the child once its relay has.
-	require.Eventually(c.t, func() bool {
-		var up bool
-		require.NoError(c.t, c.admin.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relays WHERE river_client_id = $1)`,
-			c.childID).Scan(&up))
-		return up
-	}, 30*time.Second, 5*time.Millisecond, "the child's relay never reported in")
+	// Its relay has reported in (startChild): the others see it go.
 	require.NoError(c.t, c.child.Process.Kill())
-	_ = c.child.Wait()
+	<-c.childExited
 	// The server finishes a statement the child had sent (a fetch, a log
 	// line) after the child died: wait for its backends to go first.
 	require.Eventually(c.t, func() bool {
@@ -519,9 +546,9 @@ func (c *orderedChaos) run(total int, duration time.Duration) {
 	}
 	c.startChild()
 	t.Cleanup(func() { // a failed run's leftovers
-		if c.child.ProcessState == nil {
+		if c.child != nil {
 			_ = c.child.Process.Kill()
-			_ = c.child.Wait()
+			<-c.childExited
 		}
 		for _, s := range c.slots {
 			c.stopSlot(s, true)

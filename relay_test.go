@@ -699,9 +699,11 @@ func TestStopDuringAStartBlockedOnRegistration(t *testing.T) {
 
 // Guard (the converse of TestTheRechecksSlowDownWhenIdle's locked row):
 // while another session holds a pending row locked, so that every look leads
-// to a claim of nothing, rows that keep arriving quietly (one every 10 ms, as
-// trigger rows do) are still found by the re-checks: a claim that finds rows
-// starts them over.
+// to a claim that skips it, rows that keep arriving quietly (one every 10 ms,
+// as trigger rows do) are still found by the re-checks: a claim that finds
+// rows is not an empty look, and starts them over. Counted as empty, each
+// look would double the lull, past lastRecheck within a second, and the
+// rows after that would wait for the poll, an hour away.
 func TestALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -711,24 +713,22 @@ func TestALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testing.T) {
 	holdAPendingRow(t, b)
 	loud := b.record(t, Event{Type: "loud"})[0]
 	fannedWithin(t, b, loud.ID, 30*time.Second, "the notified event")
-	for range 100 {
+	for range 200 {
 		exec(t, b.pool, "INSERT INTO outbox_events (id, type) VALUES ($1, 'quiet')", uuid.Must(uuid.NewV7()))
 		time.Sleep(10 * time.Millisecond)
 	}
+	// Healthy, each row is fanned out within tens of milliseconds (516 ms
+	// was seen on a loaded CI machine): the bound separates that from the
+	// hourly poll, not from a slow machine.
 	require.Eventually(t, func() bool {
 		var left int
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE type = 'quiet' AND fanned_out_at IS NULL").Scan(&left))
 		return left == 0
-	}, 30*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond, "quiet rows waited for the hourly poll: the re-checks stopped")
 	var worst float64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT extract(epoch FROM max(fanned_out_at - created_at)) * 1000
 		FROM outbox_events WHERE type = 'quiet'`).Scan(&worst))
 	t.Logf("slowest quiet row: %.1f ms", worst)
-	// Rows 10 ms apart keep the lull at tens of milliseconds (109 ms was
-	// seen once under the race detector and a full parallel suite); a
-	// schedule that stopped would leave them to the hourly poll (the
-	// Eventually above), one that kept doubling to 512 ms and more.
-	require.Less(t, worst, 500.0, "rows arriving every 10 ms waited for the poll: the re-checks stopped")
 }
 
 // Stop waits for the OnPoison calls in line when its context allows.

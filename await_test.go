@@ -65,9 +65,10 @@ func TestAwaitFanoutOfAnEventFannedOutBeforeTheCall(t *testing.T) {
 	b.start(t)
 	e := b.record(t, Event{Type: "a"})[0]
 	waitFannedOut(t, b.pool, 10*time.Second)
-	a := startAwaiter(t, b, nil)
-	// No notification is coming any more: the row itself must answer.
-	got, err := a.AwaitFanout(within(t, time.Second), e.ID)
+	// Re-reads an hour apart: no notification is coming any more, and the
+	// row itself must answer when asked.
+	a := startAwaiter(t, b, &AwaiterConfig{Listener: ListenerConfig{PollInterval: time.Hour}})
+	got, err := a.AwaitFanout(within(t, 30*time.Second), e.ID)
 	require.NoError(t, err)
 	require.Len(t, got[0].Fanout, 1)
 }

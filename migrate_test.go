@@ -101,14 +101,25 @@ func TestMigration10QuietsInstalledWatchFunctions(t *testing.T) {
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, "LISTEN "+statements.ChannelEvents)
 	require.NoError(t, err)
-	// write updates the watched row and reports whether a notification came.
+	// write updates the watched row and reports whether a notification came:
+	// a sentinel sent after the update's commit arrives after the update's
+	// notification, if there is one (notifications are delivered in commit
+	// order), so no clock decides.
 	write := func() bool {
 		t.Helper()
 		exec(t, pool, "UPDATE corpus_notes SET title = title || '!' WHERE id = 1")
-		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		exec(t, pool, "SELECT pg_notify($1, 'sentinel')", statements.ChannelEvents)
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		_, err := conn.WaitForNotification(wctx)
-		return err == nil
+		n, err := conn.WaitForNotification(wctx)
+		require.NoError(t, err, "not even the sentinel came")
+		if n.Payload == "sentinel" {
+			return false
+		}
+		n, err = conn.WaitForNotification(wctx)
+		require.NoError(t, err)
+		require.Equal(t, "sentinel", n.Payload, "one notification per write")
+		return true
 	}
 
 	own, generic, _ := watchFunctionsNotify(t, pool, "public")

@@ -437,7 +437,7 @@ func (c *orderedChaos) startChild() {
 		_ = cmd.Wait()
 	}()
 	c.childExited = exited
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute) // a second or two when healthy
 	for {
 		var up bool
 		require.NoError(c.t, c.admin.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM outbox_relays WHERE river_client_id = $1)`,
@@ -640,7 +640,7 @@ func (c *orderedChaos) run(total int, duration time.Duration) {
 	c.killChild()
 	lastKill := time.Now()
 	settled := false
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
 		var left int
 		require.NoError(t, c.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_events WHERE fanned_out_at IS NULL)

@@ -1311,8 +1311,9 @@ func TestOrderedHungLiveWorkerKeepsItsJob(t *testing.T) {
 		mu    sync.Mutex
 		looks []time.Time
 	)
-	const after = time.Second
-	// Heartbeats every 100 ms (OrphanAfter / 3), well inside the bound.
+	const after = 3 * time.Second
+	// Heartbeats every 100 ms (OrphanAfter / 3): thirty within the bound, so
+	// a busy machine's stall of a second does not make the worker dead.
 	fast := &RelayConfig{Outbox: Outbox{OrphanAfter: 300 * time.Millisecond}}
 	startNode(t, url, nodeOpts{config: fast, clientID: "worker-hung", deadWorkerAfter: after, rescued: func() {
 		mu.Lock()
@@ -1943,15 +1944,16 @@ func TestOrderedLiveWorkerWithAHeldRegistryKeepsItsHead(t *testing.T) {
 	}}
 	audit := Subscriber{Name: "audit", Types: []string{"audit.*"}, Handle: func(context.Context, Event) error { return nil }}
 	fast := &RelayConfig{Outbox: Outbox{OrphanAfter: 300 * time.Millisecond}}
-	var looks atomic.Int32 // the relay's looks for dead workers
-	startNode(t, url, nodeOpts{config: fast, clientID: "worker-alive", deadWorkerAfter: time.Second,
+	var looks atomic.Int32        // the relay's looks for dead workers
+	const after = 3 * time.Second // thirty heartbeats: a busy machine's stall of a second is not death
+	startNode(t, url, nodeOpts{config: fast, clientID: "worker-alive", deadWorkerAfter: after,
 		rescued: func() { looks.Add(1) }}, ledger, audit)
 	e := recordEach(t, pool, Event{Type: "x", Subject: "s"})[0]
 	recv(t, started, 20*time.Second, "the run never started")
 
 	// An operator retires audit in a transaction of theirs, held until the
 	// relay has looked for dead workers three times after the dead-worker
-	// bound (1 s) has passed with the registry row held.
+	// bound has passed with the registry row held.
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
@@ -1959,7 +1961,7 @@ func TestOrderedLiveWorkerWithAHeldRegistryKeepsItsHead(t *testing.T) {
 	held := time.Now()
 	var from int32
 	require.True(t, holdsWithin(30*time.Second, func() bool {
-		if from == 0 && time.Since(held) > 1500*time.Millisecond {
+		if from == 0 && time.Since(held) > after+500*time.Millisecond {
 			from = looks.Load()
 		}
 		return from != 0 && looks.Load() >= from+3

@@ -630,7 +630,7 @@ func TestAListenerThatDialsIntoTheSilenceListensAgainAfterIt(t *testing.T) {
 	require.True(t, b.relay.Health().Listening)
 
 	proxy.silenceAll()
-	require.Eventually(t, func() bool { return !b.relay.Health().Listening }, 2*ping+time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return !b.relay.Health().Listening }, 2*ping+30*time.Second, time.Millisecond,
 		"the silent session is noticed")
 	// The first connection, pgconn's cancel request for the ping that
 	// timed out (it closes the connection that way), then the listener's
@@ -645,7 +645,8 @@ func TestAListenerThatDialsIntoTheSilenceListensAgainAfterIt(t *testing.T) {
 	healedAt := time.Now()
 	// The dial in the silence gives up within the silence bound, and the
 	// next one, after at most maxReconnectBackoffDefault, goes through.
-	bound := 2*ping + maxReconnectBackoffDefault + time.Second
+	// About 2.6 s when healthy; a dial hung in the handshake never ends.
+	bound := 2*ping + maxReconnectBackoffDefault + 30*time.Second
 	require.Eventually(t, func() bool { return b.relay.Health().Listening }, bound, time.Millisecond,
 		"the listener never listened again after the path came back")
 	t.Logf("listening again %v after the path came back; %d connections accepted", time.Since(healedAt), proxy.accepted.Load())
@@ -862,7 +863,10 @@ func failover(t *testing.T, outage time.Duration) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	relay, err := NewRelay(pool, &RelayConfig{Logger: quietLogger()})
+	// Polling a minute apart: a relay that waited out its backoff (capped
+	// at the poll interval) rather than waking when the database is back
+	// leaves the first event after the promotion waiting up to a minute.
+	relay, err := NewRelay(pool, &RelayConfig{Logger: quietLogger(), Listener: ListenerConfig{PollInterval: time.Minute}})
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(mapSub("audit", false, "**")))
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()})
@@ -948,7 +952,7 @@ func failover(t *testing.T, outage time.Duration) {
 	}, 30*time.Second, 5*time.Millisecond)
 	waited := time.Since(first.at)
 	t.Logf("first event after the promotion fanned out within %v of its commit", waited)
-	require.Less(t, waited, 2*time.Second, "the relay waited out its backoff after the database was back")
+	require.Less(t, waited, 15*time.Second, "the relay waited out its backoff after the database was back")
 
 	// Receipts resume.
 	receipts, err := awaiter.AwaitFanout(within(t, 30*time.Second), first.id)
@@ -1031,7 +1035,9 @@ func TestBusyRelayStillRetriesAndPrunes(t *testing.T) {
 	took := time.Duration(flakyFannedAt.Load() - flakyFailedAt.Load())
 	t.Logf("retried %v after its failure, with %d events still pending", took, left)
 	require.Greater(t, left, 10*batch, "the backlog must still be there for this to show anything")
-	require.Less(t, took, backoff+time.Second, "a due retry waited for the backlog")
+	// About 220 ms when healthy; a retry that waited for the backlog also
+	// finds it gone (the check above).
+	require.Less(t, took, backoff+10*time.Second, "a due retry waited for the backlog")
 
 	// Old rows to delete, made while the relay is busy.
 	require.True(t, b.relay.busy.Load(), "the relay's batches come back full")
@@ -1072,7 +1078,11 @@ func TestHalfOpenListeningConnectionsAreNoticed(t *testing.T) {
 
 	proxy.Blackhole()
 	silencedAt := time.Now()
-	bound := 2*ping + time.Second // ping interval + its timeout, and the reconnect
+	// A ping interval and its timeout, then the reconnect: under a second
+	// when healthy. Unpinged, the silence lasts as long as TCP's keepalive
+	// (hours) and polling is an hour away; the bound is wide for a busy
+	// machine.
+	bound := 2*ping + 15*time.Second
 
 	// The relay notices and says so, then listens again.
 	require.Eventually(t, func() bool { return !b.relay.Health().Listening }, bound, time.Millisecond,
@@ -1151,7 +1161,10 @@ func TestARolledBackNotifyDelaysCommittedOnesAtMostAPoll(t *testing.T) {
 			}, 30*time.Second, 5*time.Millisecond)
 			took := time.Since(committed)
 			t.Logf("fanned out %v after its quiet commit (%s)", took, how)
-			require.Less(t, took, poll+500*time.Millisecond, "a quiet commit waits at most about a poll interval")
+			// About a poll interval when healthy (300 ms); the bound is wide
+			// for a busy machine: what it guards against is waiting for a
+			// notification that never comes.
+			require.Less(t, took, poll+10*time.Second, "a quiet commit waits at most about a poll interval")
 		})
 	}
 }
@@ -2285,7 +2298,7 @@ func TestPollingFindsRowsWithoutANotification(t *testing.T) {
 		id := uuid.Must(uuid.NewV7())
 		_, err := b.pool.Exec(ctx, "INSERT INTO outbox_events (id, type) VALUES ($1, 'note.silent')", id)
 		require.NoError(t, err)
-		took := fannedWithin(t, b, id, 2*time.Second, "a silent row was not found by polling")
+		took := fannedWithin(t, b, id, 30*time.Second, "a silent row was not found by polling")
 		t.Logf("found after %v (poll interval 200ms)", took)
 	}
 }
@@ -2309,7 +2322,7 @@ func TestWithoutNotificationsEveryEventIsFannedOutWithinThePollInterval(t *testi
 			e, err = silent.Record(ctx, tx, Event{Type: "a"})
 			return err
 		}))
-		worst = max(worst, fannedWithin(t, b, e.ID, poll+time.Second, "not fanned out within the poll interval"))
+		worst = max(worst, fannedWithin(t, b, e.ID, poll+10*time.Second, "not fanned out within the poll interval"))
 		time.Sleep(time.Duration(i*37%300) * time.Millisecond) // spread over the poll phase
 	}
 	t.Logf("worst commit-to-fanned without notifications: %v (poll interval %v)", worst, poll)
@@ -2348,7 +2361,7 @@ func TestThrottledTransactionsAreFannedOutByTheRechecks(t *testing.T) {
 	}))
 	fannedWithin(t, b, first.ID, 30*time.Second, "the notified event")
 	e := <-quiet
-	took := fannedWithin(t, b, e.ID, 2*time.Second, "the throttled event waited for the poll")
+	took := fannedWithin(t, b, e.ID, 30*time.Second, "the throttled event waited for the poll")
 	t.Logf("throttled event fanned out %v after its commit", took)
 }
 
@@ -2371,7 +2384,7 @@ func TestTriggerWritesAreFoundByTheRechecks(t *testing.T) {
 		var id uuid.UUID
 		exec(t, b.pool, "UPDATE corpus_notes SET title = title || '!' WHERE id = 1")
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT id FROM outbox_events WHERE type = 'note.changed' ORDER BY seq DESC LIMIT 1").Scan(&id))
-		took := fannedWithin(t, b, id, 2*lull+2*time.Second, "a watched-table write after a lull waited for the hourly poll")
+		took := fannedWithin(t, b, id, 2*lull+30*time.Second, "a watched-table write after a lull waited for the hourly poll")
 		t.Logf("after a lull of %v: fanned out %v after its commit", lull, took)
 	}
 }
@@ -2407,7 +2420,9 @@ func TestTheRechecksSlowDownWhenIdle(t *testing.T) {
 			looks := polls.Load() - before
 			t.Logf("%d looks from an event to 3 s after its fan-out", looks)
 			require.GreaterOrEqual(t, looks, int64(5), "the relay looks again after activity")
-			require.LessOrEqual(t, looks, int64(30), "the looks thin out: every 2 ms for 16 ms, then 4 ms, 8 ms, … 512 ms, then the poll interval")
+			// About twenty when healthy (a second wake-up adds as many
+			// again); looks that never thin out are hundreds a second.
+			require.LessOrEqual(t, looks, int64(100), "the looks thin out: every 2 ms for 16 ms, then 4 ms, 8 ms, … 512 ms, then the poll interval")
 		})
 	}
 }

@@ -3,7 +3,6 @@ package webhook
 import (
 	"context"
 	"fmt"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -227,8 +226,9 @@ func TestRateLimitHoldsWithRiverDefaultPolling(t *testing.T) {
 		es[i] = events.Event{Type: "a", Subject: fmt.Sprint(i)}
 	}
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := events.RecordMany(ctx, tx, es); return err }))
-	// n at the limit take n/limit (6 s); allow twice that, and a poll.
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(times) >= n }, time.Duration(2*n/limit*float64(time.Second))+2*time.Second,
+	// n at the limit take n/limit (6 s); the rate is checked below, this
+	// bound only ends a stall.
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(times) >= n }, 60*time.Second,
 		50*time.Millisecond, "all %d delivered at about %v/s", n, limit)
 	mu.Lock()
 	defer mu.Unlock()
@@ -241,11 +241,14 @@ func TestRateLimitHoldsWithRiverDefaultPolling(t *testing.T) {
 	// What broke was slots dropped and reserved again (107 for 60 requests,
 	// 5.8/s): the schedule must move about once per request. Counted from the
 	// first request, not from the commit: the first delivery waits for a
-	// River poll (up to 1 s, ten slots) before any slot is taken. The rate over
-	// these 6 s moves with River's 1 s poll at either end, so its bound is
-	// looser (the two-process test holds the 10 %).
+	// River poll (up to 1 s, ten slots) before any slot is taken. That count
+	// is the guard. The rate is a ceiling (20 % over at most: it moves with
+	// River's 1 s poll at either end; the two-process test holds the 10 %);
+	// below half of the limit only a stall of the busy machine, or a limiter
+	// that throttles twice over, would be.
 	require.LessOrEqual(t, reservations, n+n/10, "slots wasted: %d reserved for %d requests", reservations, n)
-	require.Less(t, math.Abs(rate-limit)/limit, 0.20, "%.1f requests/s", rate)
+	require.LessOrEqual(t, rate, limit*1.2, "%.1f requests/s", rate)
+	require.GreaterOrEqual(t, rate, limit*0.5, "%.1f requests/s", rate)
 }
 
 // createAsV010 inserts an endpoint the way 0.1.0's Create does, as a 0.1.0

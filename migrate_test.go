@@ -672,6 +672,44 @@ func TestMigrateRebuildsAnIndexWhoseBuildWasCutShort(t *testing.T) {
 	}
 }
 
+// Four deploys migrate at once (TestMigrateConcurrentlyAndTwice): one
+// looks, finds 017's index missing and its version not applied, and before
+// its CREATE INDEX CONCURRENTLY runs, another builds the index, records 017
+// and goes on past 020, which partitions the table. The late build fails
+// ("cannot create index on partitioned table concurrently"); the version it
+// was building is done, and Migrate says so instead of failing.
+func TestMigrateFindsAnIndexVersionAnotherProcessFinishedUnderIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t, testdb.EmptyURL(t))
+	require.NoError(t, migrate(ctx, pool, outbox, 16))
+	sql, err := statementsFor(outbox.Schema)
+	require.NoError(t, err)
+	step, err := migrationTx(ctx, pool, sql)
+	require.NoError(t, err)
+	files, err := loadMigrations()
+	require.NoError(t, err)
+	i := slices.IndexFunc(files, func(f migrationFile) bool { return f.version == 17 })
+	require.True(t, files[i].outsideTx)
+
+	// The second look is the one just before the build: the other process
+	// migrates everything once it is done.
+	looks := 0
+	racing := func(f func(pgx.Tx) error) error {
+		err := step(f)
+		if looks++; looks == 2 {
+			require.NoError(t, outbox.Migrate(ctx, pool))
+		}
+		return err
+	}
+	require.NoError(t, migrateOutsideTx(ctx, pool, sql, racing, files[i]))
+	require.GreaterOrEqual(t, looks, 3, "the race was not staged: the build never ran after the other process")
+	var partitioned bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT relkind = 'p' FROM pg_class WHERE oid = 'outbox_events'::regclass").Scan(&partitioned))
+	require.True(t, partitioned)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+}
+
 // Two deploys migrate at once, each logging in as a user of its own and
 // acting as the schema's owner (SET ROLE), as migration tooling commonly
 // does. The second asks IndexState whether the index is being built, but

@@ -479,18 +479,22 @@ func TestAnOldReleasesCatchUpListIsServed(t *testing.T) {
 }
 
 // A helper loop drains a backlog at full speed, full batches and no rests,
-// unless its rounds meet fresh events: then it takes quarter batches and
-// rests after each (twice as long as the round took, at most owedRestMax),
-// so that fresh events get the machine. A trickle seldom meets a round:
-// with the rests keyed to "a fresh event in the last 100 ms", ten fresh
-// events a second made a 40,000-pair drain five times slower.
+// unless its rounds meet a flow of fresh events: then it takes quarter
+// batches and rests after each (twice as long as the round took, at most
+// owedRestMax), so that fresh events get the machine. A trickle does not
+// make it yield: with the rests keyed to "a fresh event in the last 100
+// ms", ten fresh events a second made a 40,000-pair drain five times
+// slower, and keyed to "a fresh event met the round", still two to three
+// times (eventsbench's backlog section).
 func TestAHelperLoopYieldsToFreshEventsOnlyWhileTheyMeetTheBacklog(t *testing.T) {
 	t.Parallel()
 	type helperRound struct {
 		batch int
 		rest  time.Duration
 	}
-	drain := func(t *testing.T, fresh bool) []helperRound {
+	// drain drains a backlog while fresh events are recorded every pace
+	// (0: back to back), or none.
+	drain := func(t *testing.T, fresh bool, pace time.Duration) []helperRound {
 		ctx := context.Background()
 		const backlog = 10_000
 		b := setup(t, setupOpts{}, mapSub("slow", false, "slow.*"), mapSub("fast", false, "fast.*"))
@@ -515,7 +519,7 @@ func TestAHelperLoopYieldsToFreshEventsOnlyWhileTheyMeetTheBacklog(t *testing.T)
 					select {
 					case <-done:
 						return
-					default:
+					case <-time.After(pace): // the load's shape, not a wait for a condition
 					}
 					b.record(t, Event{Type: "fast.changed"})
 				}
@@ -533,7 +537,7 @@ func TestAHelperLoopYieldsToFreshEventsOnlyWhileTheyMeetTheBacklog(t *testing.T)
 
 	t.Run("alone", func(t *testing.T) {
 		t.Parallel()
-		rounds := drain(t, false)
+		rounds := drain(t, false, 0)
 		require.NotEmpty(t, rounds, "no helper loop served the backlog")
 		for i, r := range rounds {
 			require.Equal(t, helperRound{BatchSizeDefault, 0}, r, "round %d of %d: a backlog with no fresh events yielded", i, len(rounds))
@@ -541,7 +545,7 @@ func TestAHelperLoopYieldsToFreshEventsOnlyWhileTheyMeetTheBacklog(t *testing.T)
 	})
 	t.Run("fresh events flowing", func(t *testing.T) {
 		t.Parallel()
-		rounds := drain(t, true)
+		rounds := drain(t, true, 0)
 		short := 0
 		for _, r := range rounds {
 			require.LessOrEqual(t, r.rest, owedRestMax)
@@ -555,4 +559,50 @@ func TestAHelperLoopYieldsToFreshEventsOnlyWhileTheyMeetTheBacklog(t *testing.T)
 		require.True(t, slices.ContainsFunc(rounds, func(r helperRound) bool { return r.rest > 0 }),
 			"the helper loop never rested for fresh events")
 	})
+	t.Run("a trickle of fresh events", func(t *testing.T) {
+		t.Parallel()
+		rounds := drain(t, true, 500*time.Millisecond)
+		require.NotEmpty(t, rounds, "no helper loop served the backlog")
+		for i, r := range rounds {
+			require.Equal(t, helperRound{BatchSizeDefault, 0}, r, "round %d of %d: the backlog yielded to a trickle", i, len(rounds))
+		}
+	})
+}
+
+// Fresh events flow at about 20 a second or more, or in a burst of three;
+// a trickle does not flow, however long it lasts.
+func TestFreshEventsFlowAtARateNotAfterEachTrickle(t *testing.T) {
+	t.Parallel()
+	start := time.Unix(1_000_000, 0)
+	steady := func(every time.Duration, n int) (flowsAfter, flowsBefore bool) {
+		var m freshMeter
+		now := start
+		for range n {
+			m.claimed(now, 1)
+			flowsAfter = m.flowing(now)
+			flowsBefore = m.flowing(now.Add(every - time.Millisecond))
+			now = now.Add(every)
+		}
+		return flowsAfter, flowsBefore
+	}
+	after, _ := steady(100*time.Millisecond, 1000)
+	require.False(t, after, "ten events a second flow")
+	after, _ = steady(70*time.Millisecond, 1000)
+	require.False(t, after, "fourteen events a second flow")
+	after, before := steady(20*time.Millisecond, 1000)
+	require.True(t, after, "fifty events a second do not flow")
+	require.True(t, before, "fifty events a second stop flowing between two")
+
+	var m freshMeter
+	require.False(t, m.flowing(start), "nothing claimed yet")
+	m.claimed(start, 2)
+	require.False(t, m.flowing(start))
+	m.claimed(start.Add(time.Millisecond), 1)
+	require.True(t, m.flowing(start.Add(time.Millisecond)), "a burst of three does not flow")
+	require.False(t, m.flowing(start.Add(150*time.Millisecond)), "a burst flows for ever")
+	m.claimed(start.Add(time.Second), 1000)
+	require.True(t, m.flowing(start.Add(time.Second+200*time.Millisecond)))
+	require.False(t, m.flowing(start.Add(time.Second+300*time.Millisecond)), "a large batch flows for ever")
+	m.claimed(start.Add(2*time.Second), 0)
+	require.False(t, m.flowing(start.Add(2*time.Second)), "an empty claim flows")
 }

@@ -176,9 +176,9 @@ type Relay struct {
 	busy        atomic.Bool  // the last pending round came back full
 	owedBusy    atomic.Bool  // the last deliveries round claimed pairs: more may be due
 
-	// lastFresh is when a pending round last claimed rows (unix
-	// nanoseconds): fresh events flow.
-	lastFresh atomic.Int64
+	// fresh counts the rows pending rounds claim: whether fresh events
+	// flow (freshFlowing).
+	fresh freshMeter
 
 	// owedTurn rotates the order in which deliveries rounds serve the
 	// subscribers (owedOrder).
@@ -674,8 +674,8 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	l.foundNone = len(claimed) == 0
 	if !l.foundNone {
 		l.active() // writes flow
-		r.lastFresh.Store(time.Now().UnixNano())
 	}
+	r.fresh.claimed(time.Now(), len(claimed))
 	full := len(claimed) == r.config.BatchSize
 	r.busy.Store(full)
 	if full {
@@ -849,9 +849,7 @@ func (r *Relay) helper(ctx context.Context) {
 				var claimed []int64
 				claimed, err = r.round(ctx, lanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
 				pending = err == nil && len(claimed) == r.config.BatchSize
-				if len(claimed) > 0 {
-					r.lastFresh.Store(time.Now().UnixNano())
-				}
+				r.fresh.claimed(time.Now(), len(claimed))
 			}
 			if err == nil && owed {
 				batch := r.config.BatchSize
@@ -867,10 +865,10 @@ func (r *Relay) helper(ctx context.Context) {
 				// times as long as they took, at most owedRestMax, so that
 				// the backlog takes at most a third of this loop's time
 				// while fresh events contend for the machine. A trickle of
-				// them seldom meets a round: the backlog drains at full
-				// speed. So does a loop that has pending rounds of its
-				// own to run.
-				contended = err == nil && owed && !pending && r.lastFresh.Load() >= began.Add(-took).UnixNano()
+				// them does not flow (freshFlowing): the backlog drains at
+				// full speed. So does a loop that has pending rounds of
+				// its own to run.
+				contended = err == nil && owed && !pending && r.freshFlowing() && r.fresh.last.Load() >= began.Add(-took).UnixNano()
 				rest := time.Duration(0)
 				if contended {
 					rest = min(owedYield*took, owedRestMax)

@@ -39,7 +39,8 @@ const owedLockClass = 7365111
 // Fresh events flow, and the deliveries lane makes room for them, while the
 // rows the pending lane claimed, counted with a decay of time constant
 // freshFlowing, reach freshFlowRows: about 20 events a second or more, or a
-// burst of three. A trickle does not flow: with the main loop leaving the
+// burst of three (rows, not rounds: a round slow enough to find three rows
+// of a trickle at once counts them as a burst). A trickle does not flow: with the main loop leaving the
 // backlog to the helpers for 100 ms after any fresh row, ten fresh events a
 // second made a 40,000-pair drain 2.45 times as long as alone; a fresh event
 // of a trickle waits for at most one round of the backlog instead.
@@ -63,11 +64,16 @@ func (m *freshMeter) claimed(now time.Time, n int) {
 	if n == 0 {
 		return
 	}
-	m.last.Store(now.UnixNano())
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// A caller descheduled between its clock reading and the lock counts
+	// as of the latest claim: the meter's clock never goes back.
+	if now.Before(m.at) {
+		now = m.at
+	}
 	m.rows = decayed(m.rows, now.Sub(m.at)) + float64(n)
 	m.at = now
+	m.last.Store(now.UnixNano())
 }
 
 // flowing reports whether fresh events flow at now.
@@ -185,6 +191,9 @@ func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) 
 		return false, fail(ctx, err)
 	}
 	claimed, full, err := r.owedRound(ctx, r.owedBatch())
+	if r.hooks.mainRound != nil && err == nil {
+		r.hooks.mainRound(laneOwed, len(claimed))
+	}
 	if err != nil {
 		if !fail(ctx, err) {
 			return false, false

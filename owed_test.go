@@ -493,7 +493,9 @@ func TestAHelperLoopYieldsToFreshEventsOnlyWhileTheyMeetTheBacklog(t *testing.T)
 		rest  time.Duration
 	}
 	// drain drains a backlog while fresh events are recorded every pace
-	// (0: back to back), or none.
+	// (0: back to back), or none. Between two pending rounds of the main
+	// loop, at most one of its rounds of the deliveries lane claims
+	// anything: a fresh event waits for at most one round of the backlog.
 	drain := func(t *testing.T, fresh bool, pace time.Duration) []helperRound {
 		ctx := context.Background()
 		const backlog = 10_000
@@ -507,31 +509,49 @@ func TestAHelperLoopYieldsToFreshEventsOnlyWhileTheyMeetTheBacklog(t *testing.T)
 			defer mu.Unlock()
 			rounds = append(rounds, helperRound{batch, rest})
 		}
+		var owedInARow, mostInARow int // the main loop's rounds of the backlog since its last pending round
+		b.relay.hooks.mainRound = func(l lane, claimed int) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case l == lanePending:
+				owedInARow = 0
+			case claimed > 0:
+				owedInARow++
+				mostInARow = max(mostInARow, owedInARow)
+			}
+		}
 		b.start(t)
 		b.settle(t)
 		require.NoError(t, outbox.PauseSubscriber(ctx, b.pool, "slow"))
 		oweTo(t, b.pool, "slow", "slow.changed", backlog)
+		resumed := time.Now()
+		require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
 		done := make(chan struct{})
 		var writer sync.WaitGroup
 		if fresh {
 			writer.Go(func() {
 				for {
+					b.record(t, Event{Type: "fast.changed"})
 					select {
 					case <-done:
 						return
 					case <-time.After(pace): // the load's shape, not a wait for a condition
 					}
-					b.record(t, Event{Type: "fast.changed"})
 				}
 			})
 		}
-		require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
 		require.Eventually(t, func() bool { return owedCount(t, b.pool) == 0 }, time.Minute, 10*time.Millisecond,
 			"the backlog was never drained")
+		if fresh {
+			require.Greater(t, b.relay.fresh.last.Load(), resumed.UnixNano(),
+				"no fresh event was claimed during the drain: the test shows nothing")
+		}
 		close(done)
 		writer.Wait()
 		mu.Lock()
 		defer mu.Unlock()
+		require.LessOrEqual(t, mostInARow, 1, "the main loop ran rounds of the backlog back to back, a fresh event waiting for each")
 		return slices.Clone(rounds)
 	}
 
@@ -605,4 +625,12 @@ func TestFreshEventsFlowAtARateNotAfterEachTrickle(t *testing.T) {
 	require.False(t, m.flowing(start.Add(time.Second+300*time.Millisecond)), "a large batch flows for ever")
 	m.claimed(start.Add(2*time.Second), 0)
 	require.False(t, m.flowing(start.Add(2*time.Second)), "an empty claim flows")
+
+	// A claim whose caller read the clock before another's and took the
+	// lock after it counts as of the later one.
+	var late freshMeter
+	late.claimed(start.Add(time.Second), 1)
+	late.claimed(start, 2)
+	require.Equal(t, start.Add(time.Second).UnixNano(), late.last.Load(), "the meter's clock went back")
+	require.True(t, late.flowing(start.Add(time.Second)), "three rows at once do not flow")
 }

@@ -272,6 +272,9 @@ type testHooks struct {
 	// helperOwedRound is told the batch of each round of the deliveries
 	// lane that a helper loop runs, and how long the loop rests after it.
 	helperOwedRound func(batch int, rest time.Duration)
+	// mainRound is told the lane of each round the main loop runs, and how
+	// many rows (pending) or events (deliveries) it claimed.
+	mainRound func(l lane, claimed int)
 	// floorClaim is told where each pending-lane batch claim of the
 	// relay's own starts (see claimfloor).
 	floorClaim func(claimfloor.Claim)
@@ -666,6 +669,9 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		return true, true
 	}
 	l.succeeded()
+	if r.hooks.mainRound != nil {
+		r.hooks.mainRound(lanePending, len(claimed))
+	}
 	if listened {
 		// Listening (or polling only), and caught up with what was there
 		// before.
@@ -682,7 +688,11 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		r.helpWake.Send() // plenty of work: a helper loop may join
 	}
 	helped := r.owedHelped()
-	if (full || r.owedBusy.Load()) && !l.otherTurns(ctx, !helped) {
+	// The busy turn's round of the deliveries lane looks for a backlog
+	// nobody has found yet; one that is known gets its round below, and two
+	// rounds in a row would hold the next fresh event back twice.
+	owedDue := r.owedBusy.Load()
+	if (full || owedDue) && !l.otherTurns(ctx, !helped && !owedDue) {
 		return false, false
 	}
 	owed := false
@@ -693,7 +703,7 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		// so a fresh event never waits for a round of the backlog.
 		r.helpWake.Send()
 		return full, true
-	case r.owedBusy.Load():
+	case owedDue:
 		// A backlog and room for it (no fresh events, or one round in
 		// flight): its round follows every pending one.
 		owed, ok = r.owedPass(ctx, l.failed)

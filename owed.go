@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"math"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -40,10 +39,11 @@ const owedLockClass = 7365111
 // rows the pending lane claimed, counted with a decay of time constant
 // freshFlowing, reach freshFlowRows: about 20 events a second or more, or a
 // burst of three (rows, not rounds: a round slow enough to find three rows
-// of a trickle at once counts them as a burst). A trickle does not flow: with the main loop leaving the
-// backlog to the helpers for 100 ms after any fresh row, ten fresh events a
-// second made a 40,000-pair drain 2.45 times as long as alone; a fresh event
-// of a trickle waits for at most one round of the backlog instead.
+// of a trickle at once counts them as a burst). A trickle does not flow:
+// with the main loop leaving the backlog to the helpers for 100 ms after any
+// fresh row, ten fresh events a second made a 40,000-pair drain 2.45 times
+// as long as alone; a fresh event of a trickle waits for at most one round
+// of the backlog instead.
 const (
 	freshFlowing  = 100 * time.Millisecond
 	freshFlowRows = 2.5
@@ -51,12 +51,9 @@ const (
 
 // freshMeter counts the rows the pending lane claims, for freshFlowing.
 type freshMeter struct {
-	// last is when a pending round last claimed rows (unix nanoseconds).
-	last atomic.Int64
-
 	mu   sync.Mutex
 	rows float64   // rows claimed, decayed to at
-	at   time.Time // when rows was last decayed
+	at   time.Time // when a pending round last claimed rows
 }
 
 // claimed counts n rows a pending round claimed at now.
@@ -73,17 +70,23 @@ func (m *freshMeter) claimed(now time.Time, n int) {
 	}
 	m.rows = decayed(m.rows, now.Sub(m.at)) + float64(n)
 	m.at = now
-	m.last.Store(now.UnixNano())
 }
 
 // flowing reports whether fresh events flow at now.
 func (m *freshMeter) flowing(now time.Time) bool {
-	if now.Sub(time.Unix(0, m.last.Load())) >= 3*freshFlowing {
-		return false // decayed below a twentieth: gone, whatever the count
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if now.Sub(m.at) >= 3*freshFlowing {
+		return false // decayed below a twentieth: gone, whatever the count
+	}
 	return decayed(m.rows, now.Sub(m.at)) >= freshFlowRows
+}
+
+// last returns when a pending round last claimed rows.
+func (m *freshMeter) last() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.at
 }
 
 // decayed is rows after d of decay with time constant freshFlowing.

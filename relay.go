@@ -878,7 +878,7 @@ func (r *Relay) helper(ctx context.Context) {
 				// them does not flow (freshFlowing): the backlog drains at
 				// full speed. So does a loop that has pending rounds of
 				// its own to run.
-				contended = err == nil && owed && !pending && r.freshFlowing() && r.fresh.last.Load() >= began.Add(-took).UnixNano()
+				contended = err == nil && owed && !pending && r.freshFlowing() && !r.fresh.last().Before(began.Add(-took))
 				rest := time.Duration(0)
 				if contended {
 					rest = min(owedYield*took, owedRestMax)

@@ -243,8 +243,12 @@ func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, tru
 	defer mu.Unlock()
 	for i, at := range receipts {
 		switch {
-		case at.Before(passed):
+		case !at.Add(lat[i]).After(passed):
+			// Received before the pass began.
 		case at.Before(pruned):
+			// Waited while the pass ran: committed during it, or before
+			// and received during it (a slow receipt can outlast a short
+			// window, leaving no commit inside it).
 			run.during = append(run.during, lat[i])
 		case at.Before(pruned.Add(o.RetentionWindow)):
 			run.after = append(run.after, lat[i])

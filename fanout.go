@@ -46,6 +46,9 @@ type claimedRow struct {
 type owedPair struct {
 	sub      string
 	attempts int
+	// due is when the pair fell due, and now the database clock at the
+	// claim: they move the subscriber's claim floor (package owedfloor).
+	due, now time.Time
 }
 
 // scanClaimed reads a row selected with claimColumns.
@@ -72,7 +75,7 @@ func collectClaimed(rows pgx.Rows, l lane) ([]claimedRow, error) {
 			c claimedRow
 			p owedPair
 		)
-		if err := rows.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &p.attempts, &c.traceContext, &p.sub); err != nil {
+		if err := rows.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &p.attempts, &c.traceContext, &p.sub, &p.due, &p.now); err != nil {
 			return nil, err
 		}
 		i, ok := index[c.Seq]
@@ -290,7 +293,9 @@ func (r *Relay) roundTx(ctx context.Context, db Beginner, l lane, claimSQL strin
 // where the relay's claim floor says (ClaimFrom, or ClaimBatch for a full
 // rescan), and ended, called once the round has committed or failed, moves
 // the floor, or lowers it to where the claim started (the rows it held are
-// pending again); nil for other claims.
+// pending again). A deliveries-lane claim (ClaimOwed) starts at its
+// subscribers' floors (owedRound), and ended raises them once the round has
+// committed. ended is nil for other claims.
 func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, claimSQL string, args []any,
 ) (tx pgx.Tx, batch []claimedRow, ended func(committed bool), release func(), err error) {
 	if !own {
@@ -351,6 +356,15 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 	if err != nil {
 		c.Release()
 		return nil, nil, nil, nil, err
+	}
+	if l == laneOwed && claimSQL == r.sql.ClaimOwed {
+		limit := int(args[1].(int64))
+		look := !slices.ContainsFunc(args[4].([]time.Time), func(t time.Time) bool { return !t.IsZero() })
+		ended = func(committed bool) {
+			if committed {
+				r.observeOwed(batch, limit, look)
+			}
+		}
 	}
 	if floored {
 		size := int(args[0].(int64))

@@ -530,7 +530,7 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 		var secs *float64
 		var xmin int64
 		var started time.Time
-		require.NoError(t, conn.QueryRow(ctx, b.relay.sql.Poll, []string{"audit"}, floor, int64(0), []int64(nil)).Scan(&waiting, &secs, &xmin, &started))
+		require.NoError(t, conn.QueryRow(ctx, b.relay.sql.Poll, []string{"audit"}, floor, int64(0), []int64(nil), []time.Time{{}}, []int64{0}).Scan(&waiting, &secs, &xmin, &started))
 		require.True(t, waiting)
 	}
 	got = pendingEntriesRead(t, conn) - before
@@ -630,7 +630,7 @@ func TestAWriterLeftOpenDoesNotPinTheClaimFloor(t *testing.T) {
 		xmin    int64
 		started time.Time
 	)
-	require.NoError(t, conn.QueryRow(ctx, b.relay.sql.Poll, []string{"audit"}, floor.From, floor.FromSeq, floor.Running).Scan(&waiting, &secs, &xmin, &started))
+	require.NoError(t, conn.QueryRow(ctx, b.relay.sql.Poll, []string{"audit"}, floor.From, floor.FromSeq, floor.Running, []time.Time{{}}, []int64{0}).Scan(&waiting, &secs, &xmin, &started))
 	require.True(t, waiting)
 	require.Less(t, pendingEntriesRead(t, conn)-before, int64(100), "the polls walk the dead entries from the open writer's transaction")
 

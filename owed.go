@@ -6,6 +6,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/standmeet/events/internal/owedfloor"
 )
 
 // The deliveries lane. A delivery is owed when its
@@ -113,13 +115,59 @@ func (r *Relay) owedRound(ctx context.Context, batch int) (claimed []int64, full
 		return nil, false, nil
 	}
 	names, ordered := r.owedOrder()
-	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, names, int64(batch), ordered, int32(owedLockClass))
+	fromDue, fromSeq := r.owedFrom(names, true)
+	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, names, int64(batch), ordered, int32(owedLockClass), fromDue, fromSeq)
 	// A batch is counted in deliveries, and an event brings every delivery of it
 	// that is due: any claim says more may be due. One empty round ends the
 	// lane's turn.
 	full = err == nil && len(claimed) > 0
 	r.owedBusy.Store(full)
 	return claimed, full, err
+}
+
+// owedFrom returns where the next claim of names' owed pairs starts, as
+// the statements take it: their floors, or, for a claim (claim), the start
+// of every range when a look is due (package owedfloor). The idle poll
+// reads from the floors: a pair below one (a long transaction's, committed
+// late) waits for a claim's look.
+func (r *Relay) owedFrom(names []string, claim bool) (due []time.Time, seq []int64) {
+	var from []owedfloor.Position
+	if claim {
+		from, _ = r.owedFloors.Next(names, time.Now())
+	} else {
+		from = r.owedFloors.Peek(names)
+	}
+	due, seq = make([]time.Time, len(from)), make([]int64, len(from))
+	for i, p := range from {
+		due[i], seq[i] = p.Due, p.Seq
+	}
+	return due, seq
+}
+
+// observeOwed moves the claim floors of the subscribers whose pairs a
+// committed round of the deliveries lane claimed (package owedfloor) to the
+// last pair it claimed of each; a claim that came back short of its limit
+// read each of their ranges to the end, and moves them to the clock at the
+// claim, less the slack. look says the claim started from the start.
+func (r *Relay) observeOwed(batch []claimedRow, limit int, look bool) {
+	last := map[string]owedfloor.Position{}
+	pairs := 0
+	var now time.Time
+	for _, c := range batch {
+		for _, p := range c.owed {
+			pairs++
+			now = p.now
+			if s := owedfloor.Seen(p.due, c.Seq, p.now, owedfloor.Slack); s.After(last[p.sub]) {
+				last[p.sub] = s
+			}
+		}
+	}
+	for sub, p := range last {
+		if pairs < limit {
+			p = owedfloor.Position{Due: now.Add(-owedfloor.Slack)}
+		}
+		r.owedFloors.Observe(sub, p, look)
+	}
 }
 
 // owedOrder returns the relay's subscribers, and whether each is ordered,

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/owedfloor"
 	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/testdb"
 )
@@ -633,4 +634,129 @@ func TestFreshEventsFlowAtARateNotAfterEachTrickle(t *testing.T) {
 	late.claimed(start, 2)
 	require.Equal(t, start.Add(time.Second), late.last(), "the meter's clock went back")
 	require.True(t, late.flowing(start.Add(time.Second)), "three rows at once do not flow")
+}
+
+// claimIndexEntriesRead is how many entries of the deliveries lane's claim
+// index the server has read so far, this connection's included.
+func claimIndexEntriesRead(t *testing.T, conn *pgx.Conn) int64 {
+	t.Helper()
+	ctx := context.Background()
+	_, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+	require.NoError(t, err)
+	var n int64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+		WHERE indexrelname = 'outbox_deliveries_claim_idx'`).Scan(&n))
+	return n
+}
+
+// Under a held snapshot, the pairs a drain served (deleted) leave their
+// entries in the claim index, and VACUUM may not remove them: a claim that
+// read the subscriber's range from its start stepped over every one of
+// them, round after round, during the drain (n²/2 entries over a drain of
+// n pairs) and at every idle pass after it (issue 31's "claims that do not
+// step over the dead rows"). Claims start at the subscriber's floor: where
+// the last committed round's claim ended. A pair owed later is still found
+// from there.
+func TestOwedClaimsStartAfterThePairsServedUnderAHeldSnapshot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const n, batch = 3_000, 100
+	url := floorURL(t)
+	cfg := &RelayConfig{BatchSize: batch}
+	admin := testdb.Pool(t, url)
+	b := setup(t, setupOpts{url: url, pool: admin, config: cfg}, mapSub("slow", false, "**"))
+	require.NoError(t, b.relay.Start(ctx, b.client))
+	require.NoError(t, b.relay.Stop(ctx))
+	require.NoError(t, outbox.PauseSubscriber(ctx, admin, "slow"))
+	oweTo(t, admin, "slow", "slow.changed", n)
+	// Owed since the pause, a minute ago: due well before the slack the
+	// floor leaves below the clock (owedfloor.Slack).
+	exec(t, admin, "UPDATE outbox_deliveries SET next_attempt_at = now() - interval '1 minute'")
+	exec(t, admin, "ANALYZE")
+	holdSnapshot(t, url)
+	require.NoError(t, outbox.ResumeSubscriber(ctx, admin, "slow"))
+
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	before := claimIndexEntriesRead(t, conn)
+
+	// The drain, by a relay on a pool of its own: its backends report what
+	// they read as they exit.
+	pcfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "owed-drain"
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	d := setup(t, setupOpts{url: url, pool: pool, config: cfg}, mapSub("slow", false, "**"))
+	d.relay.hooks.owedLook = time.Hour // only the run's first claim looks from the start
+	require.NoError(t, d.relay.Start(ctx, d.client))
+	require.Eventually(t, func() bool {
+		var owed bool
+		require.NoError(t, conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM outbox_deliveries)").Scan(&owed))
+		return !owed
+	}, 60*time.Second, 10*time.Millisecond, "the pairs were not delivered")
+	d.waitIdle(t)
+	require.NoError(t, d.relay.Stop(ctx))
+	pool.Close()
+	require.Eventually(t, func() bool {
+		var left int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'owed-drain'`).Scan(&left))
+		return left == 0
+	}, 30*time.Second, 5*time.Millisecond, "the drain's backends did not exit")
+	drained := claimIndexEntriesRead(t, conn) - before
+	t.Logf("claim index entries read by a drain of %d pairs in batches of %d: %d", n, batch, drained)
+	// Each pair once, and the pairs of the other loop's round in flight
+	// that a claim steps over (SKIP LOCKED): about 3n. From the start each
+	// round, a drain reads about n²/(2·batch) = 45,000, and every idle
+	// poll after it another n.
+	require.Less(t, drained, int64(5*n), "the drain's claims walk the pairs served before them")
+
+	// Its floor, as the next claims would start: a pair owed after the
+	// drain is above it, and the n dead entries are below.
+	claim := func(from owedfloor.Position) int {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
+		rows, err := tx.Query(ctx, d.relay.sql.ClaimOwed, []string{"slow"}, int64(batch), []bool{false}, int32(owedLockClass),
+			[]time.Time{from.Due}, []int64{from.Seq})
+		require.NoError(t, err)
+		claimed, err := collectClaimed(rows, laneOwed)
+		require.NoError(t, err)
+		return len(claimed)
+	}
+	floors, look := d.relay.owedFloors.Next([]string{"slow"}, time.Now())
+	require.False(t, look)
+	before = claimIndexEntriesRead(t, conn)
+	require.Zero(t, claim(owedfloor.Position{}))
+	fromStart := claimIndexEntriesRead(t, conn) - before
+	require.GreaterOrEqual(t, fromStart, int64(n), "the served pairs left no dead entries to step over")
+	before = claimIndexEntriesRead(t, conn)
+	require.Zero(t, claim(floors[0]))
+	fromFloor := claimIndexEntriesRead(t, conn) - before
+	t.Logf("claim index entries read by a claim from the start: %d; from the floor: %d", fromStart, fromFloor)
+	require.Less(t, fromFloor, int64(batch))
+
+	// So does an idle relay's poll for the next pair due.
+	poll := func(from owedfloor.Position) {
+		t.Helper()
+		var waiting bool
+		var secs *float64
+		var xmin int64
+		var started time.Time
+		require.NoError(t, conn.QueryRow(ctx, d.relay.sql.Poll, []string{"slow"}, int64(0), int64(0), []int64(nil),
+			[]time.Time{from.Due}, []int64{from.Seq}).Scan(&waiting, &secs, &xmin, &started))
+	}
+	before = claimIndexEntriesRead(t, conn)
+	poll(floors[0])
+	fromFloor = claimIndexEntriesRead(t, conn) - before
+	t.Logf("claim index entries read by a poll from the floor: %d", fromFloor)
+	require.Less(t, fromFloor, int64(batch), "the idle poll walks the pairs served before the floor")
+
+	require.NoError(t, outbox.PauseSubscriber(ctx, admin, "slow"))
+	oweTo(t, admin, "slow", "slow.changed", 1)
+	require.NoError(t, outbox.ResumeSubscriber(ctx, admin, "slow"))
+	require.Equal(t, 1, claim(floors[0]), "a pair owed after the drain is below the floor")
 }

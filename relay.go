@@ -24,6 +24,7 @@ import (
 	"github.com/standmeet/events/internal/listener"
 	"github.com/standmeet/events/internal/logging"
 	"github.com/standmeet/events/internal/maintenance"
+	"github.com/standmeet/events/internal/owedfloor"
 	"github.com/standmeet/events/internal/startstop"
 	"github.com/standmeet/events/internal/statements"
 	"github.com/standmeet/events/internal/wake"
@@ -183,6 +184,9 @@ type Relay struct {
 	// owedTurn rotates the order in which deliveries rounds serve the
 	// subscribers (owedOrder).
 	owedTurn atomic.Uint64
+	// owedFloors are where the deliveries lane's claims start, per
+	// subscriber (package owedfloor): set by launch, for one run.
+	owedFloors *owedfloor.Floors
 
 	// claimFloor is where the pending lane's batch claims start (see
 	// package claimfloor): set by launch, for one run, before its loops.
@@ -269,6 +273,9 @@ const callbackQueue = 1000
 type testHooks struct {
 	// claimFloor is the claim floor's rescan schedule (zero: the defaults).
 	claimFloor claimfloor.Schedule
+	// owedLook is how often the deliveries lane's claims look from the
+	// start (zero: owedfloor.LookEvery).
+	owedLook time.Duration
 	// helperOwedRound is told the batch of each round of the deliveries
 	// lane that a helper loop runs, and how long the loop rests after it.
 	helperOwedRound func(batch int, rest time.Duration)
@@ -494,6 +501,7 @@ func (r *Relay) launch(ctx context.Context, run *startstop.Run) {
 	r.run = run
 	r.claimFloor = &claimfloor.Floor{Schedule: r.hooks.claimFloor}
 	r.claimFloor.Start(r.startFloor, time.Now())
+	r.owedFloors = &owedfloor.Floors{LookEvery: r.hooks.owedLook}
 	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
 	run.Drain(r.callbacks)
 	r.reconnected, r.wake, r.helpWake, r.floorLookSoon = wake.New(), wake.New(), wake.New(), wake.New()
@@ -931,7 +939,8 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 		xmin        int64
 		serverStart time.Time
 	)
-	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From, look.FromSeq, look.Running).Scan(&waiting, &secs, &xmin, &serverStart); err != nil {
+	fromDue, fromSeq := r.owedFrom(r.known, false)
+	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From, look.FromSeq, look.Running, fromDue, fromSeq).Scan(&waiting, &secs, &xmin, &serverStart); err != nil {
 		return 0, err
 	}
 	if r.claimFloor.Check(look, xmin) {

@@ -17,16 +17,24 @@
 -- name; a round that does not get it serves the others): two rounds whose
 -- SKIP LOCKED claims interleaved within a subject would each hold an
 -- earlier pair the other waits for, and defer.
+--
+-- Each subscriber's claim starts at its floor ($5[i], $6[i]: due time and
+-- event seq, see package owedfloor), not at the start of its range: under a
+-- held snapshot the entries of every pair served since stay in the index.
+-- Each row also returns the pair's due time and the clock, from which the
+-- relay moves the floor.
 WITH s AS MATERIALIZED (
-    SELECT u.name FROM unnest($1::text[], $3::boolean[]) WITH ORDINALITY AS u(name, ordered, ord)
+    SELECT u.name, u.from_due, u.from_seq
+      FROM unnest($1::text[], $3::boolean[], $5::timestamptz[], $6::bigint[]) WITH ORDINALITY AS u(name, ordered, from_due, from_seq, ord)
      WHERE EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_subscribers r
                     WHERE r.name = u.name AND r.retired_at IS NULL AND r.paused_at IS NULL)
        AND (NOT u.ordered OR pg_try_advisory_xact_lock($4::integer, hashtext(u.name)))
      ORDER BY u.ord)
-SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber
+SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber, d.next_attempt_at, now()
   FROM s CROSS JOIN LATERAL (
-       SELECT p.event_seq, p.subscriber, p.attempts FROM /* TEMPLATE: schema */outbox_deliveries p
+       SELECT p.event_seq, p.subscriber, p.attempts, p.next_attempt_at FROM /* TEMPLATE: schema */outbox_deliveries p
         WHERE p.subscriber = s.name AND p.poisoned_at IS NULL AND p.next_attempt_at <= now()
+          AND (p.next_attempt_at, p.event_seq) >= (s.from_due, s.from_seq)
           -- A pair whose event is gone (deleted by hand) is left, not
           -- counted against the batch: it would take every round's share.
           AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_events x WHERE x.seq = p.event_seq)
@@ -37,8 +45,8 @@ SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attem
    FOR UPDATE OF e SKIP LOCKED;
 
 -- name: ClaimOwedOne
--- As ClaimOwed, for the event $2 only.
-SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber
+-- As ClaimOwed, for the event $2 only, from the start.
+SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber, d.next_attempt_at, now()
   FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
  WHERE d.subscriber = ANY($1::text[]) AND d.poisoned_at IS NULL AND d.next_attempt_at <= now()
    AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_subscribers s

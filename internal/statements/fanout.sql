@@ -84,19 +84,22 @@ SELECT seq, id, type, subject, scope, payload, created_at, attempts, trace_conte
 -- outbox_events_claim_floor_idx) and when the next failed event or owed
 -- pair of its subscribers $1 is due; each through a small partial index
 -- (failed events: outbox_retry_next; owed pairs: the first entry of each
--- active subscriber's range of the claim index, so a backlog costs nothing
--- here), the oldest transaction running (a failover, see claimfloor) and
+-- active subscriber's range of the claim index from its floor $5[i], $6[i]
+-- (package owedfloor), so neither a backlog nor the pairs served under a
+-- held snapshot cost anything here), the oldest transaction running (a
+-- failover, see claimfloor) and
 -- when the server started (a restart, which a relay without a listener may
 -- not otherwise notice: the pool replaces dead connections quietly).
 SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8, $3::bigint, $4::bigint[]::text[]::xid8[]),
        extract(epoch FROM least(
            /* TEMPLATE: schema */outbox_retry_next(),
            (SELECT min(d.next_attempt_at)
-              FROM unnest($1::text[]) AS u(name)
+              FROM unnest($1::text[], $5::timestamptz[], $6::bigint[]) AS u(name, from_due, from_seq)
              CROSS JOIN LATERAL (
                    SELECT p.next_attempt_at FROM /* TEMPLATE: schema */outbox_deliveries p
                     WHERE p.subscriber = u.name AND p.poisoned_at IS NULL
-                    ORDER BY p.next_attempt_at LIMIT 1) d
+                      AND (p.next_attempt_at, p.event_seq) >= (u.from_due, u.from_seq)
+                    ORDER BY p.next_attempt_at, p.event_seq LIMIT 1) d
              WHERE u.name NOT IN (SELECT name FROM /* TEMPLATE: schema */outbox_subscribers
                                    WHERE paused_at IS NOT NULL OR retired_at IS NOT NULL))) - now()),
        pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_postmaster_start_time();

@@ -22,6 +22,7 @@ import (
 	"github.com/standmeet/events/internal/claimfloor"
 	"github.com/standmeet/events/internal/dbutil"
 	"github.com/standmeet/events/internal/hostcall"
+	"github.com/standmeet/events/internal/owedfloor"
 )
 
 // claimedRow is an event a round holds locked.
@@ -358,11 +359,16 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 		return nil, nil, nil, nil, err
 	}
 	if l == laneOwed && claimSQL == r.sql.ClaimOwed {
-		limit := int(args[1].(int64))
-		look := !slices.ContainsFunc(args[4].([]time.Time), func(t time.Time) bool { return !t.IsZero() })
+		names, dues, seqs := args[0].([]string), args[4].([]time.Time), args[5].([]int64)
+		from := make(map[string]owedfloor.Position, len(names))
+		look := true
+		for i, name := range names {
+			from[name] = owedfloor.Position{Due: dues[i], Seq: seqs[i]}
+			look = look && dues[i].IsZero()
+		}
 		ended = func(committed bool) {
 			if committed {
-				r.observeOwed(batch, limit, look)
+				r.observeOwed(batch, from, look)
 			}
 		}
 	}
@@ -445,10 +451,12 @@ func (r *Relay) lookBelow(ctx context.Context, look claimfloor.Below) (found *in
 }
 
 // lookBelowSoon makes the look below the claim floor from the start due at
-// once: the database restarted or was away, and a crash may have lost the
-// asynchronous commits of rounds that moved the floor.
+// once, and the next claim of owed pairs a look: the database restarted or
+// was away, and a crash may have lost the asynchronous commits of rounds
+// that moved the floors.
 func (r *Relay) lookBelowSoon() {
 	r.claimFloor.LookSoon()
+	r.owedFloors.Reset()
 	r.floorLookSoon.Send()
 }
 

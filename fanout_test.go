@@ -248,6 +248,69 @@ func TestALateCommitIsAboveTheClaimFloor(t *testing.T) {
 	require.Equal(t, 1, jobs)
 }
 
+// The same across the partition ring's rotations and retention's TRUNCATEs
+// (issue 31's test): a transaction that recorded in one period commits
+// several periods later, after the relays fanned out events in the
+// partitions between and retention emptied expired ones, with a snapshot
+// held all along (over another table: one over outbox_events would keep
+// every partition from being emptied). Its event is claimed from the floor,
+// once: no look below the floor runs in this test.
+func TestALateCommitAcrossRotationsIsAboveTheClaimFloor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := floorURL(t)
+	// Rows expire after two and a half periods: a partition is still whole
+	// when it leaves the two that hosts write to (retention's DELETEs would
+	// otherwise empty it row by row first).
+	b := setup(t, setupOpts{url: url, config: &RelayConfig{Retention: 2500 * time.Millisecond, RetentionInterval: 100 * time.Millisecond}},
+		mapSub("audit", false, "**"))
+	b.relay.hooks.claimFloor = noRescan
+	var emptied atomic.Int64
+	b.relay.hooks.truncated = func(string) { emptied.Add(1) }
+	exec(t, b.pool, "SELECT outbox_set_partition_period('1 second')")
+	snap, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer snap.Close(ctx)
+	held, err := snap.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	require.NoError(t, err)
+	defer func() { _ = held.Rollback(ctx) }()
+	_, err = held.Exec(ctx, "SELECT count(*) FROM river_job")
+	require.NoError(t, err)
+	b.start(t)
+	b.settle(t)
+
+	late, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = late.Rollback(ctx) }()
+	lateEvent, err := Record(ctx, late, Event{Type: "late"})
+	require.NoError(t, err)
+	var lateSlot int
+	// Its slot, as the column's default computes it: reading outbox_events
+	// here would lock every partition for as long as the transaction runs,
+	// and retention could empty none.
+	require.NoError(t, late.QueryRow(ctx, "SELECT outbox_slot_of(now())").Scan(&lateSlot))
+
+	// Events in the periods after, fanned out, until retention has emptied
+	// a partition and the ring has moved two periods on.
+	var ids []uuid.UUID
+	require.Eventually(t, func() bool {
+		ids = append(ids, b.record(t, Event{Type: "meanwhile"}, Event{Type: "meanwhile"})[0].ID)
+		var slot int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT outbox_slot_of(now())").Scan(&slot))
+		return emptied.Load() > 0 && (slot-lateSlot+10)%10 >= 2
+	}, 60*time.Second, 20*time.Millisecond, "retention emptied no partition, or the ring did not move")
+	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Positive(t, b.relay.claimFloor.Current(), "the relay claims from a floor")
+
+	require.NoError(t, late.Commit(ctx))
+	require.Eventually(t, func() bool { return fannedOut(t, b.pool, lateEvent.ID) }, 30*time.Second, 5*time.Millisecond,
+		"the late commit was left under the floor")
+	var jobs int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE args->>'event_id' = $1", lateEvent.ID.String()).Scan(&jobs))
+	require.Equal(t, 1, jobs)
+	t.Logf("%d partitions emptied while the late transaction ran", emptied.Load())
+}
+
 // A row that another round held locked while the floor passed it, and that
 // the round then let go of (it rolled back), is found by the settled
 // rescan: not at the hourly full rescan.

@@ -146,27 +146,21 @@ func (r *Relay) owedFrom(names []string, claim bool) (due []time.Time, seq []int
 
 // observeOwed moves the claim floors of the subscribers whose pairs a
 // committed round of the deliveries lane claimed (package owedfloor) to the
-// last pair it claimed of each; a claim that came back short of its limit
-// read each of their ranges to the end, and moves them to the clock at the
-// claim, less the slack. look says the claim started from the start.
-func (r *Relay) observeOwed(batch []claimedRow, limit int, look bool) {
+// last pair it claimed of each. from is where the claim started, per
+// subscriber, and look whether it started from the start. A claim that came
+// back short does not move them further: a row its SKIP LOCKED dropped
+// (its event held by another round, or a Backfill) left it short too.
+func (r *Relay) observeOwed(batch []claimedRow, from map[string]owedfloor.Position, look bool) {
 	last := map[string]owedfloor.Position{}
-	pairs := 0
-	var now time.Time
 	for _, c := range batch {
 		for _, p := range c.owed {
-			pairs++
-			now = p.now
 			if s := owedfloor.Seen(p.due, c.Seq, p.now, owedfloor.Slack); s.After(last[p.sub]) {
 				last[p.sub] = s
 			}
 		}
 	}
 	for sub, p := range last {
-		if pairs < limit {
-			p = owedfloor.Position{Due: now.Add(-owedfloor.Slack)}
-		}
-		r.owedFloors.Observe(sub, p, look)
+		r.owedFloors.Observe(sub, from[sub], p, look)
 	}
 }
 

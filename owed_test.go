@@ -760,3 +760,52 @@ func TestOwedClaimsStartAfterThePairsServedUnderAHeldSnapshot(t *testing.T) {
 	require.NoError(t, outbox.ResumeSubscriber(ctx, admin, "slow"))
 	require.Equal(t, 1, claim(floors[0]), "a pair owed after the drain is below the floor")
 }
+
+// A claim whose SKIP LOCKED dropped a pair (its event held by another
+// session: another subscriber's round, a Backfill) comes back short of its
+// limit without having read the subscriber's range to the end: it must not
+// move the floor past the pairs it did not read. Found by review: a short
+// claim moved the floor to the clock less a second, over every pair of a
+// backlog due before it, until the next look.
+func TestAClaimShortBecauseAnEventWasLockedLeavesTheRestAboveTheFloor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const n, batch = 300, 100
+	b := setup(t, setupOpts{config: &RelayConfig{BatchSize: batch}}, mapSub("slow", false, "**"))
+	require.NoError(t, b.relay.Start(ctx, b.client))
+	require.NoError(t, b.relay.Stop(ctx))
+	require.NoError(t, outbox.PauseSubscriber(ctx, b.pool, "slow"))
+	oweTo(t, b.pool, "slow", "slow.changed", n)
+	exec(t, b.pool, "UPDATE outbox_deliveries SET next_attempt_at = now() - interval '1 minute'")
+	require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
+
+	// Another session holds the 50th pair's event, as a Backfill does.
+	var seq50 int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT event_seq FROM outbox_deliveries ORDER BY event_seq OFFSET 49 LIMIT 1").Scan(&seq50))
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, "SELECT 1 FROM outbox_events WHERE seq = $1 FOR KEY SHARE", seq50)
+	require.NoError(t, err)
+
+	r := b.relay
+	r.owedFloors = &owedfloor.Floors{LookEvery: time.Hour}
+	claim := func() int {
+		t.Helper()
+		names := []string{"slow"}
+		due, seq := r.owedFrom(names, true)
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
+		rows, err := tx.Query(ctx, r.sql.ClaimOwed, names, int64(batch), []bool{false}, int32(owedLockClass), due, seq)
+		require.NoError(t, err)
+		got, err := collectClaimed(rows, laneOwed)
+		require.NoError(t, err)
+		// As if the round had committed (its pairs served): the floor moves.
+		r.observeOwed(got, map[string]owedfloor.Position{"slow": {Due: due[0], Seq: seq[0]}}, due[0].IsZero())
+		return len(got)
+	}
+	require.Equal(t, batch-1, claim(), "the run's first claim (a look) did not drop the held event's pair")
+	require.NoError(t, holder.Rollback(ctx))
+	require.Equal(t, batch, claim(), "a claim short only because an event was held moved the floor past the pairs due after it")
+}

@@ -104,19 +104,31 @@ func (f *Floors) Peek(names []string) []Position {
 	return from
 }
 
-// Observe moves name's floor to p once the round whose claim reached p has
-// committed. After a claim from the floors it only raises it: the pairs a
-// round claimed below another round's floor were served by it. After a look
-// it sets it, lower too: pairs the look found below the floor (a long
-// transaction's, committed late) are served from there on, a batch a round,
-// not a batch a look.
-func (f *Floors) Observe(name string, p Position, look bool) {
+// Observe moves name's floor to p once a round whose claim started at from
+// and reached p has committed. After a look it sets it, lower too: pairs
+// the look found below the floor (a long transaction's, committed late) are
+// served from there on, a batch a round, not a batch a look. After a claim
+// from the floors it only raises it, and only from a floor the claim
+// started at or below: the pairs a round claimed below another round's
+// floor were served by it, and a claim that started above a floor a look
+// has lowered since did not read what lies between.
+func (f *Floors) Observe(name string, from, p Position, look bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.floors == nil {
 		f.floors = map[string]Position{}
 	}
-	if look || p.After(f.floors[name]) {
+	cur := f.floors[name]
+	if look || !from.After(cur) && p.After(cur) {
 		f.floors[name] = p
 	}
+}
+
+// Reset drops every floor and makes the next claim a look: the database
+// restarted or was away, and a crash may have lost the asynchronous commits
+// of rounds that moved the floors (their pairs are owed again, below them).
+func (f *Floors) Reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.floors, f.lookAt = nil, time.Time{}
 }

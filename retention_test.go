@@ -175,8 +175,18 @@ func TestRetentionByPartitionsSoak(t *testing.T) {
 		b      *testBundle
 		cancel context.CancelFunc
 	}
+	// The relays' connections are named, so that the soak can kill them.
+	relayPool := func() *pgxpool.Pool {
+		cfg, err := pgxpool.ParseConfig(url)
+		require.NoError(t, err)
+		cfg.ConnConfig.RuntimeParams["application_name"] = "soak-relay"
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		return pool
+	}
 	start := func() running {
-		b := setup(t, setupOpts{url: url, config: &RelayConfig{BatchSize: 20,
+		b := setup(t, setupOpts{url: url, pool: relayPool(), config: &RelayConfig{BatchSize: 20,
 			Retention: 300 * time.Millisecond, RetentionInterval: 100 * time.Millisecond,
 			RetryBackoff: 50 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond}},
 			mapSub("audit", false, "**"), mapSub("mail", false, "order.*"), flaky)
@@ -278,12 +288,21 @@ func TestRetentionByPartitionsSoak(t *testing.T) {
 			_ = tx.Rollback(ctx)
 		}
 	})
+	var killed int64
 	deadline := time.Now().Add(15 * time.Second)
 	for i := 0; time.Now().Before(deadline); i++ {
 		time.Sleep(700 * time.Millisecond)
 		k := i % len(relays)
 		stop(relays[k])
 		relays[k] = start()
+		// And a connection of some relay killed, mid-round or not: its
+		// round (or listener, or River's work) dies with it.
+		var n int64
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
+			SELECT pid FROM pg_stat_activity
+			 WHERE datname = current_database() AND application_name = 'soak-relay' AND state <> 'idle'
+			 ORDER BY random() LIMIT 1) k`).Scan(&n))
+		killed += n
 		// "mail" is paused for a second in every five: its pairs are owed
 		// meanwhile, across rotations, and served when it resumes.
 		switch i % 7 {
@@ -341,8 +360,8 @@ func TestRetentionByPartitionsSoak(t *testing.T) {
 		require.LessOrEqual(t, jobs["audit"][id], 1, "audit's jobs for %s", id)
 		require.LessOrEqual(t, jobs["flaky"][id], 1, "flaky's jobs for %s", id)
 	}
-	t.Logf("%d events committed, %d rolled back, %d of unknown outcome; %d partitions emptied",
-		len(committed), len(rolledBack), len(unknown), emptied.Load())
+	t.Logf("%d events committed, %d rolled back, %d of unknown outcome; %d partitions emptied; %d relay connections killed",
+		len(committed), len(rolledBack), len(unknown), emptied.Load(), killed)
 	require.Positive(t, emptied.Load(), "retention never emptied a partition")
 }
 

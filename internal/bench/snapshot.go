@@ -188,13 +188,16 @@ func snapshotRun(ctx context.Context, h *harness, o Options, held bool) (snapsho
 	// table: a look for pending rows every few milliseconds would step over
 	// the dead entries the held snapshot keeps, and take a core from the
 	// relay it measures.
-	if err := waitFor(ctx, 10*time.Minute, "draining the backlog", func() (bool, error) {
-		if fl.count() < fannedBefore+o.SnapshotBacklog {
-			return false, nil
-		}
-		any, err := pending(ctx, pool)
-		return !any, err
-	}); err != nil {
+	fannedOut := func(what string, before int) error {
+		return waitFor(ctx, 10*time.Minute, what, func() (bool, error) {
+			if fl.count() < before+o.SnapshotBacklog {
+				return false, nil
+			}
+			any, err := pending(ctx, pool)
+			return !any, err
+		})
+	}
+	if err := fannedOut("draining the backlog", fannedBefore); err != nil {
 		return res, err
 	}
 	res.drain = time.Since(began)
@@ -209,13 +212,7 @@ func snapshotRun(ctx context.Context, h *harness, o Options, held bool) (snapsho
 	if err := recordTurns(ctx, pool, "snap.changed", o.SnapshotBacklog, 1000); err != nil {
 		return res, err
 	}
-	if err := waitFor(ctx, 10*time.Minute, "fanning the owed backlog out", func() (bool, error) {
-		if fl.count() < fannedBefore+o.SnapshotBacklog {
-			return false, nil
-		}
-		any, err := pending(ctx, pool)
-		return !any, err
-	}); err != nil {
+	if err := fannedOut("fanning the owed backlog out", fannedBefore); err != nil {
 		return res, err
 	}
 	began = time.Now()

@@ -422,14 +422,16 @@ func TestAutoDisableRecordsAnEvent(t *testing.T) {
 	got, err := b.wh.Get(ctx, ep.ID)
 	require.NoError(t, err)
 	require.False(t, got.Enabled)
-	page, err := outbox.ListEvents(ctx, b.pool, events.ListEventsParams{State: events.EventRecent, Type: EventEndpointDisabled})
+	// One statement, whatever the event's state: listing the fanned-out
+	// events and then the pending ones missed it when the relay fanned it
+	// out between the two.
+	var payloads []string
+	rows, err := b.pool.Query(ctx, "SELECT payload::text FROM outbox_events WHERE type = $1", EventEndpointDisabled)
 	require.NoError(t, err)
-	if len(page.Events) == 0 {
-		page, err = outbox.ListEvents(ctx, b.pool, events.ListEventsParams{State: events.EventPending, Type: EventEndpointDisabled})
-		require.NoError(t, err)
-	}
-	require.Len(t, page.Events, 1)
-	require.Contains(t, string(page.Events[0].Payload), ep.ID.String())
+	payloads, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, payloads, 1)
+	require.Contains(t, payloads[0], ep.ID.String())
 }
 
 // Recover re-delivers exactly the failed deliveries of a time range, after

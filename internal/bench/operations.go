@@ -235,7 +235,21 @@ func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, tru
 	passed := start.Add(o.RetentionWindow)
 	run.took = time.Since(passed)
 	pruned := passed.Add(max(run.took, o.RetentionWindow))
-	time.Sleep(time.Until(pruned.Add(o.RetentionWindow)))
+	// A window after the pass, and at least one receipt committed in it:
+	// on a loaded machine a receipt can take longer than a short window
+	// (the smoke test's), and the writer awaits each before the next.
+	afterEnd := pruned.Add(o.RetentionWindow)
+	time.Sleep(time.Until(afterEnd))
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		mu.Lock()
+		got := len(receipts) > 0 && !receipts[len(receipts)-1].Before(pruned)
+		mu.Unlock()
+		if got {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	afterEnd = time.Now()
 	if err := stop(); err != nil {
 		return run, err
 	}
@@ -250,7 +264,7 @@ func pruneUnderLoad(ctx context.Context, h *harness, o Options, rep *Report, tru
 			// and received during it (a slow receipt can outlast a short
 			// window, leaving no commit inside it).
 			run.during = append(run.during, lat[i])
-		case at.Before(pruned.Add(o.RetentionWindow)):
+		case at.Before(afterEnd):
 			run.after = append(run.after, lat[i])
 		}
 	}

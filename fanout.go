@@ -38,8 +38,7 @@ type claimedRow struct {
 	// traceContext is the recording request's W3C trace context (JSON), or
 	// nil.
 	traceContext []byte
-	// slot is the partition the row is in (pending lane): the stamp names
-	// the batch's.
+	// slot is the partition the row is in: the stamp names the batch's.
 	slot int16
 }
 
@@ -76,7 +75,7 @@ func collectClaimed(rows pgx.Rows, l lane) ([]claimedRow, error) {
 			c claimedRow
 			p owedPair
 		)
-		if err := rows.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &p.attempts, &c.traceContext, &p.sub, &p.due, &p.now); err != nil {
+		if err := rows.Scan(&c.Seq, &c.ID, &c.Type, &c.Subject, &c.Scope, &c.Payload, &c.CreatedAt, &p.attempts, &c.traceContext, &p.sub, &p.due, &p.now, &c.slot); err != nil {
 			return nil, err
 		}
 		i, ok := index[c.Seq]
@@ -598,6 +597,7 @@ func (r *Relay) queueStampOwed(b *pgx.Batch, batch []claimedRow, fanout [][]fano
 	var (
 		seqs     = make([]int64, 0, len(batch))
 		docs     = make([]string, 0, len(batch))
+		slots    = make([]int16, 0, len(batch))
 		doneSeqs []int64
 		doneSubs []string
 		served   []uuid.UUID
@@ -606,6 +606,7 @@ func (r *Relay) queueStampOwed(b *pgx.Batch, batch []claimedRow, fanout [][]fano
 		if len(fanout[i]) > 0 {
 			seqs = append(seqs, c.Seq)
 			docs = append(docs, encodeFanout(fanout[i]))
+			slots = append(slots, c.slot)
 		}
 		for _, o := range c.owed {
 			if !isFailed[[2]any{c.Seq, o.sub}] && !chains.isDeferred(c.Seq, o.sub) {
@@ -620,7 +621,7 @@ func (r *Relay) queueStampOwed(b *pgx.Batch, batch []claimedRow, fanout [][]fano
 	if len(seqs) == 0 && len(doneSeqs) == 0 {
 		return
 	}
-	b.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs)
+	b.Queue(r.sql.StampOwed, seqs, docs, doneSeqs, doneSubs, slots)
 	r.queueNotifyFanned(b, served)
 }
 

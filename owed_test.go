@@ -761,13 +761,13 @@ func TestOwedClaimsStartAfterThePairsServedUnderAHeldSnapshot(t *testing.T) {
 	require.Equal(t, 1, claim(floors[0]), "a pair owed after the drain is below the floor")
 }
 
-// A claim whose SKIP LOCKED dropped a pair (its event held by another
-// session: another subscriber's round, a Backfill) comes back short of its
-// limit without having read the subscriber's range to the end: it must not
-// move the floor past the pairs it did not read. Found by review: a short
-// claim moved the floor to the clock less a second, over every pair of a
-// backlog due before it, until the next look.
-func TestAClaimShortBecauseAnEventWasLockedLeavesTheRestAboveTheFloor(t *testing.T) {
+// A claim that meets a pair whose event another session holds (another
+// subscriber's round, a Backfill) steps over it and fills its batch from
+// the pairs after it, and moves the floor only to what it claimed. Found by
+// review: the claim dropped such a pair after its limit and came back
+// short, and a short claim moved the floor to the clock less a second, over
+// every pair of a backlog due before it, until the next look.
+func TestAClaimThatMeetsAHeldEventLeavesTheRestAboveTheFloor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const n, batch = 300, 100
@@ -805,7 +805,8 @@ func TestAClaimShortBecauseAnEventWasLockedLeavesTheRestAboveTheFloor(t *testing
 		r.observeOwed(got, map[string]owedfloor.Position{"slow": {Due: due[0], Seq: seq[0]}}, due[0].IsZero())
 		return len(got)
 	}
-	require.Equal(t, batch-1, claim(), "the run's first claim (a look) did not drop the held event's pair")
+	// The claim steps over the held event's pair and fills its batch.
+	require.Equal(t, batch, claim(), "the run's first claim (a look) came back short for a held event")
 	require.NoError(t, holder.Rollback(ctx))
-	require.Equal(t, batch, claim(), "a claim short only because an event was held moved the floor past the pairs due after it")
+	require.Equal(t, batch, claim(), "a claim that met a held event moved the floor past the pairs due after it")
 }

@@ -30,23 +30,26 @@ WITH s AS MATERIALIZED (
                     WHERE r.name = u.name AND r.retired_at IS NULL AND r.paused_at IS NULL)
        AND (NOT u.ordered OR pg_try_advisory_xact_lock($4::integer, hashtext(u.name)))
      ORDER BY u.ord)
-SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber, d.next_attempt_at, now()
+SELECT d.seq, d.id, d.type, d.subject, d.scope, d.payload, d.created_at, d.attempts, d.trace_context, d.subscriber, d.next_attempt_at, now(), d.slot
   FROM s CROSS JOIN LATERAL (
-       SELECT p.event_seq, p.subscriber, p.attempts, p.next_attempt_at FROM /* TEMPLATE: schema */outbox_deliveries p
+       -- The event is read and locked with its pair, before the limit: a
+       -- pair whose event is gone (deleted by hand) is left, not counted
+       -- against the batch (it would take every round's share), and so is
+       -- one whose event another round holds (SKIP LOCKED), so that a claim
+       -- that comes back short has read its range to the end.
+       SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, e.trace_context, e.slot,
+              p.subscriber, p.attempts, p.next_attempt_at
+         FROM /* TEMPLATE: schema */outbox_deliveries p
+         JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = p.event_seq
         WHERE p.subscriber = s.name AND p.poisoned_at IS NULL AND p.next_attempt_at <= now()
           AND (p.next_attempt_at, p.event_seq) >= (s.from_due, s.from_seq)
-          -- A pair whose event is gone (deleted by hand) is left, not
-          -- counted against the batch: it would take every round's share.
-          AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_events x WHERE x.seq = p.event_seq)
         ORDER BY p.next_attempt_at, p.event_seq LIMIT $2
-          FOR UPDATE SKIP LOCKED) d
-  JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
- LIMIT $2
-   FOR UPDATE OF e SKIP LOCKED;
+          FOR UPDATE OF p, e SKIP LOCKED) d
+ LIMIT $2;
 
 -- name: ClaimOwedOne
 -- As ClaimOwed, for the event $2 only, from the start.
-SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber, d.next_attempt_at, now()
+SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attempts, e.trace_context, d.subscriber, d.next_attempt_at, now(), e.slot
   FROM /* TEMPLATE: schema */outbox_deliveries d JOIN /* TEMPLATE: schema */outbox_events e ON e.seq = d.event_seq
  WHERE d.subscriber = ANY($1::text[]) AND d.poisoned_at IS NULL AND d.next_attempt_at <= now()
    AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */outbox_subscribers s
@@ -56,13 +59,14 @@ SELECT e.seq, e.id, e.type, e.subject, e.scope, e.payload, e.created_at, d.attem
 
 -- name: StampOwed
 -- The deliveries lane's stamp: the events' fanouts extended by the new jobs
--- ($1 seqs, $2 fanout documents) and the pairs served ($3 seqs, $4
+-- ($1 seqs, $2 fanout documents, $5 the events' slots, so that each row's
+-- partition is probed, not all ten) and the pairs served ($3 seqs, $4
 -- subscribers) deleted, in the round's transaction.
 WITH f AS (
     UPDATE /* TEMPLATE: schema */outbox_events AS e
        SET fanout = coalesce(e.fanout, '{}') || u.fanout::jsonb
-      FROM unnest($1::bigint[], $2::text[]) AS u(seq, fanout)
-     WHERE e.seq = u.seq)
+      FROM unnest($1::bigint[], $2::text[], $5::smallint[]) AS u(seq, fanout, slot)
+     WHERE e.seq = u.seq AND e.slot = u.slot)
 DELETE FROM /* TEMPLATE: schema */outbox_deliveries AS d
  USING unnest($3::bigint[], $4::text[]) AS p(seq, sub)
  WHERE d.event_seq = p.seq AND d.subscriber = p.sub;

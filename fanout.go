@@ -22,7 +22,6 @@ import (
 	"github.com/standmeet/events/internal/claimfloor"
 	"github.com/standmeet/events/internal/dbutil"
 	"github.com/standmeet/events/internal/hostcall"
-	"github.com/standmeet/events/internal/owedfloor"
 )
 
 // claimedRow is an event a round holds locked.
@@ -359,15 +358,9 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l lane, c
 	}
 	if l == laneOwed && claimSQL == r.sql.ClaimOwed {
 		names, dues, seqs := args[0].([]string), args[4].([]time.Time), args[5].([]int64)
-		from := make(map[string]owedfloor.Position, len(names))
-		look := true
-		for i, name := range names {
-			from[name] = owedfloor.Position{Due: dues[i], Seq: seqs[i]}
-			look = look && dues[i].IsZero()
-		}
 		ended = func(committed bool) {
 			if committed {
-				r.observeOwed(batch, from, look)
+				r.observeOwed(batch, names, dues, seqs)
 			}
 		}
 	}

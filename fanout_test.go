@@ -217,6 +217,29 @@ func holdSnapshot(t *testing.T, url string) {
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
 }
 
+// recordOpen records an event of type typ in a transaction it leaves open
+// for the test to commit (rolled back at the test's end otherwise).
+func recordOpen(t *testing.T, b *testBundle, typ string) (pgx.Tx, Event) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	e, err := Record(ctx, tx, Event{Type: typ})
+	require.NoError(t, err)
+	return tx, e
+}
+
+// requireFannedOutOnce waits for the event id to be fanned out (what says
+// what it means if it is not) and requires one job for it.
+func requireFannedOutOnce(t *testing.T, b *testBundle, id uuid.UUID, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return fannedOut(t, b.pool, id) }, 30*time.Second, 5*time.Millisecond, what)
+	var jobs int
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM river_job WHERE args->>'event_id' = $1", id.String()).Scan(&jobs))
+	require.Equal(t, 1, jobs)
+}
+
 // A transaction that recorded its event before the relays fanned out
 // thousands of others, and commits after, with a snapshot held all along:
 // its event is above every floor (its transaction was running at every
@@ -231,21 +254,13 @@ func TestALateCommitIsAboveTheClaimFloor(t *testing.T) {
 	b.start(t)
 	b.settle(t)
 
-	late, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = late.Rollback(ctx) }()
-	lateEvent, err := Record(ctx, late, Event{Type: "late"})
-	require.NoError(t, err)
+	late, lateEvent := recordOpen(t, b, "late")
 
 	fanOutMeanwhile(t, b)
 	require.Positive(t, b.relay.claimFloor.Current(), "the relay claims from a floor")
 
 	require.NoError(t, late.Commit(ctx))
-	require.Eventually(t, func() bool { return fannedOut(t, b.pool, lateEvent.ID) }, 30*time.Second, 5*time.Millisecond,
-		"the late commit was left under the floor")
-	var jobs int
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE args->>'event_id' = $1", lateEvent.ID.String()).Scan(&jobs))
-	require.Equal(t, 1, jobs)
+	requireFannedOutOnce(t, b, lateEvent.ID, "the late commit was left under the floor")
 }
 
 // The same across the partition ring's rotations and retention's TRUNCATEs
@@ -279,11 +294,7 @@ func TestALateCommitAcrossRotationsIsAboveTheClaimFloor(t *testing.T) {
 	b.start(t)
 	b.settle(t)
 
-	late, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = late.Rollback(ctx) }()
-	lateEvent, err := Record(ctx, late, Event{Type: "late"})
-	require.NoError(t, err)
+	late, lateEvent := recordOpen(t, b, "late")
 	var lateSlot int
 	// Its slot, as the column's default computes it: reading outbox_events
 	// here would lock every partition for as long as the transaction runs,
@@ -303,11 +314,7 @@ func TestALateCommitAcrossRotationsIsAboveTheClaimFloor(t *testing.T) {
 	require.Positive(t, b.relay.claimFloor.Current(), "the relay claims from a floor")
 
 	require.NoError(t, late.Commit(ctx))
-	require.Eventually(t, func() bool { return fannedOut(t, b.pool, lateEvent.ID) }, 30*time.Second, 5*time.Millisecond,
-		"the late commit was left under the floor")
-	var jobs int
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE args->>'event_id' = $1", lateEvent.ID.String()).Scan(&jobs))
-	require.Equal(t, 1, jobs)
+	requireFannedOutOnce(t, b, lateEvent.ID, "the late commit was left under the floor")
 	t.Logf("%d partitions emptied while the late transaction ran", emptied.Load())
 }
 
@@ -534,12 +541,19 @@ type statsConn interface {
 // indexes the server has read so far.
 func pendingEntriesRead(t *testing.T, db statsConn) int64 {
 	t.Helper()
+	return indexEntriesRead(t, db, `^outbox_events_(\d+_)?(pending|claim_floor)_idx$`) // every partition's
+}
+
+// indexEntriesRead is how many entries of the indexes whose names match
+// pattern the server has read so far, db's own included.
+func indexEntriesRead(t *testing.T, db statsConn, pattern string) int64 {
+	t.Helper()
 	ctx := context.Background()
 	_, err := db.Exec(ctx, "SELECT pg_stat_force_next_flush()") // this backend's counts so far
 	require.NoError(t, err)
 	var n int64
 	require.NoError(t, db.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-		WHERE indexrelname ~ '^outbox_events_(\d+_)?(pending|claim_floor)_idx$'`).Scan(&n)) // every partition's
+		WHERE indexrelname ~ $1`, pattern).Scan(&n))
 	return n
 }
 
@@ -632,11 +646,7 @@ func TestAWriterLeftOpenDoesNotPinTheClaimFloor(t *testing.T) {
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	b.relay.hooks.claimFloor = noRescan
 	holdSnapshot(t, url) // the dead entries stay, whatever autovacuum does
-	open, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = open.Rollback(ctx) }()
-	openEvent, err := Record(ctx, open, Event{Type: "open"})
-	require.NoError(t, err)
+	open, openEvent := recordOpen(t, b, "open")
 	var openXid int64
 	require.NoError(t, open.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&openXid))
 

@@ -115,7 +115,8 @@ func (r *Relay) owedRound(ctx context.Context, batch int) (claimed []int64, full
 		return nil, false, nil
 	}
 	names, ordered := r.owedOrder()
-	fromDue, fromSeq := r.owedFrom(names, true)
+	floors, _ := r.owedFloors.Next(names, time.Now()) // or the start of every range: a look
+	fromDue, fromSeq := floorArgs(floors)
 	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, names, int64(batch), ordered, int32(owedLockClass), fromDue, fromSeq)
 	// A batch is counted in deliveries, and an event brings every delivery of it
 	// that is due: any claim says more may be due. One empty round ends the
@@ -125,20 +126,10 @@ func (r *Relay) owedRound(ctx context.Context, batch int) (claimed []int64, full
 	return claimed, full, err
 }
 
-// owedFrom returns where the next claim of names' owed pairs starts, as
-// the statements take it: their floors, or, for a claim (claim), the start
-// of every range when a look is due (package owedfloor). The idle poll
-// reads from the floors: a pair below one (a long transaction's, committed
-// late) waits for a claim's look.
-func (r *Relay) owedFrom(names []string, claim bool) (due []time.Time, seq []int64) {
-	var from []owedfloor.Position
-	if claim {
-		from, _ = r.owedFloors.Next(names, time.Now())
-	} else {
-		from = r.owedFloors.Peek(names)
-	}
-	due, seq = make([]time.Time, len(from)), make([]int64, len(from))
-	for i, p := range from {
+// floorArgs is floors as the statements take them: due times and seqs.
+func floorArgs(floors []owedfloor.Position) (due []time.Time, seq []int64) {
+	due, seq = make([]time.Time, len(floors)), make([]int64, len(floors))
+	for i, p := range floors {
 		due[i], seq[i] = p.Due, p.Seq
 	}
 	return due, seq
@@ -146,11 +137,11 @@ func (r *Relay) owedFrom(names []string, claim bool) (due []time.Time, seq []int
 
 // observeOwed moves the claim floors of the subscribers whose pairs a
 // committed round of the deliveries lane claimed (package owedfloor) to the
-// last pair it claimed of each. from is where the claim started, per
-// subscriber, and look whether it started from the start. A claim that came
-// back short does not move them further: a row its SKIP LOCKED dropped
-// (its event held by another round, or a Backfill) left it short too.
-func (r *Relay) observeOwed(batch []claimedRow, from map[string]owedfloor.Position, look bool) {
+// last pair it claimed of each. The claim started at names' floors (due
+// times dues, seqs seqs). Only to what it claimed: pairs it stepped over
+// (SKIP LOCKED: another round held them, or their events) are below, for
+// that round or the next look.
+func (r *Relay) observeOwed(batch []claimedRow, names []string, dues []time.Time, seqs []int64) {
 	last := map[string]owedfloor.Position{}
 	for _, c := range batch {
 		for _, p := range c.owed {
@@ -159,8 +150,10 @@ func (r *Relay) observeOwed(batch []claimedRow, from map[string]owedfloor.Positi
 			}
 		}
 	}
-	for sub, p := range last {
-		r.owedFloors.Observe(sub, from[sub], p, look)
+	for i, name := range names {
+		if p, ok := last[name]; ok {
+			r.owedFloors.Observe(name, owedfloor.Position{Due: dues[i], Seq: seqs[i]}, p)
+		}
 	}
 }
 

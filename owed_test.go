@@ -640,13 +640,7 @@ func TestFreshEventsFlowAtARateNotAfterEachTrickle(t *testing.T) {
 // index the server has read so far, this connection's included.
 func claimIndexEntriesRead(t *testing.T, conn *pgx.Conn) int64 {
 	t.Helper()
-	ctx := context.Background()
-	_, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
-	require.NoError(t, err)
-	var n int64
-	require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-		WHERE indexrelname = 'outbox_deliveries_claim_idx'`).Scan(&n))
-	return n
+	return indexEntriesRead(t, conn, `^outbox_deliveries_claim_idx$`)
 }
 
 // Under a held snapshot, the pairs a drain served (deleted) leave their
@@ -793,7 +787,8 @@ func TestAClaimThatMeetsAHeldEventLeavesTheRestAboveTheFloor(t *testing.T) {
 	claim := func() int {
 		t.Helper()
 		names := []string{"slow"}
-		due, seq := r.owedFrom(names, true)
+		floors, _ := r.owedFloors.Next(names, time.Now())
+		due, seq := floorArgs(floors)
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
@@ -802,7 +797,7 @@ func TestAClaimThatMeetsAHeldEventLeavesTheRestAboveTheFloor(t *testing.T) {
 		got, err := collectClaimed(rows, laneOwed)
 		require.NoError(t, err)
 		// As if the round had committed (its pairs served): the floor moves.
-		r.observeOwed(got, map[string]owedfloor.Position{"slow": {Due: due[0], Seq: seq[0]}}, due[0].IsZero())
+		r.observeOwed(got, names, due, seq)
 		return len(got)
 	}
 	// The claim steps over the held event's pair and fills its batch.

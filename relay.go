@@ -939,7 +939,9 @@ func (r *Relay) poll(ctx context.Context, pollAt *time.Time) (time.Duration, err
 		xmin        int64
 		serverStart time.Time
 	)
-	fromDue, fromSeq := r.owedFrom(r.known, false)
+	// From the owed floors, taking no look: a pair below one (a long
+	// transaction's, committed late) waits for a claim's look.
+	fromDue, fromSeq := floorArgs(r.owedFloors.Peek(r.known))
 	if err := r.pool.QueryRow(ctx, r.sql.Poll, r.known, look.From, look.FromSeq, look.Running, fromDue, fromSeq).Scan(&waiting, &secs, &xmin, &serverStart); err != nil {
 		return 0, err
 	}

@@ -45,6 +45,9 @@ type Position struct {
 	Seq int64
 }
 
+// isStart reports whether p is the zero Position, before every pair.
+func (p Position) isStart() bool { return p.Due.IsZero() && p.Seq == 0 }
+
 // After reports whether p is past q.
 func (p Position) After(q Position) bool {
 	return p.Due.After(q.Due) || p.Due.Equal(q.Due) && p.Seq > q.Seq
@@ -105,21 +108,22 @@ func (f *Floors) Peek(names []string) []Position {
 }
 
 // Observe moves name's floor to p once a round whose claim started at from
-// and reached p has committed. After a look it sets it, lower too: pairs
-// the look found below the floor (a long transaction's, committed late) are
-// served from there on, a batch a round, not a batch a look. After a claim
-// from the floors it only raises it, and only from a floor the claim
-// started at or below: the pairs a round claimed below another round's
-// floor were served by it, and a claim that started above a floor a look
-// has lowered since did not read what lies between.
-func (f *Floors) Observe(name string, from, p Position, look bool) {
+// and reached p has committed. A claim from the start (from is the zero
+// Position: a look, or the run's first claims) sets it, lower too: pairs it
+// found below the floor (a long transaction's, committed late) are served
+// from there on, a batch a round, not a batch a look. A claim from a floor
+// only raises it, and only from a floor it started at or below: the pairs a
+// round claimed below another round's floor were served by it, and a claim
+// that started above a floor a look has lowered since did not read what
+// lies between.
+func (f *Floors) Observe(name string, from, p Position) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.floors == nil {
 		f.floors = map[string]Position{}
 	}
 	cur := f.floors[name]
-	if look || !from.After(cur) && p.After(cur) {
+	if from.isStart() || !from.After(cur) && p.After(cur) {
 		f.floors[name] = p
 	}
 }

@@ -15,7 +15,7 @@ func TestARunsFirstClaimLooksAndThenOneEveryLookEvery(t *testing.T) {
 	from, look := f.Next(names, t0)
 	require.True(t, look)
 	require.Equal(t, []Position{{}, {}}, from)
-	f.Observe("a", from[0], Position{Due: t0, Seq: 7}, look)
+	f.Observe("a", from[0], Position{Due: t0, Seq: 7})
 	from, look = f.Next(names, t0.Add(LookEvery/2))
 	require.False(t, look)
 	require.Equal(t, []Position{{Due: t0, Seq: 7}, {}}, from)
@@ -27,10 +27,10 @@ func TestARunsFirstClaimLooksAndThenOneEveryLookEvery(t *testing.T) {
 
 func TestAClaimFromTheFloorsOnlyRaisesThem(t *testing.T) {
 	var f Floors
-	f.Observe("a", Position{}, Position{Due: t0, Seq: 7}, false)
-	f.Observe("a", Position{}, Position{Due: t0, Seq: 5}, false) // a round that claimed below another's floor
+	f.Observe("a", Position{}, Position{Due: t0, Seq: 7})
+	f.Observe("a", Position{Due: t0, Seq: 1}, Position{Due: t0, Seq: 5}) // a round that claimed below another's floor
 	require.Equal(t, Position{Due: t0, Seq: 7}, f.Peek([]string{"a"})[0])
-	f.Observe("a", Position{Due: t0, Seq: 7}, Position{Due: t0.Add(time.Millisecond)}, false)
+	f.Observe("a", Position{Due: t0, Seq: 7}, Position{Due: t0.Add(time.Millisecond)})
 	require.Equal(t, Position{Due: t0.Add(time.Millisecond)}, f.Peek([]string{"a"})[0])
 }
 
@@ -41,14 +41,14 @@ func TestAClaimFromTheFloorsOnlyRaisesThem(t *testing.T) {
 func TestALookSetsTheFloorLowerAndAClaimFromAboveDoesNotUndoIt(t *testing.T) {
 	var f Floors
 	high := Position{Due: t0, Seq: 1000}
-	f.Observe("a", Position{}, high, false)
+	f.Observe("a", Position{}, high)
 	from := f.Peek([]string{"a"})[0] // a claim starts here
 	lookEnd := Position{Due: t0.Add(-time.Minute), Seq: 100}
-	f.Observe("a", Position{}, lookEnd, true) // the look commits first
+	f.Observe("a", Position{}, lookEnd) // the look, from the start, commits first
 	require.Equal(t, lookEnd, f.Peek([]string{"a"})[0])
-	f.Observe("a", from, Position{Due: t0, Seq: 1200}, false) // then the claim
+	f.Observe("a", from, Position{Due: t0, Seq: 1200}) // then the claim
 	require.Equal(t, lookEnd, f.Peek([]string{"a"})[0], "a claim raised the floor over pairs it did not read")
-	f.Observe("a", lookEnd, Position{Due: t0.Add(-time.Minute), Seq: 200}, false) // a claim from the lowered floor
+	f.Observe("a", lookEnd, Position{Due: t0.Add(-time.Minute), Seq: 200}) // a claim from the lowered floor
 	require.Equal(t, Position{Due: t0.Add(-time.Minute), Seq: 200}, f.Peek([]string{"a"})[0])
 }
 
@@ -59,7 +59,7 @@ func TestResetMakesTheNextClaimALook(t *testing.T) {
 	names := []string{"a"}
 	_, look := f.Next(names, t0)
 	require.True(t, look)
-	f.Observe("a", Position{}, Position{Due: t0, Seq: 7}, look)
+	f.Observe("a", Position{}, Position{Due: t0, Seq: 7})
 	f.Reset()
 	from, look := f.Next(names, t0.Add(time.Millisecond))
 	require.True(t, look)

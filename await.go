@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/standmeet/events/internal/backoff"
+	"github.com/standmeet/events/internal/engine"
 	"github.com/standmeet/events/internal/listener"
 	"github.com/standmeet/events/internal/logging"
 	"github.com/standmeet/events/internal/notifylimit"
@@ -393,7 +394,7 @@ func (a *Awaiter) await(ctx context.Context, ids []uuid.UUID, subscriber string)
 func (a *Awaiter) checkUntilAnswered(ctx context.Context, pending []uuid.UUID, receipts map[uuid.UUID]Receipt, subscriber string) ([]uuid.UUID, error) {
 	for failures := 1; ; failures++ {
 		missing, err := a.check(ctx, pending, receipts, subscriber)
-		if err == nil || !isTransient(err) || ctx.Err() != nil {
+		if err == nil || !engine.IsTransient(err) || ctx.Err() != nil {
 			return missing, err
 		}
 		a.config.Logger.WarnContext(ctx, "events: await fanout: reading events failed; retrying", slog.String("err", err.Error()))

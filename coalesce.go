@@ -1,40 +1,20 @@
 package events
 
-// coalesce turns each event's mapped jobs into the round's jobs. For a
-// subscriber with Coalesce set, the events of one subject in the batch share
-// one job, which carries the latest of them (batches are in seq order), and
-// the fanout of every one of them names it. Events without a subject, and
-// every event of a subscriber without Coalesce, get a job each. Deliveries whose
-// mapping failed are not in perEvent: they get none.
+// Coalescing. A subscriber with [Subscriber.Coalesce] set gets one job per
+// subject per round, not one per event: the events of one subject that a
+// round claims share a job, which carries the latest of them (the highest
+// Seq: rounds take their events in Seq order), and the fanout of every one
+// of them names it. Events without a subject, and every event of a
+// subscriber without Coalesce, get a job each. A delivery whose Map failed
+// in the round neither carries nor is folded into a coalesced job: it is
+// retried alone. An ordered subscriber that coalesces also folds a new
+// event into its subject's last job while that job still waits its turn
+// (see [Subscriber.Ordered]). Folded events are counted by the
+// MetricCoalesced counter.
 //
 // River's unique jobs are not used for this: River requires a unique job's
 // ByState to include running, so a change that arrives while the job is
 // running would be merged into it and lost.
-func coalesce(batch []claimedRow, perEvent [][]mapped) []plannedJob {
-	var jobs []plannedJob
-	// For coalescing subscribers: (subscriber, subject) -> index in jobs.
-	type key struct {
-		sub     *subscription
-		subject string
-	}
-	latest := map[key]int{}
-	for i, ms := range perEvent {
-		for _, m := range ms {
-			if !m.sub.Coalesce || batch[i].Subject == "" {
-				jobs = append(jobs, plannedJob{mapped: m, event: i, covers: []int{i}})
-				continue
-			}
-			k := key{m.sub, batch[i].Subject}
-			if j, ok := latest[k]; ok {
-				// Batches are in seq order: this event is the later one.
-				job := &jobs[j]
-				job.mapped, job.event = m, i
-				job.covers = append(job.covers, i)
-				continue
-			}
-			latest[k] = len(jobs)
-			jobs = append(jobs, plannedJob{mapped: m, event: i, covers: []int{i}})
-		}
-	}
-	return jobs
-}
+//
+// The planning itself is the delivery engine's (internal/engine's
+// coalesce.go).

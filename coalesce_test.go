@@ -1,86 +1,76 @@
 package events
 
 import (
-	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// coalesce needs no database: it is a pure function of the batch and what
-// each event mapped to. Each case names the branch it pins; the jobs are
-// compared whole (subscriber, the event carried, the mapping carried, the
-// events covered) and in order, so changing a branch fails a case.
-func TestCoalesce(t *testing.T) {
-	t.Parallel()
-	plain := &subscription{Subscriber: Subscriber{Name: "plain"}}
-	merge := &subscription{Subscriber: Subscriber{Name: "merge", Coalesce: true}}
-	other := &subscription{Subscriber: Subscriber{Name: "other", Coalesce: true}}
+// Coalescing as subscribers see it, end to end; the planning's own cases
+// are internal/engine's TestCoalesce.
 
-	// job is a planned job as the cases state it: carried is the kind of
-	// the mapping the job carries, labelled "<subscriber>@<event index>".
-	type job struct {
-		sub     string
-		event   int
-		carried string
-		covers  []int
+func TestEverySubjectEventReachesANonCoalescingSubscriber(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, mapSub("webhooks", false, "supplier.**"))
+	es := b.record(t,
+		Event{Type: "supplier.connected", Subject: "supplier:7"},
+		Event{Type: "supplier.activated", Subject: "supplier:7"},
+		Event{Type: "supplier.connected", Subject: "supplier:8"},
+	)
+	b.start(t)
+	waitFannedOut(t, b.pool, 10*time.Second)
+	rows := loadRows(t, b.pool)
+	jobs := loadJobs(t, b.pool)
+	require.Len(t, jobs, 3)
+	seen := map[int64]bool{}
+	for _, e := range es {
+		id := rows[e.ID].Fanout["webhooks"]
+		require.Equal(t, e.ID, jobs[id].EventID, "%s got another event's job", e.Type)
+		require.False(t, seen[id])
+		seen[id] = true
 	}
-	// ev is one event of a batch: its subject, and the subscribers it
-	// mapped to (none: every mapping failed).
-	type ev struct {
-		subject string
-		subs    []*subscription
+}
+
+func TestCoalescingSubscriberGetsOneJobPerSubjectForTheLatestEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}, mapSub("search", true, "supplier.**"), mapSub("webhooks", false, "supplier.**"))
+	es := b.record(t,
+		Event{Type: "supplier.connected", Subject: "supplier:7"},
+		Event{Type: "supplier.renamed", Subject: "supplier:8"},
+		Event{Type: "supplier.activated", Subject: "supplier:7"},
+		Event{Type: "supplier.renamed", Subject: "supplier:7"},
+		Event{Type: "supplier.pinged"}, // no subject: never coalesced
+		Event{Type: "supplier.pinged"},
+	)
+	b.start(t)
+	waitFannedOut(t, b.pool, 10*time.Second)
+	rows := loadRows(t, b.pool)
+	jobs := loadJobs(t, b.pool)
+
+	search := map[int64]bool{}
+	for _, j := range jobs {
+		if j.Subscriber == "search" {
+			search[j.ID] = true
+		}
 	}
-	for _, tt := range []struct {
-		name   string
-		events []ev
-		want   []job
-	}{{
-		name: "empty batch: no jobs",
-	}, {
-		name:   "a subscriber without Coalesce gets a job per event, even for one subject",
-		events: []ev{{"s", []*subscription{plain}}, {"s", []*subscription{plain}}},
-		want:   []job{{"plain", 0, "plain@0", []int{0}}, {"plain", 1, "plain@1", []int{1}}},
-	}, {
-		name:   "events without a subject are never coalesced",
-		events: []ev{{"", []*subscription{merge}}, {"", []*subscription{merge}}},
-		want:   []job{{"merge", 0, "merge@0", []int{0}}, {"merge", 1, "merge@1", []int{1}}},
-	}, {
-		name:   "one subject shares one job, which carries the latest event and covers them all, in the first one's place",
-		events: []ev{{"s", []*subscription{merge}}, {"t", []*subscription{merge}}, {"s", []*subscription{merge}}, {"s", []*subscription{merge}}},
-		want:   []job{{"merge", 3, "merge@3", []int{0, 2, 3}}, {"merge", 1, "merge@1", []int{1}}},
-	}, {
-		name:   "subjects are per subscriber: two coalescing subscribers of one subject get a job each",
-		events: []ev{{"s", []*subscription{merge, other}}, {"s", []*subscription{merge, other}}},
-		want:   []job{{"merge", 1, "merge@1", []int{0, 1}}, {"other", 1, "other@1", []int{0, 1}}},
-	}, {
-		name:   "coalescing and plain subscribers of the same events keep to their own rules",
-		events: []ev{{"s", []*subscription{plain, merge}}, {"s", []*subscription{plain, merge}}},
-		want:   []job{{"plain", 0, "plain@0", []int{0}}, {"merge", 1, "merge@1", []int{0, 1}}, {"plain", 1, "plain@1", []int{1}}},
-	}, {
-		name:   "an event whose mapping failed gets no job and is covered by none",
-		events: []ev{{"s", []*subscription{merge}}, {"s", nil}, {"s", []*subscription{merge}}},
-		want:   []job{{"merge", 2, "merge@2", []int{0, 2}}},
-	}} {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			var (
-				batch    []claimedRow
-				perEvent [][]mapped
-			)
-			for i, e := range tt.events {
-				batch = append(batch, claimedRow{Event: Event{Subject: e.subject}})
-				var ms []mapped
-				for _, s := range e.subs {
-					ms = append(ms, mapped{sub: s, kind: fmt.Sprintf("%s@%d", s.Name, i)})
-				}
-				perEvent = append(perEvent, ms)
-			}
-			var got []job
-			for _, j := range coalesce(batch, perEvent) {
-				got = append(got, job{j.sub.Name, j.event, j.kind, j.covers})
-			}
-			require.Equal(t, tt.want, got)
-		})
+	require.Len(t, search, 4, "supplier:7, supplier:8, and one per subject-less event")
+	latest7 := es[3]
+	for _, e := range es[:4] {
+		id := rows[e.ID].Fanout["search"]
+		if e.Subject == "supplier:7" {
+			require.Equal(t, latest7.ID, jobs[id].EventID, "earlier events of a subject name the latest event's job")
+		} else {
+			require.Equal(t, e.ID, jobs[id].EventID)
+		}
 	}
+	require.NotEqual(t, rows[es[4].ID].Fanout["search"], rows[es[5].ID].Fanout["search"])
+	// The non-coalescing subscriber beside it still gets every event.
+	webhooks := 0
+	for _, j := range jobs {
+		if j.Subscriber == "webhooks" {
+			webhooks++
+		}
+	}
+	require.Equal(t, len(es), webhooks)
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -14,88 +13,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/glob"
-	"github.com/standmeet/events/internal/safetext"
 )
-
-// maxPairErrorLength bounds each stored error of a delivery, in bytes.
-const maxPairErrorLength = 2000
-
-// queueDeliveryCharges queues, in b, one failed attempt for each failed
-// delivery: the delivery is written owed (or counted up), with its error in its
-// history, its next attempt's time, and poisoned_at once its attempts reach
-// MaxAttempts. After b is sent, the returned function lists the deliveries this
-// call poisoned.
-func (r *Relay) queueDeliveryCharges(b *pgx.Batch, failures []pairFailure) func() []pairFailure {
-	if len(failures) == 0 {
-		return func() []pairFailure { return nil }
-	}
-	r.retryCheck.Store(true)
-	var (
-		seqs   = make([]int64, len(failures))
-		subs   = make([]string, len(failures))
-		errs   = make([]string, len(failures))
-		delays = make([]int64, len(failures))
-		index  = map[[2]any]int{}
-	)
-	for i, f := range failures {
-		msg := safetext.Clip(f.err.Error(), maxPairErrorLength)
-		delay := backoff.Delay(f.attempts+1, r.config.RetryBackoff, r.config.MaxRetryBackoff)
-		seqs[i], subs[i], errs[i], delays[i] = f.row.Seq, f.sub.Name, msg, delay.Microseconds()
-		index[[2]any{f.row.Seq, f.sub.Name}] = i
-		r.metrics.failures.Add(context.Background(), 1)
-		if r.hooks.charged != nil {
-			r.hooks.charged(f.row.Seq, f.attempts+1, delay)
-		}
-		r.logger.Warn("events: delivering an event to a subscriber failed",
-			slog.String("event_id", f.row.ID.String()), slog.Int64("seq", f.row.Seq), slog.String("type", f.row.Type),
-			slog.String("subscriber", f.sub.Name), slog.Int("attempt", f.attempts+1), slog.Duration("next_in", delay),
-			slog.String("err", msg))
-	}
-	poisoned := make([]bool, len(failures))
-	b.Queue(r.sql.ChargeDeliveries, seqs, subs, errs, delays, r.config.MaxAttempts).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			var (
-				seq int64
-				sub string
-				p   bool
-			)
-			if err := rows.Scan(&seq, &sub, &p, nil); err != nil {
-				return err
-			}
-			if i, ok := index[[2]any{seq, sub}]; ok {
-				poisoned[i] = p
-			}
-		}
-		return rows.Err()
-	})
-	return func() []pairFailure {
-		var out []pairFailure
-		for i, p := range poisoned {
-			if p {
-				out = append(out, failures[i])
-			}
-		}
-		return out
-	}
-}
-
-// alertPair reports a delivery this relay just poisoned: an error log at once,
-// and OnPoison off the loop (see RelayConfig.OnPoison), with the event and the
-// subscriber's error as it returned it.
-func (r *Relay) alertPair(ctx context.Context, f pairFailure) {
-	e := f.row.Event
-	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.Int64("seq", e.Seq), slog.String("type", e.Type),
-		slog.String("subject", e.Subject), slog.String("subscriber", f.sub.Name), slog.String("err", safetext.Clip(f.err.Error(), maxPairErrorLength))}
-	r.logger.LogAttrs(ctx, slog.LevelError,
-		"events: delivery poisoned: this subscriber will not receive the event until it is requeued", attrs...)
-	r.metrics.poisoned.Add(ctx, 1)
-	if onPoison := r.config.OnPoison; onPoison != nil {
-		err := f.err
-		r.callbacks.Go("OnPoison", attrs, func(ctx context.Context) { onPoison(ctx, e, err) })
-	}
-}
 
 // DeliveryInfo is a delivery — an event owed to one subscriber — still owed
 // or poisoned, as [Outbox.ListDeliveries] and [Outbox.GetEvent] report it. A

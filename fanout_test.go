@@ -182,7 +182,7 @@ func TestFanoutTxRacingStop(t *testing.T) {
 }
 
 // Tests of the pending lane's claim floor (internal/claimfloor, used by
-// beginClaim in fanout.go): the claims start where the pending rows are, and
+// beginClaim in internal/engine's round.go): the claims start where the pending rows are, and
 // no row is ever left behind by it.
 
 // floorURL is a migrated database on a server of the test's own. A relay's
@@ -249,7 +249,7 @@ func TestALateCommitIsAboveTheClaimFloor(t *testing.T) {
 	ctx := context.Background()
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
-	b.relay.hooks.claimFloor = noRescan
+	b.relay.eng.Hooks.ClaimFloor = noRescan
 	holdSnapshot(t, url)
 	b.start(t)
 	b.settle(t)
@@ -257,7 +257,7 @@ func TestALateCommitIsAboveTheClaimFloor(t *testing.T) {
 	late, lateEvent := recordOpen(t, b, "late")
 
 	fanOutMeanwhile(t, b)
-	require.Positive(t, b.relay.claimFloor.Current(), "the relay claims from a floor")
+	require.Positive(t, b.relay.eng.ClaimFloor().Current(), "the relay claims from a floor")
 
 	require.NoError(t, late.Commit(ctx))
 	requireFannedOutOnce(t, b, lateEvent.ID, "the late commit was left under the floor")
@@ -279,9 +279,9 @@ func TestALateCommitAcrossRotationsIsAboveTheClaimFloor(t *testing.T) {
 	// otherwise empty it row by row first).
 	b := setup(t, setupOpts{url: url, config: &RelayConfig{Retention: 2500 * time.Millisecond, RetentionInterval: 100 * time.Millisecond}},
 		mapSub("audit", false, "**"))
-	b.relay.hooks.claimFloor = noRescan
+	b.relay.eng.Hooks.ClaimFloor = noRescan
 	var emptied atomic.Int64
-	b.relay.hooks.truncated = func(string) { emptied.Add(1) }
+	b.relay.eng.Hooks.Truncated = func(string) { emptied.Add(1) }
 	exec(t, b.pool, "SELECT outbox_set_partition_period('1 second')")
 	snap, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
@@ -311,7 +311,7 @@ func TestALateCommitAcrossRotationsIsAboveTheClaimFloor(t *testing.T) {
 		return emptied.Load() > 0 && (slot-lateSlot+10)%10 >= 2
 	}, 60*time.Second, 20*time.Millisecond, "retention emptied no partition, or the ring did not move")
 	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 30*time.Second, 10*time.Millisecond)
-	require.Positive(t, b.relay.claimFloor.Current(), "the relay claims from a floor")
+	require.Positive(t, b.relay.eng.ClaimFloor().Current(), "the relay claims from a floor")
 
 	require.NoError(t, late.Commit(ctx))
 	requireFannedOutOnce(t, b, lateEvent.ID, "the late commit was left under the floor")
@@ -327,12 +327,12 @@ func TestARowLeftBelowTheFloorByARolledBackRoundIsRescanned(t *testing.T) {
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	// Settled long after the few seconds the row is held below.
-	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: 20 * time.Second, FullEvery: time.Hour}
+	b.relay.eng.Hooks.ClaimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: 20 * time.Second, FullEvery: time.Hour}
 	b.start(t)
 	b.settle(t)
 	// Until the floor is that old, a rescan starts at 0 and would find any
 	// row.
-	require.Eventually(t, func() bool { _, ok := b.relay.claimFloor.Settled(time.Now()); return ok }, time.Minute, 50*time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := b.relay.eng.ClaimFloor().Settled(time.Now()); return ok }, time.Minute, 50*time.Millisecond)
 
 	// The row is committed, then held by another "round" (FOR UPDATE)
 	// while the floor passes it.
@@ -351,7 +351,7 @@ func TestARequeuedEventIsAboveTheClaimFloor(t *testing.T) {
 	ctx := context.Background()
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
-	b.relay.hooks.claimFloor = noRescan
+	b.relay.eng.Hooks.ClaimFloor = noRescan
 	e := b.record(t, Event{Type: "poisoned"})[0]
 	exec(t, b.pool, "UPDATE outbox_events SET poisoned_at = now(), attempts = 5, last_error = 'test' WHERE id = $1", e.ID)
 	b.start(t)
@@ -360,7 +360,7 @@ func TestARequeuedEventIsAboveTheClaimFloor(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT xact_id::text::bigint FROM outbox_events WHERE id = $1", e.ID).Scan(&xid))
 	require.Eventually(t, func() bool {
 		b.record(t, Event{Type: "later"})
-		return b.relay.claimFloor.Current() > xid
+		return b.relay.eng.ClaimFloor().Current() > xid
 	}, 30*time.Second, 50*time.Millisecond, "the floor never passed the poisoned row")
 
 	n, err := outbox.Requeue(ctx, b.pool, PoisonedFilter{EventIDs: []uuid.UUID{e.ID}})
@@ -390,7 +390,7 @@ func TestEventsRecordedBeforeTheClaimFloorAreClaimedByAnIdleRelay(t *testing.T) 
 
 	b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 2}}, mapSub("audit", false, "**"))
 	// A full rescan every second: each would find the rows, if it looked.
-	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: time.Second, FullEvery: time.Second}
+	b.relay.eng.Hooks.ClaimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: time.Second, FullEvery: time.Second}
 	b.start(t)
 	left := func() int {
 		var n int
@@ -451,11 +451,11 @@ func TestAnEventRecordedAfterAFailoverToAServerWithLowerTransactionIDsIsFannedOu
 	b.settle(t)
 	before := b.record(t, Event{Type: "before"})[0]
 	require.Eventually(t, func() bool { return fannedOut(t, pool, before.ID) }, 30*time.Second, 5*time.Millisecond)
-	floor := b.relay.claimFloor.Current()
+	floor := b.relay.eng.ClaimFloor().Current()
 	require.Positive(t, floor)
 	// The floor has settled (until then a rescan starts at 0 and would find
 	// any row): a relay that has run for more than a few seconds.
-	require.Eventually(t, func() bool { _, ok := b.relay.claimFloor.Settled(time.Now()); return ok }, time.Minute, 50*time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := b.relay.eng.ClaimFloor().Settled(time.Now()); return ok }, time.Minute, 50*time.Millisecond)
 
 	// Failover: the old primary goes away, the address leads to the new one.
 	target.Store(standby)
@@ -511,7 +511,7 @@ func heldAsTheFloorPassesIt(t *testing.T, b *testBundle, lock string) (Event, in
 	xid := maxXactID(t, b, []uuid.UUID{e.ID})
 	require.Eventually(t, func() bool {
 		b.record(t, Event{Type: "later"})
-		return b.relay.claimFloor.Current() > xid
+		return b.relay.eng.ClaimFloor().Current() > xid
 	}, 30*time.Second, 50*time.Millisecond, "the floor never passed the held row")
 	return e, xid, holder
 }
@@ -566,7 +566,7 @@ func TestAClaimFromTheFloorStepsOverNoDeadEntries(t *testing.T) {
 	ctx := context.Background()
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
-	b.relay.hooks.claimFloor = noRescan
+	b.relay.eng.Hooks.ClaimFloor = noRescan
 	deadEntriesUnderAHeldSnapshot(t, b, url)
 
 	conn, err := pgx.Connect(ctx, url)
@@ -644,7 +644,7 @@ func TestAWriterLeftOpenDoesNotPinTheClaimFloor(t *testing.T) {
 	ctx := context.Background()
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
-	b.relay.hooks.claimFloor = noRescan
+	b.relay.eng.Hooks.ClaimFloor = noRescan
 	holdSnapshot(t, url) // the dead entries stay, whatever autovacuum does
 	open, openEvent := recordOpen(t, b, "open")
 	var openXid int64
@@ -653,9 +653,9 @@ func TestAWriterLeftOpenDoesNotPinTheClaimFloor(t *testing.T) {
 	b.start(t)
 	b.settle(t)
 	fanOutMeanwhile(t, b)
-	require.Contains(t, b.relay.claimFloor.Look().Running, openXid, "the floor keeps the open writer")
+	require.Contains(t, b.relay.eng.ClaimFloor().Look().Running, openXid, "the floor keeps the open writer")
 
-	floor := b.relay.claimFloor.Look()
+	floor := b.relay.eng.ClaimFloor().Look()
 	require.Contains(t, floor.Running, openXid, "the floor keeps the open writer")
 	require.Greater(t, floor.From, openXid)
 	require.NoError(t, b.relay.Stop(ctx))
@@ -730,12 +730,12 @@ func TestClaimsOfOneTransactionsBacklogStartWhereTheLastEnded(t *testing.T) {
 	ctx := context.Background()
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url, config: &RelayConfig{BatchSize: 100}}, mapSub("audit", false, "**"))
-	b.relay.hooks.claimFloor = noRescan
+	b.relay.eng.Hooks.ClaimFloor = noRescan
 	var (
 		mu     sync.Mutex
 		claims []claimfloor.Claim
 	)
-	b.relay.hooks.floorClaim = func(c claimfloor.Claim) {
+	b.relay.eng.Hooks.FloorClaim = func(c claimfloor.Claim) {
 		mu.Lock()
 		defer mu.Unlock()
 		claims = append(claims, c)
@@ -888,7 +888,7 @@ func TestRowsLeftBelowTheFloorAreClaimedAllAtOnceWhenALookFindsThem(t *testing.T
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url, config: &RelayConfig{BatchSize: 2}}, mapSub("audit", false, "**"))
 	const fullEvery = 5 * time.Second
-	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: 500 * time.Millisecond, FullEvery: fullEvery}
+	b.relay.eng.Hooks.ClaimFloor = claimfloor.Schedule{RescanEvery: 100 * time.Millisecond, SettleAfter: 500 * time.Millisecond, FullEvery: fullEvery}
 
 	held := Outbox{NotifyInterval: NotifyNever}
 	var ids []uuid.UUID
@@ -911,7 +911,7 @@ func TestRowsLeftBelowTheFloorAreClaimedAllAtOnceWhenALookFindsThem(t *testing.T
 	// The floor has passed the held rows and has done so for longer than
 	// SettleAfter: the settled rescan starts above them too.
 	require.Eventually(t, func() bool {
-		s, ok := b.relay.claimFloor.Settled(time.Now())
+		s, ok := b.relay.eng.ClaimFloor().Settled(time.Now())
 		return ok && s > maxXid
 	}, 30*time.Second, 20*time.Millisecond)
 	require.Equal(t, 10, pendingOf(t, b, ids))
@@ -935,7 +935,7 @@ func fannedOutBelowASettledFloor(t *testing.T, b *testBundle) []uuid.UUID {
 	require.Eventually(t, func() bool { return pendingOf(t, b, ids) == 0 }, 30*time.Second, 5*time.Millisecond)
 	maxXid := maxXactID(t, b, ids)
 	require.Eventually(t, func() bool {
-		s, ok := b.relay.claimFloor.Settled(time.Now())
+		s, ok := b.relay.eng.ClaimFloor().Settled(time.Now())
 		return ok && s > maxXid
 	}, 30*time.Second, 50*time.Millisecond)
 	return ids
@@ -977,7 +977,7 @@ func TestRowsOfARoundACrashLostAreClaimedOnceTheRelayReconnects(t *testing.T) {
 	lostRoundCommit(t, b, ids)
 	var xmin int64
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").Scan(&xmin))
-	require.GreaterOrEqual(t, xmin, b.relay.claimFloor.Current(), "transaction IDs did not go back below the floor")
+	require.GreaterOrEqual(t, xmin, b.relay.eng.ClaimFloor().Current(), "transaction IDs did not go back below the floor")
 
 	// The crash drops every connection.
 	exec(t, b.pool, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
@@ -1000,9 +1000,9 @@ func TestARelayStartsFromTheRelaysLastClaimFloor(t *testing.T) {
 	ctx := context.Background()
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
-	b.relay.hooks.claimFloor = noRescan
+	b.relay.eng.Hooks.ClaimFloor = noRescan
 	deadEntriesUnderAHeldSnapshot(t, b, url)
-	last := b.relay.claimFloor.Current()
+	last := b.relay.eng.ClaimFloor().Current()
 	require.Positive(t, last)
 	var stored int64
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(claim_floor::text::bigint) FROM outbox_relays").Scan(&stored))
@@ -1023,7 +1023,7 @@ func TestARelayStartsFromTheRelaysLastClaimFloor(t *testing.T) {
 		mu     sync.Mutex
 		claims []claimfloor.Claim
 	)
-	b.relay.hooks.floorClaim = func(c claimfloor.Claim) {
+	b.relay.eng.Hooks.FloorClaim = func(c claimfloor.Claim) {
 		mu.Lock()
 		defer mu.Unlock()
 		claims = append(claims, c)
@@ -1050,7 +1050,7 @@ func TestARowTheClaimsCannotTakeDoesNotKeepPullingTheFloorDown(t *testing.T) {
 	t.Parallel()
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
-	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 50 * time.Millisecond, SettleAfter: 200 * time.Millisecond, FullEvery: time.Hour}
+	b.relay.eng.Hooks.ClaimFloor = claimfloor.Schedule{RescanEvery: 50 * time.Millisecond, SettleAfter: 200 * time.Millisecond, FullEvery: time.Hour}
 	b.start(t)
 	b.quiesce(t)
 
@@ -1059,7 +1059,7 @@ func TestARowTheClaimsCannotTakeDoesNotKeepPullingTheFloorDown(t *testing.T) {
 	// For three seconds: how often is the floor pulled back down to the row?
 	lowered, at := 0, false
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Microsecond) {
-		now := b.relay.claimFloor.Current() <= heldXid
+		now := b.relay.eng.ClaimFloor().Current() <= heldXid
 		if now && !at {
 			lowered++
 		}
@@ -1105,7 +1105,7 @@ func TestALookBelowTheFloorSurvivesARowStampedWhileItRuns(t *testing.T) {
 			}
 			done := make(chan result, 1)
 			go func() {
-				found, err := b.relay.lookBelow(ctx, claimfloor.Below{From: x1, Below: x2 + 1})
+				found, err := b.relay.eng.LookBelow(ctx, claimfloor.Below{From: x1, Below: x2 + 1})
 				done <- result{found, err}
 			}()
 			require.Eventually(t, func() bool {
@@ -1182,14 +1182,14 @@ func TestStopCancelsALookBelowTheFloorInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, setupOpts{config: &RelayConfig{Retention: -1}})
-	b.relay.hooks.claimFloor = claimfloor.Schedule{RescanEvery: 10 * time.Millisecond, SettleAfter: 10 * time.Millisecond, FullEvery: 20 * time.Millisecond}
+	b.relay.eng.Hooks.ClaimFloor = claimfloor.Schedule{RescanEvery: 10 * time.Millisecond, SettleAfter: 10 * time.Millisecond, FullEvery: 20 * time.Millisecond}
 	b.start(t)
 	select { // listening, and its claim after it connected is over
 	case <-b.relay.Ready():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the relay never got ready")
 	}
-	require.Eventually(t, func() bool { return b.relay.claimFloor.Current() > 0 },
+	require.Eventually(t, func() bool { return b.relay.eng.ClaimFloor().Current() > 0 },
 		30*time.Second, 5*time.Millisecond, "the relay never claimed from a floor")
 
 	lock, err := b.pool.Begin(ctx)
@@ -1241,12 +1241,12 @@ func TestAClaimCountsTheRowsItLockedNotThoseAJoinSaw(t *testing.T) {
 	url := floorURL(t)
 	b := setup(t, setupOpts{url: url, config: &RelayConfig{BatchSize: 10}}, mapSub("audit", false, "**"))
 	r := b.relay
-	r.claimFloor = &claimfloor.Floor{Schedule: noRescan}
+	r.eng.SetClaimFloor(&claimfloor.Floor{Schedule: noRescan})
 
 	// One round of the pending lane, as the relay runs it (beginClaim and
 	// ended), its stamp reduced to fanned_out_at.
 	round := func() []uuid.UUID {
-		tx, batch, ended, release, err := r.beginClaim(ctx, r.pool, true, lanePending, r.sql.ClaimBatch, []any{int64(10)})
+		tx, batch, ended, release, err := r.eng.ClaimPending(ctx, 10)
 		require.NoError(t, err)
 		defer release()
 		var (
@@ -1266,7 +1266,7 @@ func TestAClaimCountsTheRowsItLockedNotThoseAJoinSaw(t *testing.T) {
 
 	b.record(t, Event{Type: "first"})
 	require.Len(t, round(), 1) // the first claim, from the start: the floor is set
-	require.Equal(t, claimfloor.From, r.claimFloor.Look().Kind)
+	require.Equal(t, claimfloor.From, r.eng.ClaimFloor().Look().Kind)
 
 	// T records more than a batch and stays open; U, younger, commits.
 	T, err := b.pool.Begin(ctx)
@@ -1298,7 +1298,7 @@ func TestAClaimCountsTheRowsItLockedNotThoseAJoinSaw(t *testing.T) {
 	}, 30*time.Second, 5*time.Millisecond)
 	require.NoError(t, T.Commit(ctx))
 	cut := <-done
-	t.Logf("the round in the window claimed %d rows; floor after: %+v", len(cut), r.claimFloor.Look())
+	t.Logf("the round in the window claimed %d rows; floor after: %+v", len(cut), r.eng.ClaimFloor().Look())
 	exec(t, b.pool, def)
 
 	var claimed []uuid.UUID
@@ -1309,7 +1309,7 @@ func TestAClaimCountsTheRowsItLockedNotThoseAJoinSaw(t *testing.T) {
 		}
 		claimed = append(claimed, ids...)
 	}
-	t.Logf("then claimed %d rows; floor: %+v", len(claimed), r.claimFloor.Look())
+	t.Logf("then claimed %d rows; floor: %+v", len(claimed), r.eng.ClaimFloor().Look())
 	require.True(t, slices.Contains(claimed, u.ID),
 		"U's event (committed before the round, its transaction ended at the round's snapshot) is left outside the floor: no claim takes it")
 }

@@ -3,14 +3,10 @@ package events
 import (
 	"context"
 	"fmt"
-	"runtime/debug"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/standmeet/events/internal/maintenance"
 )
 
 // Heartbeats: every running relay reports in (internal/maintenance's
@@ -67,57 +63,4 @@ func (o Outbox) ListRelays(ctx context.Context, db DB) ([]RelayInfo, error) {
 		return nil, fmt.Errorf("events: list relays: %w", err)
 	}
 	return list, nil
-}
-
-// libraryVersion is this library's module version in the running binary.
-var libraryVersion = sync.OnceValue(func() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return ""
-	}
-	const path = "github.com/standmeet/events"
-	if info.Main.Path == path {
-		return info.Main.Version
-	}
-	for _, d := range info.Deps {
-		if d.Path == path {
-			return d.Version
-		}
-	}
-	return ""
-})
-
-// heartbeater reports in until the relay stops, then marks the run stopped.
-func (r *Relay) heartbeater(ctx context.Context) {
-	r.beat.Load().Run(ctx, r.run.Stopping())
-}
-
-// newHeartbeat returns the heartbeat of a new run, which reports the relay's
-// health and claim floor.
-func (r *Relay) newHeartbeat() *maintenance.Heartbeat {
-	return &maintenance.Heartbeat{
-		DB:          r.pool,
-		SQL:         r.sql,
-		RunID:       uuid.Must(uuid.NewV7()),
-		Version:     libraryVersion(),
-		ClientID:    r.client.ID(),
-		OrphanAfter: r.config.Outbox.OrphanAfter,
-		Logger:      r.logger,
-		Report: func() maintenance.Beat {
-			var lastRound *time.Time
-			if ns := r.lastRound.Load(); ns != 0 {
-				at := time.Unix(0, ns)
-				lastRound = &at
-			}
-			h := r.Health()
-			var floor *int64
-			if f := r.claimFloor; f != nil {
-				floor = f.Stored()
-			}
-			return maintenance.Beat{
-				Subscribers: r.known, Listening: h.Listening, PollOnly: h.PollOnly,
-				ConsecutiveFailures: h.ConsecutiveFailures, LastRound: lastRound, ClaimFloor: floor,
-			}
-		},
-	}
 }

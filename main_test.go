@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/standmeet/events/internal/engine"
 	"github.com/standmeet/events/internal/testdb"
 )
 
@@ -74,7 +75,7 @@ func setup(t *testing.T, opts setupOpts, subs ...Subscriber) *testBundle {
 	}
 	relay, err := NewRelay(b.pool, cfg)
 	require.NoError(t, err)
-	relay.hooks.idle = func() {
+	relay.eng.Hooks.Idle = func() {
 		select {
 		case b.idle <- struct{}{}:
 		default:
@@ -158,7 +159,7 @@ func (b *testBundle) quiesce(t *testing.T) {
 	b.rechecksOver(t)
 }
 
-// rechecksOver waits until the relay has gone lastRecheck and more without
+// rechecksOver waits until the relay has gone engine.LastRecheck and more without
 // going idle: its re-checks after activity (about a second, see
 // firstRecheck) are over. Unlike waitIdle it returns at once (after that
 // wait) when the relay is idle already.
@@ -168,7 +169,7 @@ func (b *testBundle) rechecksOver(t *testing.T) {
 	for {
 		select {
 		case <-b.idle:
-		case <-time.After(lastRecheck + 200*time.Millisecond):
+		case <-time.After(engine.LastRecheck + 200*time.Millisecond):
 			return
 		case <-deadline:
 			t.Fatal("the relay never stopped re-checking")
@@ -257,7 +258,7 @@ func loadJobs(t *testing.T, pool *pgxpool.Pool) map[int64]jobRow {
 		)
 		require.NoError(t, rows.Scan(&j.ID, &tags, &eventID))
 		for _, tag := range tags {
-			if name, ok := strings.CutPrefix(tag, tagSubscriber); ok {
+			if name, ok := strings.CutPrefix(tag, engine.TagSubscriber); ok {
 				j.Subscriber = name
 			}
 		}

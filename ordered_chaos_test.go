@@ -383,7 +383,7 @@ func (c *orderedChaos) startSlot(s *chaosSlot) {
 		Listener: ListenerConfig{hooks: listenerHooks{reconnectBackoff: 20 * time.Millisecond, maxReconnectBackoff: 200 * time.Millisecond}}, Logger: quietLogger(),
 		Outbox: Outbox{OrphanAfter: chaosOrphanAfter}})
 	require.NoError(t, err)
-	relay.hooks.deadWorkerAfter = chaosDeadWorkerAfter
+	relay.eng.Hooks.DeadWorkerAfter = chaosDeadWorkerAfter
 	for _, sub := range c.h.subscribers() {
 		require.NoError(t, relay.Subscribe(sub))
 	}

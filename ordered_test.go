@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/standmeet/events/internal/engine"
 	"github.com/standmeet/events/internal/groupbatch"
 	"github.com/standmeet/events/internal/maintenance"
 	"github.com/standmeet/events/internal/testdb"
@@ -43,7 +44,7 @@ type orderedNode struct {
 func (n *orderedNode) dieAsRelay(t *testing.T) {
 	t.Helper()
 	require.NoError(t, n.relay.Stop(context.Background()))
-	exec(t, n.pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE id = $1", n.relay.beat.Load().RunID)
+	exec(t, n.pool, "UPDATE outbox_relays SET stopped_at = NULL WHERE id = $1", n.relay.eng.Heartbeat().RunID)
 }
 
 // nodeOpts shapes an orderedNode; the zero value works.
@@ -80,8 +81,8 @@ func startNode(t *testing.T, url string, opts nodeOpts, subs ...Subscriber) *ord
 	for _, s := range subs {
 		require.NoError(t, relay.Subscribe(s))
 	}
-	relay.hooks.deadWorkerAfter = opts.deadWorkerAfter
-	relay.hooks.rescued = opts.rescued
+	relay.eng.Hooks.DeadWorkerAfter = opts.deadWorkerAfter
+	relay.eng.Hooks.Rescued = opts.rescued
 	n.relay = relay
 	n.client = newOrderedClient(t, n.pool, relay, opts)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -235,7 +236,7 @@ func TestOrderedHandleRunsOneSubjectAtATimeInOrder(t *testing.T) {
 func jobOf(t *testing.T, pool *pgxpool.Pool, sub string, id uuid.UUID) (jobID int64, state string, attempt int) {
 	t.Helper()
 	err := pool.QueryRow(context.Background(), `SELECT id, state::text, attempt FROM river_job
-		WHERE $1 = ANY(tags) AND args->'event'->>'id' = $2 ORDER BY id DESC LIMIT 1`, tagSubscriber+sub, id.String()).Scan(&jobID, &state, &attempt)
+		WHERE $1 = ANY(tags) AND args->'event'->>'id' = $2 ORDER BY id DESC LIMIT 1`, engine.TagSubscriber+sub, id.String()).Scan(&jobID, &state, &attempt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, "", 0
 	}
@@ -1883,7 +1884,7 @@ func TestOrderedReleaseNeverDropsAChainAnAppendHolds(t *testing.T) {
 	var job int64
 	require.NoError(t, tx.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue, state, tags)
 		VALUES ($1, 'events.handle', 25, 'default', 'pending', $2) RETURNING id`,
-		args, []string{tagSubscriber + "ledger", tagOrdered}).Scan(&job))
+		args, []string{engine.TagSubscriber + "ledger", tagOrdered}).Scan(&job))
 	_, err = tx.Exec(ctx, sql.Ordered.ChainAppendLate, []string{"ledger"}, []string{"s"}, []int64{1}, []int64{job}, []int64{job},
 		[]string{"ledger"}, []string{"s"}, []int64{job}, []int64{e.Seq}, []string{e.ID.String()}, []string{"x"}, nil)
 	require.NoError(t, err)

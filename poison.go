@@ -4,76 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/standmeet/events/internal/backoff"
-	"github.com/standmeet/events/internal/safetext"
 )
-
-// maxErrorLength bounds last_error, in bytes.
-const maxErrorLength = 2000
-
-// storableError is err's text as last_error keeps it: the host wrote it, so
-// it may hold invalid UTF-8 or NUL bytes, which PostgreSQL refuses (a refused
-// charge would fail the whole round), and be of any length. See
-// [safetext.Clip].
-func storableError(err error) string {
-	return safetext.Clip(err.Error(), maxErrorLength)
-}
-
-// queueCharges queues, in b, one failed attempt for each failure: attempts+1,
-// last_error, the next attempt's time, and poisoned_at once attempts reach
-// MaxAttempts. After b is sent, the returned function lists the failures that
-// this call poisoned.
-func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFailure {
-	if len(failures) > 0 {
-		r.retryCheck.Store(true)
-	}
-	poisoned := make([]bool, len(failures))
-	for i, f := range failures {
-		msg := storableError(f.err)
-		delay := backoff.Delay(f.row.attempts+1, r.config.RetryBackoff, r.config.MaxRetryBackoff)
-		b.Queue(r.sql.Charge, f.row.Seq, msg, delay.Microseconds(), r.config.MaxAttempts).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&poisoned[i], nil)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil // fanned out or poisoned meanwhile by another relay
-			}
-			return err
-		})
-		r.metrics.failures.Add(context.Background(), 1)
-		if r.hooks.charged != nil {
-			r.hooks.charged(f.row.Seq, f.row.attempts+1, delay)
-		}
-		r.logger.Warn("events: fanning out an event failed",
-			slog.String("event_id", f.row.ID.String()), slog.Int64("seq", f.row.Seq), slog.String("type", f.row.Type),
-			slog.Int("attempt", f.row.attempts+1), slog.Duration("next_in", delay), slog.String("err", msg))
-	}
-	return func() []rowFailure {
-		var out []rowFailure
-		for i, p := range poisoned {
-			if p {
-				out = append(out, failures[i])
-			}
-		}
-		return out
-	}
-}
-
-// alert reports an event this relay just poisoned: an error log at once,
-// and OnPoison off the loop (see RelayConfig.OnPoison). The log gets the error's
-// stored form; OnPoison gets err itself.
-func (r *Relay) alert(ctx context.Context, e Event, err error) {
-	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.Int64("seq", e.Seq), slog.String("type", e.Type),
-		slog.String("subject", e.Subject), slog.String("err", storableError(err))}
-	r.logger.LogAttrs(ctx, slog.LevelError, "events: event poisoned: it will not be fanned out until requeued", attrs...)
-	r.metrics.poisoned.Add(ctx, 1)
-	if onPoison := r.config.OnPoison; onPoison != nil {
-		r.callbacks.Go("OnPoison", attrs, func(ctx context.Context) { onPoison(ctx, e, err) })
-	}
-}
 
 // PoisonedFilter selects what [Outbox.Requeue] and [Outbox.Discard] act on:
 // poisoned deliveries (an event set aside for one subscriber, as

@@ -15,9 +15,9 @@ import (
 // subscribers. Each relay registers the subscribers it knows, with their type
 // globs, when it starts; a relay that stamps an event writes an owed delivery for
 // every active registered subscriber it does not know whose types match; and
-// a relay that knows it makes the delivery in the deliveries lane (owed.go).
+// a relay that knows it makes the delivery in the deliveries lane (internal/engine's owed.go).
 // Relays record, every few seconds, which subscribers they serve
-// (heartbeat.go): one that no relay has served for RelayConfig.OrphanAfter is
+// (internal/engine's duties.go): one that no relay has served for RelayConfig.OrphanAfter is
 // reported orphaned.
 
 // SubscriberInfo is a registered subscriber, as [Outbox.ListSubscribers] reports it.

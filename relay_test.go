@@ -182,7 +182,7 @@ func TestCrashMidRoundLeavesNoTrace(t *testing.T) {
 	admin := testdb.Pool(t, b.url)
 	var once sync.Once
 	checked := make(chan error, 1)
-	b.relay.hooks.afterInsert = func(ctx context.Context, tx pgx.Tx) {
+	b.relay.eng.Hooks.AfterInsert = func(ctx context.Context, tx pgx.Tx) {
 		once.Do(func() {
 			var pid int
 			if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
@@ -244,71 +244,6 @@ func TestCrashMidRoundLeavesNoTrace(t *testing.T) {
 			require.Contains(t, jobs, id)
 		}
 	}
-}
-
-func TestEverySubjectEventReachesANonCoalescingSubscriber(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{}, mapSub("webhooks", false, "supplier.**"))
-	es := b.record(t,
-		Event{Type: "supplier.connected", Subject: "supplier:7"},
-		Event{Type: "supplier.activated", Subject: "supplier:7"},
-		Event{Type: "supplier.connected", Subject: "supplier:8"},
-	)
-	b.start(t)
-	waitFannedOut(t, b.pool, 10*time.Second)
-	rows := loadRows(t, b.pool)
-	jobs := loadJobs(t, b.pool)
-	require.Len(t, jobs, 3)
-	seen := map[int64]bool{}
-	for _, e := range es {
-		id := rows[e.ID].Fanout["webhooks"]
-		require.Equal(t, e.ID, jobs[id].EventID, "%s got another event's job", e.Type)
-		require.False(t, seen[id])
-		seen[id] = true
-	}
-}
-
-func TestCoalescingSubscriberGetsOneJobPerSubjectForTheLatestEvent(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{}, mapSub("search", true, "supplier.**"), mapSub("webhooks", false, "supplier.**"))
-	es := b.record(t,
-		Event{Type: "supplier.connected", Subject: "supplier:7"},
-		Event{Type: "supplier.renamed", Subject: "supplier:8"},
-		Event{Type: "supplier.activated", Subject: "supplier:7"},
-		Event{Type: "supplier.renamed", Subject: "supplier:7"},
-		Event{Type: "supplier.pinged"}, // no subject: never coalesced
-		Event{Type: "supplier.pinged"},
-	)
-	b.start(t)
-	waitFannedOut(t, b.pool, 10*time.Second)
-	rows := loadRows(t, b.pool)
-	jobs := loadJobs(t, b.pool)
-
-	search := map[int64]bool{}
-	for _, j := range jobs {
-		if j.Subscriber == "search" {
-			search[j.ID] = true
-		}
-	}
-	require.Len(t, search, 4, "supplier:7, supplier:8, and one per subject-less event")
-	latest7 := es[3]
-	for _, e := range es[:4] {
-		id := rows[e.ID].Fanout["search"]
-		if e.Subject == "supplier:7" {
-			require.Equal(t, latest7.ID, jobs[id].EventID, "earlier events of a subject name the latest event's job")
-		} else {
-			require.Equal(t, e.ID, jobs[id].EventID)
-		}
-	}
-	require.NotEqual(t, rows[es[4].ID].Fanout["search"], rows[es[5].ID].Fanout["search"])
-	// The non-coalescing subscriber beside it still gets every event.
-	webhooks := 0
-	for _, j := range jobs {
-		if j.Subscriber == "webhooks" {
-			webhooks++
-		}
-	}
-	require.Equal(t, len(es), webhooks)
 }
 
 func TestRowsMatchingNoSubscriberAreStamped(t *testing.T) {
@@ -457,7 +392,7 @@ func TestARoundCommitsAsynchronouslyAndFanoutTxLeavesTheCallersCommitAlone(t *te
 	require.NoError(t, err)
 	b := setup(t, setupOpts{url: url}, mapSub("audit", false, "**"))
 	settings := make(chan string, 4)
-	b.relay.hooks.afterInsert = func(ctx context.Context, tx pgx.Tx) {
+	b.relay.eng.Hooks.AfterInsert = func(ctx context.Context, tx pgx.Tx) {
 		var s, gin string
 		if err := tx.QueryRow(ctx, "SELECT current_setting('synchronous_commit'), current_setting('gin_pending_list_limit')").Scan(&s, &gin); err != nil {
 			s = err.Error()
@@ -703,7 +638,7 @@ func TestStopDuringAStartBlockedOnRegistration(t *testing.T) {
 // to a claim that skips it, rows that keep arriving quietly (one every 10 ms,
 // as trigger rows do) are still found by the re-checks: a claim that finds
 // rows is not an empty look, and starts them over. Counted as empty, each
-// look would double the lull, past lastRecheck within a second, and the
+// look would double the lull, past engine.LastRecheck within a second, and the
 // rows after that would wait for the poll, an hour away.
 func TestALockedRowDoesNotStopTheRechecksWhileRowsKeepArriving(t *testing.T) {
 	t.Parallel()
@@ -1040,7 +975,7 @@ func TestBusyRelayStillRetriesAndPrunes(t *testing.T) {
 	require.Less(t, took, backoff+10*time.Second, "a due retry waited for the backlog")
 
 	// Old rows to delete, made while the relay is busy.
-	require.True(t, b.relay.busy.Load(), "the relay's batches come back full")
+	require.True(t, b.relay.eng.Busy(), "the relay's batches come back full")
 	old := insertAged(t, b, 3_000, "fanned_out_at")
 	require.Eventually(t, func() bool {
 		var n int
@@ -1193,7 +1128,7 @@ func TestStopLetsTheRoundInFlightCommit(t *testing.T) {
 	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
 	inRound := make(chan struct{})
 	release := make(chan struct{})
-	b.relay.hooks.afterInsert = func(context.Context, pgx.Tx) {
+	b.relay.eng.Hooks.AfterInsert = func(context.Context, pgx.Tx) {
 		close(inRound)
 		<-release
 	}
@@ -1220,7 +1155,7 @@ func TestStopWithAnExpiredContextCancelsTheRound(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
 	inRound := make(chan struct{})
-	b.relay.hooks.afterInsert = func(ctx context.Context, _ pgx.Tx) {
+	b.relay.eng.Hooks.AfterInsert = func(ctx context.Context, _ pgx.Tx) {
 		close(inRound)
 		<-ctx.Done()
 	}
@@ -1288,7 +1223,7 @@ func TestListenerReconnectsAndCatchesUp(t *testing.T) {
 	b := setup(t, setupOpts{}, mapSub("audit", false, "**"))
 	var recordWhileDown sync.Once
 	recorded := make(chan Event, 1)
-	b.relay.hooks.reconnectPause = func(ctx context.Context, d time.Duration) {
+	b.relay.eng.Hooks.ReconnectPause = func(ctx context.Context, d time.Duration) {
 		// The old connection is gone and the new one not yet made: a
 		// notification sent now reaches no one.
 		recordWhileDown.Do(func() { recorded <- b.record(t, Event{Type: "while.down"})[0] })
@@ -1331,7 +1266,7 @@ func TestDatabaseRestartLosesNothing(t *testing.T) {
 	midRound, serverDown := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	for _, b := range relays {
-		b.relay.hooks.afterInsert = func(context.Context, pgx.Tx) {
+		b.relay.eng.Hooks.AfterInsert = func(context.Context, pgx.Tx) {
 			once.Do(func() {
 				close(midRound)
 				<-serverDown
@@ -2177,20 +2112,20 @@ func (s *soak) check() {
 			jobID, has := r.Fanout[sub.Name]
 			_, owed := pairs[id][sub.Name]
 			switch {
-			case has && !sub.matches(r.Type):
+			case has && !sub.eng.Matches(r.Type):
 				fail("event %s (%s): fanout %v names %s, which does not match", id, r.Type, r.Fanout, sub.Name)
 			case has && owed:
 				fail("event %s (%s): %s has both a job and an owed pair", id, r.Type, sub.Name)
-			case sub.Name == "ledger" && sub.matches(r.Type) && !owed:
+			case sub.Name == "ledger" && sub.eng.Matches(r.Type) && !owed:
 				fail("event %s (%s): the always-failing ledger pair is not poisoned", id, r.Type)
-			case !has && !owed && sub.matches(r.Type) && sub.Name != "audit" && sub.Name != "history":
+			case !has && !owed && sub.eng.Matches(r.Type) && sub.Name != "audit" && sub.Name != "history":
 				fail("event %s (%s): fanout %v lacks %s", id, r.Type, r.Fanout, sub.Name)
-			case !has && sub.matches(r.Type) && sub.Name == "audit" && !s.auditSince.IsZero() && s.committedAt[id].After(s.auditSince):
+			case !has && sub.eng.Matches(r.Type) && sub.Name == "audit" && !s.auditSince.IsZero() && s.committedAt[id].After(s.auditSince):
 				fail("event %s (%s) committed %v after audit's registration (%v) never reached it: fanout %v",
 					id, r.Type, s.committedAt[id].Format(time.StampMicro), s.auditSince.Format(time.StampMicro), r.Fanout)
 			}
 			if !has {
-				if sub.matches(r.Type) && len(jobsOf[sub.Name][id]) > 0 && !sub.Coalesce {
+				if sub.eng.Matches(r.Type) && len(jobsOf[sub.Name][id]) > 0 && !sub.Coalesce {
 					fail("event %s: %s has jobs %v but no fanout entry", id, sub.Name, jobsOf[sub.Name][id])
 				}
 				continue
@@ -2220,11 +2155,11 @@ func (s *soak) check() {
 		// matching events (created before since but fanned out after the
 		// registration); none for an event that does not match.
 		switch got := jobsOf["history"][id]; {
-		case !history.matches(r.Type) && len(got) > 0:
+		case !history.eng.Matches(r.Type) && len(got) > 0:
 			fail("event %s (%s) does not match history's types %v but has history jobs %v", id, r.Type, historyTypes, got)
 		case len(got) > 1:
 			fail("event %s (%s) has %d history jobs: %v", id, r.Type, len(got), got)
-		case backfillPhase && history.matches(r.Type) && len(got) == 0 &&
+		case backfillPhase && history.eng.Matches(r.Type) && len(got) == 0 &&
 			(!r.CreatedAt.Before(since) || s.committedAt[id].After(s.historySince)):
 			fail("event %s (%s, seq %d, created %v, committed %v) is owed to history (backfilled since %v, registered %v) but has no history job: fanout %v",
 				id, r.Type, r.Seq, r.CreatedAt.Format(time.StampMicro), s.committedAt[id].Format(time.StampMicro),
@@ -2340,7 +2275,7 @@ func TestThrottledTransactionsAreFannedOutByTheRechecks(t *testing.T) {
 	throttled := Outbox{NotifyInterval: NotifyNever} // as if the limiter kept it quiet
 	quiet := make(chan Event, 1)
 	var once sync.Once
-	b.relay.hooks.idle = func() {
+	b.relay.eng.Hooks.Idle = func() {
 		// The relay has drained what the notification announced; now a
 		// transaction that the limiter keeps quiet commits.
 		once.Do(func() {
@@ -2405,7 +2340,7 @@ func TestTheRechecksSlowDownWhenIdle(t *testing.T) {
 			t.Parallel()
 			b := setup(t, setupOpts{config: &RelayConfig{Listener: ListenerConfig{PollInterval: time.Hour}}}, mapSub("audit", false, "**"))
 			var polls atomic.Int64
-			b.relay.hooks.polled = func() { polls.Add(1) }
+			b.relay.eng.Hooks.Polled = func() { polls.Add(1) }
 			b.start(t)
 			b.quiesce(t)
 			if locked {
@@ -2439,7 +2374,7 @@ func TestARelayOfASchemaIsWokenOnItsChannel(t *testing.T) {
 	relay, err := NewRelay(pool, &RelayConfig{Outbox: o, Logger: quietLogger(), Listener: ListenerConfig{PollInterval: time.Hour}})
 	require.NoError(t, err)
 	b := &testBundle{relay: relay, pool: pool, idle: make(chan struct{}, 1)}
-	relay.hooks.idle = func() {
+	relay.eng.Hooks.Idle = func() {
 		select {
 		case b.idle <- struct{}{}:
 		default:

@@ -66,7 +66,7 @@ func TestRetentionDeletesOnlyOldFannedOutEvents(t *testing.T) {
 		mu    sync.Mutex
 		sizes []int
 	)
-	b.relay.hooks.pruning = func(size int) {
+	b.relay.eng.Hooks.Pruning = func(size int) {
 		mu.Lock()
 		defer mu.Unlock()
 		sizes = append(sizes, size)
@@ -109,8 +109,8 @@ func TestNegativeRetentionKeepsEverything(t *testing.T) {
 	old := insertAged(t, b, 10, "fanned_out_at")
 	var pruned atomic.Bool
 	var passes atomic.Int32
-	b.relay.hooks.pruning = func(int) { pruned.Store(true) }
-	b.relay.hooks.prunePass = func() { passes.Add(1) }
+	b.relay.eng.Hooks.Pruning = func(int) { pruned.Store(true) }
+	b.relay.eng.Hooks.PrunePass = func() { passes.Add(1) }
 	b.relay.config.RetentionInterval = time.Millisecond
 	b.start(t)
 	require.Eventually(t, func() bool { return passes.Load() >= 3 }, 30*time.Second, time.Millisecond, "retention passes ran")
@@ -190,7 +190,7 @@ func TestRetentionByPartitionsSoak(t *testing.T) {
 			Retention: 300 * time.Millisecond, RetentionInterval: 100 * time.Millisecond,
 			RetryBackoff: 50 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond}},
 			mapSub("audit", false, "**"), mapSub("mail", false, "order.*"), flaky)
-		b.relay.hooks.truncated = func(string) { emptied.Add(1) }
+		b.relay.eng.Hooks.Truncated = func(string) { emptied.Add(1) }
 		rctx, cancel := context.WithCancel(ctx)
 		require.NoError(t, b.relay.Start(rctx, b.client))
 		return running{b, cancel}

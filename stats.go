@@ -107,17 +107,16 @@ func (r *Relay) Health() Health {
 	// Not the OnPoison calls a stopped run may still be finishing: Running is
 	// about serving events.
 	running := r.svc.Running()
-	l := r.listener.Load()
 	var orphaned []string
-	if hb := r.beat.Load(); hb != nil {
+	if hb := r.eng.Heartbeat(); hb != nil {
 		orphaned = hb.Orphaned()
 	}
 	return Health{
 		Running:             running,
-		Listening:           running && l != nil && l.Listening(),
+		Listening:           running && r.eng.Listening(),
 		PollOnly:            r.config.Listener.PollOnly,
-		LastSuccessAt:       time.Unix(0, r.lastSuccess.Load()),
-		ConsecutiveFailures: int(r.failing.Load()),
+		LastSuccessAt:       r.eng.LastSuccess(),
+		ConsecutiveFailures: r.eng.Failures(),
 		Orphaned:            orphaned,
 	}
 }

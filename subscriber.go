@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 
+	"github.com/standmeet/events/internal/engine"
 	"github.com/standmeet/events/internal/glob"
 )
 
@@ -135,16 +133,12 @@ type Subscriber struct {
 // last character must be a word character.
 var subscriberNameRE = regexp.MustCompile(`^[a-z0-9_-]{0,63}[a-z0-9_]$`)
 
-// subscription is a validated Subscriber.
+// subscription is a validated Subscriber, and what the engine serves of it
+// (package engine).
 type subscription struct {
 	Subscriber
 	patterns []glob.Pattern
-	// tags holds the one River tag of this subscriber's jobs, shared by
-	// jobs with no tags of their own (River only reads it); chainTags adds
-	// the ordered tag, for an ordered subscriber's jobs placed in a chain.
-	tags, chainTags []string
-	// metricAttrs label this subscriber's measurements.
-	metricAttrs metric.MeasurementOption
+	eng      *engine.Subscription
 }
 
 func newSubscription(s Subscriber) (*subscription, error) {
@@ -169,8 +163,7 @@ func newSubscription(s Subscriber) (*subscription, error) {
 	if err := validateOrdered(s, bad); err != nil {
 		return nil, err
 	}
-	sub := &subscription{Subscriber: s, tags: []string{tagSubscriber + s.Name},
-		metricAttrs: metric.WithAttributes(attribute.String(attrSubscriber, s.Name), attribute.String(attrMessagingSystem, "river"))}
+	sub := &subscription{Subscriber: s}
 	for _, t := range s.Types {
 		p, err := glob.Compile(t)
 		if err != nil {
@@ -178,9 +171,12 @@ func newSubscription(s Subscriber) (*subscription, error) {
 		}
 		sub.patterns = append(sub.patterns, p)
 	}
-	if s.Ordered {
-		sub.chainTags = append(slices.Clip(sub.tags), tagOrdered)
-	}
+	_, re := sub.registryTypes()
+	sub.eng = engine.NewSubscription(engine.Subscription{
+		Name: s.Name, Patterns: sub.patterns, TypesRE: re, Coalesce: s.Coalesce,
+		Ordered: s.Ordered, Continue: s.OrderedOnDiscard == OrderedContinue,
+		Job: func(ctx context.Context, e engine.Event) (engine.Mapped, error) { return sub.jobFor(ctx, Event(e)) },
+	})
 	return sub, nil
 }
 
@@ -195,39 +191,29 @@ func (s *subscription) registryTypes() (types, re string) {
 	return strings.Join(s.Types, ","), strings.Join(res, "|")
 }
 
-func (s *subscription) matches(eventType string) bool {
-	for _, p := range s.patterns {
-		if p.Match(eventType) {
-			return true
-		}
-	}
-	return false
-}
-
 // jobFor maps e to the subscriber's job. It also reads what the relay
 // needs of the job's args itself, Kind and the args' own tags (InsertOpts):
 // host code, like Map, so a panic in any of them is an error of the delivery.
 // (River calls them again in its insert, where insertMany recovers.)
-func (s *subscription) jobFor(ctx context.Context, e Event) (m mapped, err error) {
+func (s *subscription) jobFor(ctx context.Context, e Event) (m engine.Mapped, err error) {
 	what := "Map"
 	defer func() {
 		if p := recover(); p != nil {
-			m, err = mapped{}, panicError(fmt.Sprintf("subscriber %q: %s", s.Name, what), p)
+			m, err = engine.Mapped{}, engine.PanicError(fmt.Sprintf("subscriber %q: %s", s.Name, what), p)
 		}
 	}()
-	m.sub = s
 	if s.Handle != nil || s.HandleTx != nil {
-		m.args, m.opts = HandleArgs{Subscriber: s.Name, Event: e}, s.InsertOpts
-	} else if m.args, m.opts, err = s.Map(ctx, e); err != nil {
-		return mapped{}, fmt.Errorf("subscriber %q: Map: %w", s.Name, err)
+		m.Args, m.Opts = HandleArgs{Subscriber: s.Name, Event: e}, s.InsertOpts
+	} else if m.Args, m.Opts, err = s.Map(ctx, e); err != nil {
+		return engine.Mapped{}, fmt.Errorf("subscriber %q: Map: %w", s.Name, err)
 	}
-	if m.args == nil {
-		return mapped{}, nil
+	if m.Args == nil {
+		return engine.Mapped{}, nil
 	}
 	what = "the job args' Kind or InsertOpts"
-	m.kind = m.args.Kind()
-	if a, ok := m.args.(river.JobArgsWithInsertOpts); ok {
-		m.tags = a.InsertOpts().Tags
+	m.Kind = m.Args.Kind()
+	if a, ok := m.Args.(river.JobArgsWithInsertOpts); ok {
+		m.Tags = a.InsertOpts().Tags
 	}
 	return m, nil
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"time"
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -15,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/standmeet/events/internal/engine"
 )
 
 // instrumentationName names the library's meter and tracer.
@@ -24,40 +25,29 @@ const instrumentationName = "github.com/standmeet/events"
 // is used (a relay "sends" one message per River job it inserts); the others
 // carry an "events." prefix. Durations are in seconds.
 const (
-	MetricJobsInserted     = "messaging.client.sent.messages"
-	MetricFannedOut        = "events.fanned_out"
-	MetricCoalesced        = "events.coalesced"
-	MetricRoundDuration    = "events.round.duration"
-	MetricBatchSize        = "events.batch.size"
-	MetricFailures         = "events.failures"
-	MetricPoisoned         = "events.poisoned"
-	MetricReconnects       = "events.listener.reconnects"
-	MetricBacklog          = "events.backlog"
-	MetricLag              = "events.lag"
-	MetricReceipts         = "events.receipts"
-	MetricReceiptDuration  = "events.receipt.duration"
-	attrSubscriber         = "events.subscriber"
-	attrLane               = "events.lane"
-	attrMessagingSystem    = "messaging.system"
-	attrBatchMessageCount  = "messaging.batch.message_count"
-	attrMessagingOperation = "messaging.operation.type"
+	MetricJobsInserted    = "messaging.client.sent.messages"
+	MetricFannedOut       = "events.fanned_out"
+	MetricCoalesced       = "events.coalesced"
+	MetricRoundDuration   = "events.round.duration"
+	MetricBatchSize       = "events.batch.size"
+	MetricFailures        = "events.failures"
+	MetricPoisoned        = "events.poisoned"
+	MetricReconnects      = "events.listener.reconnects"
+	MetricBacklog         = "events.backlog"
+	MetricLag             = "events.lag"
+	MetricReceipts        = "events.receipts"
+	MetricReceiptDuration = "events.receipt.duration"
 )
 
-// relayMetrics are a relay's instruments; no-ops when Config.MeterProvider
-// is nil.
-type relayMetrics struct {
-	jobs, fanned, coalesced, failures, poisoned, reconnects metric.Int64Counter
-	roundDuration                                           metric.Float64Histogram
-	batchSize                                               metric.Int64Histogram
-}
-
-func newRelayMetrics(mp metric.MeterProvider) (relayMetrics, metric.Meter, error) {
+// newRelayMetrics makes a relay's instruments (the engine's Metrics);
+// no-ops when mp is nil.
+func newRelayMetrics(mp metric.MeterProvider) (engine.Metrics, metric.Meter, error) {
 	if mp == nil {
 		mp = metricnoop.NewMeterProvider()
 	}
 	m := mp.Meter(instrumentationName)
 	var (
-		rm   relayMetrics
+		rm   engine.Metrics
 		errs []error
 	)
 	counter := func(name, unit, desc string) metric.Int64Counter {
@@ -65,24 +55,24 @@ func newRelayMetrics(mp metric.MeterProvider) (relayMetrics, metric.Meter, error
 		errs = append(errs, err)
 		return c
 	}
-	rm.jobs = counter(MetricJobsInserted, "{message}", "River jobs the relay inserted, by subscriber.")
-	rm.fanned = counter(MetricFannedOut, "{event}", "Events the relay fanned out (stamped).")
-	rm.coalesced = counter(MetricCoalesced, "{event}", "Events folded into a later event's job by a coalescing subscriber.")
-	rm.failures = counter(MetricFailures, "{failure}", "Failed attempts charged to events.")
-	rm.poisoned = counter(MetricPoisoned, "{event}", "Events the relay poisoned.")
-	rm.reconnects = counter(MetricReconnects, "{reconnect}", "Times the listening connection was re-established.")
+	rm.Jobs = counter(MetricJobsInserted, "{message}", "River jobs the relay inserted, by subscriber.")
+	rm.Fanned = counter(MetricFannedOut, "{event}", "Events the relay fanned out (stamped).")
+	rm.Coalesced = counter(MetricCoalesced, "{event}", "Events folded into a later event's job by a coalescing subscriber.")
+	rm.Failures = counter(MetricFailures, "{failure}", "Failed attempts charged to events.")
+	rm.Poisoned = counter(MetricPoisoned, "{event}", "Events the relay poisoned.")
+	rm.Reconnects = counter(MetricReconnects, "{reconnect}", "Times the listening connection was re-established.")
 	var err error
-	rm.roundDuration, err = m.Float64Histogram(MetricRoundDuration, metric.WithUnit("s"),
+	rm.RoundDuration, err = m.Float64Histogram(MetricRoundDuration, metric.WithUnit("s"),
 		metric.WithDescription("Duration of the relay's rounds (claim, insert, stamp, commit)."),
 		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 	errs = append(errs, err)
-	rm.batchSize, err = m.Int64Histogram(MetricBatchSize, metric.WithUnit("{event}"),
+	rm.BatchSize, err = m.Int64Histogram(MetricBatchSize, metric.WithUnit("{event}"),
 		metric.WithDescription("Events claimed per round."),
 		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000))
 	errs = append(errs, err)
 	for _, err := range errs {
 		if err != nil {
-			return relayMetrics{}, nil, err
+			return engine.Metrics{}, nil, err
 		}
 	}
 	return rm, m, nil
@@ -144,15 +134,6 @@ func traceContextOf(ctx context.Context) *string {
 	return &s
 }
 
-// spanContextOf reads back a stored trace context.
-func spanContextOf(tc []byte) trace.SpanContext {
-	var carrier propagation.MapCarrier
-	if len(tc) == 0 || json.Unmarshal(tc, &carrier) != nil {
-		return trace.SpanContext{}
-	}
-	return trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
-}
-
 // Keys of the private copy of the trace context in job metadata, which
 // TraceMiddleware restores after otelriver's insert middleware has written
 // its own span's over "traceparent" and "tracestate".
@@ -160,30 +141,6 @@ const (
 	metaTraceparent = "events.traceparent"
 	metaTracestate  = "events.tracestate"
 )
-
-// withTraceMetadata returns the job metadata (a JSON object, or empty) with
-// the recording request's trace context tc (a JSON object) added twice: as
-// "traceparent"/"tracestate", the form otelriver reads, and as a private
-// copy for TraceMiddleware.
-func withTraceMetadata(metadata, tc []byte) []byte {
-	var carrier map[string]string
-	if json.Unmarshal(tc, &carrier) != nil {
-		return metadata
-	}
-	m := map[string]any{}
-	if len(metadata) > 0 && json.Unmarshal(metadata, &m) != nil {
-		return metadata // not an object: leave the host's metadata alone
-	}
-	for k, v := range carrier {
-		m[k] = v
-		m["events."+k] = v
-	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		return metadata
-	}
-	return b
-}
 
 // TraceMiddleware keeps, on the jobs a relay inserts, the trace context of
 // the request that recorded their event, so that otelriver's work span links
@@ -226,26 +183,9 @@ func (*TraceMiddleware) InsertMany(ctx context.Context, manyParams []*rivertype.
 	return doInner(ctx)
 }
 
-// startRoundSpan starts the span of a round: "events.fanout", kind producer,
-// linked to the recording spans of the batch's events.
-func (r *Relay) startRoundSpan(ctx context.Context, batch []claimedRow) (context.Context, trace.Span) {
-	var links []trace.Link
-	for _, c := range batch {
-		if sc := spanContextOf(c.traceContext); sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
-		}
-	}
-	return r.tracer.Start(ctx, "events.fanout", trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(links...),
-		trace.WithAttributes(attribute.Int(attrBatchMessageCount, len(batch)), attribute.String(attrMessagingSystem, "river"),
-			attribute.String(attrMessagingOperation, "send")))
-}
-
 func newTracer(tp trace.TracerProvider) trace.Tracer {
 	if tp == nil {
 		tp = tracenoop.NewTracerProvider()
 	}
 	return tp.Tracer(instrumentationName)
 }
-
-// seconds converts a duration for a histogram in seconds.
-func seconds(d time.Duration) float64 { return d.Seconds() }

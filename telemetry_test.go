@@ -17,6 +17,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/standmeet/events/internal/engine"
 )
 
 // sums reads the counters and histogram counts of rm by name, and by
@@ -29,7 +31,7 @@ func sums(rm metricdata.ResourceMetrics) map[string]int64 {
 			case metricdata.Sum[int64]:
 				for _, p := range d.DataPoints {
 					out[m.Name] += p.Value
-					for _, key := range []attribute.Key{attrSubscriber, "outcome"} {
+					for _, key := range []attribute.Key{engine.AttrSubscriber, "outcome"} {
 						if v, ok := p.Attributes.Value(key); ok {
 							out[m.Name+"/"+v.AsString()] += p.Value
 						}

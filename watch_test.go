@@ -144,7 +144,7 @@ func TestWatchEventsAreFannedOutEndToEnd(t *testing.T) {
 	require.NoError(t, outbox.InstallWatch(ctx, b.pool, Watch{Table: "corpus_notes",
 		Types: map[Op]string{OpUpdate: "corpus.note.changed"}, Columns: []string{"title"}, SubjectPrefix: "note:"}))
 	var notifications atomic.Int32
-	b.relay.hooks.notified = func() { notifications.Add(1) }
+	b.relay.eng.Hooks.Notified = func() { notifications.Add(1) }
 	a := startAwaiter(t, b, nil)
 	b.start(t)
 	b.settle(t)

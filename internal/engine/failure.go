@@ -1,4 +1,4 @@
-package events
+package engine
 
 import (
 	"context"
@@ -40,9 +40,9 @@ func isRowFault(ctx context.Context, tx pgx.Tx, err error) bool {
 	return probeErr == nil
 }
 
-// panicError is the error of a recovered panic p in host code: an error
+// PanicError is the error of a recovered panic p in host code: an error
 // value stays in the chain (isRowFault reads a PostgreSQL error's code).
-func panicError(what string, p any) error {
+func PanicError(what string, p any) error {
 	if err, ok := p.(error); ok {
 		return fmt.Errorf("%s panicked: %w", what, err)
 	}
@@ -57,9 +57,9 @@ func isConnError(err error) bool {
 		errors.Is(err, net.ErrClosed) || pgconn.Timeout(err) || pgconn.SafeToRetry(err)
 }
 
-// isTransient reports a failure that passes when the database is back: a
+// IsTransient reports a failure that passes when the database is back: a
 // lost connection, a server shutting down or starting, too many connections.
-func isTransient(err error) bool {
+func IsTransient(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgerrcode.IsConnectionException(pgErr.Code) || pgerrcode.IsOperatorIntervention(pgErr.Code) ||

@@ -1,4 +1,4 @@
-package events
+package engine
 
 import (
 	"context"
@@ -23,7 +23,7 @@ type plannedJob struct {
 
 // mapped is one subscriber's job for one event, before coalescing.
 type mapped struct {
-	sub  *subscription
+	sub  *Subscription
 	args river.JobArgs
 	opts *river.InsertOpts
 	kind string   // args.Kind()
@@ -35,7 +35,7 @@ type mapped struct {
 // job. attempts counts the delivery's failed attempts before this one.
 type pairFailure struct {
 	row      claimedRow
-	sub      *subscription
+	sub      *Subscription
 	attempts int
 	err      error
 }
@@ -57,18 +57,18 @@ type roundPlan struct {
 //
 // Host code is not called once the relay is stopping: the plan fails with
 // errStopping and the round rolls back, charging nothing.
-func (r *Relay) plan(ctx context.Context, l lane, batch []claimedRow) (roundPlan, error) {
+func (r *Relay) plan(ctx context.Context, l Lane, batch []claimedRow) (roundPlan, error) {
 	var p roundPlan
 	perEvent := make([][]mapped, len(batch))
 	var paused []string
-	if l == lanePending {
+	if l == LanePending {
 		paused = batch[0].paused
 	}
 	for i, c := range batch {
 		if r.stopping() || ctx.Err() != nil {
 			return roundPlan{}, errStopping
 		}
-		try := func(sub *subscription, attempts int) {
+		try := func(sub *Subscription, attempts int) {
 			m, err := sub.jobFor(ctx, c.Event)
 			switch {
 			case err != nil:
@@ -77,18 +77,18 @@ func (r *Relay) plan(ctx context.Context, l lane, batch []claimedRow) (roundPlan
 				perEvent[i] = append(perEvent[i], m)
 			}
 		}
-		if l == laneOwed {
+		if l == LaneOwed {
 			for _, o := range c.owed {
 				// Claimed only for subscribers of this run: a delivery that no
 				// longer matches (its types changed) is served with no job.
-				if sub := r.activeSub(o.sub); sub != nil && sub.matches(c.Type) {
+				if sub := r.activeSub(o.sub); sub != nil && sub.Matches(c.Type) {
 					try(sub, o.attempts)
 				}
 			}
 			continue
 		}
 		for _, sub := range r.active {
-			if sub.matches(c.Type) && !slices.Contains(paused, sub.Name) {
+			if sub.Matches(c.Type) && !slices.Contains(paused, sub.Name) {
 				try(sub, 0)
 			}
 		}
@@ -99,7 +99,7 @@ func (r *Relay) plan(ctx context.Context, l lane, batch []claimedRow) (roundPlan
 }
 
 // activeSub returns the run's active subscription named name, or nil.
-func (r *Relay) activeSub(name string) *subscription {
+func (r *Relay) activeSub(name string) *Subscription {
 	for _, s := range r.active {
 		if s.Name == name {
 			return s
@@ -152,6 +152,3 @@ func (j *plannedJob) insertOpts(traceContext []byte) *river.InsertOpts {
 	opts.Tags = append(append(make([]string, 0, len(own)+len(subTags)), own...), subTags...)
 	return &opts
 }
-
-// tagSubscriber prefixes the tag of a subscriber's jobs.
-const tagSubscriber = "events-subscriber-"

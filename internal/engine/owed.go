@@ -1,4 +1,4 @@
-package events
+package engine
 
 import (
 	"context"
@@ -117,7 +117,7 @@ func (r *Relay) owedRound(ctx context.Context, batch int) (claimed []int64, full
 	names, ordered := r.owedOrder()
 	floors, _ := r.owedFloors.Next(names, time.Now()) // or the start of every range: a look
 	fromDue, fromSeq := floorArgs(floors)
-	claimed, err = r.round(ctx, laneOwed, r.sql.ClaimOwed, names, int64(batch), ordered, int32(owedLockClass), fromDue, fromSeq)
+	claimed, err = r.round(ctx, LaneOwed, r.sql.ClaimOwed, names, int64(batch), ordered, int32(owedLockClass), fromDue, fromSeq)
 	// A batch is counted in deliveries, and an event brings every delivery of it
 	// that is due: any claim says more may be due. One empty round ends the
 	// lane's turn.
@@ -177,7 +177,7 @@ func (r *Relay) owedOrder() (names []string, ordered []bool) {
 
 // owedYield is how long a helper loop rests after a round of the
 // deliveries lane that met fresh events, in multiples of the time that
-// round took, and owedRestMax the longest rest (a round slowed by a lock
+// round took, and OwedRestMax the longest rest (a round slowed by a lock
 // must not idle the loop for twice as long). The backlog then takes short
 // rounds and at most a third of the loop's time, and the two cores the
 // drain shares with the fresh path (PostgreSQL's included) are free for
@@ -187,7 +187,7 @@ func (r *Relay) owedOrder() (names []string, ordered []bool) {
 // drain was 2.4–4.0× the figure with no backlog.
 const (
 	owedYield   = 2
-	owedRestMax = 100 * time.Millisecond
+	OwedRestMax = 100 * time.Millisecond
 )
 
 // owedBatch is how many deliveries a round of the main loop's deliveries
@@ -229,14 +229,14 @@ func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) 
 		return false, fail(ctx, err)
 	}
 	claimed, full, err := r.owedRound(ctx, r.owedBatch())
-	if r.hooks.mainRound != nil && err == nil {
-		r.hooks.mainRound(laneOwed, len(claimed))
+	if r.Hooks.MainRound != nil && err == nil {
+		r.Hooks.MainRound(LaneOwed, len(claimed))
 	}
 	if err != nil {
 		if !fail(ctx, err) {
 			return false, false
 		}
-		if err := r.rowByRow(ctx, laneOwed, claimed); err != nil && ctx.Err() == nil {
+		if err := r.rowByRow(ctx, LaneOwed, claimed); err != nil && ctx.Err() == nil {
 			r.logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", err.Error()))
 		}
 		return true, true

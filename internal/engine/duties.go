@@ -1,0 +1,85 @@
+package engine
+
+import (
+	"context"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/standmeet/events/internal/maintenance"
+)
+
+// The background duties of a run (package maintenance): retention,
+// heartbeats, and the sweeps of ordered subscribers' chains (chains.go).
+
+// pruner runs retention (internal/maintenance's Pruner) every
+// RetentionInterval until the relay stops: one relay of the schema at a
+// time, batch by batch, a batch a second while the relay drains a backlog.
+func (r *Relay) pruner(ctx context.Context) {
+	p := &maintenance.Pruner{
+		DB:         r.pool,
+		SQL:        r.sql,
+		Retention:  r.config.Retention,
+		Interval:   r.config.RetentionInterval,
+		Busy:       func() bool { return r.busy.Load() || r.owedBusy.Load() },
+		Logger:     r.logger,
+		OnPass:     r.Hooks.PrunePass,
+		OnBatch:    r.Hooks.Pruning,
+		OnTruncate: r.Hooks.Truncated,
+	}
+	p.Run(ctx, r.run.Stopping())
+}
+
+// libraryVersion is this library's module version in the running binary.
+var libraryVersion = sync.OnceValue(func() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	const path = "github.com/standmeet/events"
+	if info.Main.Path == path {
+		return info.Main.Version
+	}
+	for _, d := range info.Deps {
+		if d.Path == path {
+			return d.Version
+		}
+	}
+	return ""
+})
+
+// heartbeater reports in until the relay stops, then marks the run stopped.
+func (r *Relay) heartbeater(ctx context.Context) {
+	r.beat.Load().Run(ctx, r.run.Stopping())
+}
+
+// newHeartbeat returns the heartbeat of a new run, which reports the relay's
+// health and claim floor.
+func (r *Relay) newHeartbeat() *maintenance.Heartbeat {
+	return &maintenance.Heartbeat{
+		DB:          r.pool,
+		SQL:         r.sql,
+		RunID:       uuid.Must(uuid.NewV7()),
+		Version:     libraryVersion(),
+		ClientID:    r.client.ID(),
+		OrphanAfter: r.config.OrphanAfter,
+		Logger:      r.logger,
+		Report: func() maintenance.Beat {
+			var lastRound *time.Time
+			if ns := r.lastRound.Load(); ns != 0 {
+				at := time.Unix(0, ns)
+				lastRound = &at
+			}
+			var floor *int64
+			if f := r.claimFloor; f != nil {
+				floor = f.Stored()
+			}
+			return maintenance.Beat{
+				Subscribers: r.known, Listening: r.Listening(), PollOnly: r.config.PollOnly,
+				ConsecutiveFailures: r.Failures(), LastRound: lastRound, ClaimFloor: floor,
+			}
+		},
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/standmeet/events/internal/owedfloor"
 )
 
 // Fresh events flow at about 20 a second or more, or in a burst of three;
@@ -51,4 +53,25 @@ func TestFreshEventsFlowAtARateNotAfterEachTrickle(t *testing.T) {
 	late.claimed(start, 2)
 	require.Equal(t, start.Add(time.Second), late.last(), "the meter's clock went back")
 	require.True(t, late.flowing(start.Add(time.Second)), "three rows at once do not flow")
+}
+
+// A committed claim of owed pairs moves each subscriber's floor to the last
+// pair it claimed of that subscriber (no further than the clock less the
+// slack), and leaves the floor of a subscriber it claimed nothing of.
+func TestObserveOwedMovesEachFloorToItsLastClaimedPair(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(2_000_000, 0)
+	early, later := now.Add(-time.Minute), now.Add(-30*time.Second)
+	r := &Relay{owedFloors: &owedfloor.Floors{}}
+	batch := []claimedRow{
+		{Event: Event{Seq: 5}, owed: []owedPair{{sub: "a", due: early, now: now}}},
+		{Event: Event{Seq: 7}, owed: []owedPair{{sub: "a", due: later, now: now}, {sub: "c", due: now, now: now}}},
+	}
+	names := []string{"a", "b", "c"}
+	due, seq := floorArgs(make([]owedfloor.Position, len(names))) // from the start: a look
+	r.observeOwed(batch, names, due, seq)
+	got := r.owedFloors.Peek(names)
+	require.Equal(t, owedfloor.Position{Due: later, Seq: 7}, got[0], "a's floor is its last claimed pair")
+	require.Equal(t, owedfloor.Position{}, got[1], "b claimed nothing: its floor stays")
+	require.Equal(t, owedfloor.Seen(now, 7, now, owedfloor.Slack), got[2], "c's pair fell due within the slack: the floor stays behind the clock")
 }

@@ -311,8 +311,6 @@ func (r *Relay) Start(ctx context.Context, client *river.Client[pgx.Tx]) error {
 		if err := r.prepare(run.StartContext(), run, client); err != nil {
 			return err
 		}
-		r.mu.Lock()
-		defer r.mu.Unlock()
 		r.eng.Launch(ctx, run)
 		return nil
 	})

@@ -13,7 +13,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/standmeet/events/internal/dbutil"
-	"github.com/standmeet/events/internal/maintenance"
 	"github.com/standmeet/events/internal/statements"
 )
 
@@ -340,41 +339,6 @@ func (cp *chainPlan) queue(b *pgx.Batch, batch []claimedRow, jobs []plannedJob, 
 		b.Queue(cp.sql.ChainDefer, cp.defSeqs, cp.defSubs, deferBase.Microseconds(), deferMax.Microseconds(), cp.defDue)
 	}
 	return nil
-}
-
-// orderedSubs returns the names of the run's ordered subscribers, and those
-// of them that continue past a discarded head.
-func (r *Relay) orderedSubs() (subs, cont []string) {
-	for _, s := range r.active {
-		if !s.Ordered {
-			continue
-		}
-		subs = append(subs, s.Name)
-		if s.Continue {
-			cont = append(cont, s.Name)
-		}
-	}
-	return subs, cont
-}
-
-// chainSweeper looks after the run's chains until the relay stops
-// (internal/maintenance's ChainSweeper): River tells no one when it
-// discards a job after its last attempt, a process may die while its worker
-// runs a chain's head, and the chains of subscribers this release serves
-// unordered, or retired ones, are released.
-func (r *Relay) chainSweeper(ctx context.Context) {
-	subs, cont := r.orderedSubs()
-	var unordered []string
-	for _, s := range r.active {
-		if !s.Ordered {
-			unordered = append(unordered, s.Name)
-		}
-	}
-	s := &maintenance.ChainSweeper{
-		DB: r.pool, SQL: r.sql, Ordered: subs, Continue: cont, Unordered: unordered, Tag: TagOrdered,
-		DeadWorkerAfter: r.Hooks.DeadWorkerAfter, Logger: r.logger, OnRescued: r.Hooks.Rescued, Stopping: r.run.Stopping(),
-	}
-	s.Run(ctx)
 }
 
 // marshalArgs is json.Marshal of a job's args, whose MarshalJSON is host

@@ -12,7 +12,7 @@ import (
 )
 
 // The background duties of a run (package maintenance): retention,
-// heartbeats, and the sweeps of ordered subscribers' chains (chains.go).
+// heartbeats, and the sweeps of ordered subscribers' chains.
 
 // pruner runs retention (internal/maintenance's Pruner) every
 // RetentionInterval until the relay stops: one relay of the schema at a
@@ -82,4 +82,39 @@ func (r *Relay) newHeartbeat() *maintenance.Heartbeat {
 			}
 		},
 	}
+}
+
+// orderedSubs returns the names of the run's ordered subscribers, and those
+// of them that continue past a discarded head.
+func (r *Relay) orderedSubs() (subs, cont []string) {
+	for _, s := range r.active {
+		if !s.Ordered {
+			continue
+		}
+		subs = append(subs, s.Name)
+		if s.Continue {
+			cont = append(cont, s.Name)
+		}
+	}
+	return subs, cont
+}
+
+// chainSweeper looks after the run's chains until the relay stops
+// (internal/maintenance's ChainSweeper): River tells no one when it
+// discards a job after its last attempt, a process may die while its worker
+// runs a chain's head, and the chains of subscribers this release serves
+// unordered, or retired ones, are released.
+func (r *Relay) chainSweeper(ctx context.Context) {
+	subs, cont := r.orderedSubs()
+	var unordered []string
+	for _, s := range r.active {
+		if !s.Ordered {
+			unordered = append(unordered, s.Name)
+		}
+	}
+	s := &maintenance.ChainSweeper{
+		DB: r.pool, SQL: r.sql, Ordered: subs, Continue: cont, Unordered: unordered, Tag: TagOrdered,
+		DeadWorkerAfter: r.Hooks.DeadWorkerAfter, Logger: r.logger, OnRescued: r.Hooks.Rescued, Stopping: r.run.Stopping(),
+	}
+	s.Run(ctx)
 }

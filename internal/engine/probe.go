@@ -21,7 +21,8 @@ func (r *Relay) LookBelow(ctx context.Context, look claimfloor.Below) (found *in
 	return r.lookBelow(ctx, look)
 }
 
-// SetClaimFloor replaces the claim floor, before a run or between probes.
+// SetClaimFloor replaces the claim floor, between probes, never during a
+// run (its loops read it unlocked).
 func (r *Relay) SetClaimFloor(f *claimfloor.Floor) { r.claimFloor = f }
 
 // ClaimPending begins a pending-lane batch claim of size rows as the
@@ -43,7 +44,8 @@ func (r *Relay) ClaimPending(ctx context.Context, size int) (tx pgx.Tx, batch []
 // first run.
 func (r *Relay) OwedFloors() *owedfloor.Floors { return r.owedFloors }
 
-// SetOwedFloors replaces the owed floors, before a run or between probes.
+// SetOwedFloors replaces the owed floors, between probes, never during a
+// run (its loops read it unlocked).
 func (r *Relay) SetOwedFloors(f *owedfloor.Floors) { r.owedFloors = f }
 
 // ClaimOwed runs the deliveries lane's claim of at most batch pairs of the

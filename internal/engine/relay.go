@@ -6,8 +6,10 @@
 // deliveries lane of owed pairs, from each subscriber's floor), plans their
 // jobs (plan.go, coalesce.go, chains.go), inserts them through River and
 // stamps the rows in the same transaction, charges and poisons what failed
-// (charges.go), and runs the loops that drive the rounds (loop.go) and the
-// background duties of package maintenance (duties.go).
+// (charges.go), and runs the loops that drive the rounds (loop.go), the
+// looks below the claim floor (floor.go) and the background duties of
+// package maintenance (duties.go). probe.go holds the steps that the root
+// package's tests drive one at a time.
 //
 // The root package keeps the user's words: its Relay holds one engine
 // Relay, builds its Config from RelayConfig, and hands it each Subscriber as
@@ -93,14 +95,23 @@ type Subscription struct {
 const TagSubscriber = "events-subscriber-"
 
 // NewSubscription returns s ready to serve: its jobs' tags and its
-// measurements' labels set.
+// measurements' labels set. (A run, or a FanoutIn call, readies a
+// Subscription built otherwise.)
 func NewSubscription(s Subscription) *Subscription {
+	s.ready()
+	return &s
+}
+
+// ready sets the jobs' tags and the measurements' labels, once.
+func (s *Subscription) ready() {
+	if s.tags != nil {
+		return
+	}
 	s.tags = []string{TagSubscriber + s.Name}
 	if s.Ordered {
 		s.chainTags = []string{TagSubscriber + s.Name, TagOrdered}
 	}
 	s.metricAttrs = metric.WithAttributes(attribute.String(AttrSubscriber, s.Name), attribute.String(attrMessagingSystem, "river"))
-	return &s
 }
 
 // Matches reports whether the subscriber takes events of type eventType.
@@ -188,8 +199,12 @@ type Relay struct {
 	// claim floor, read by Prepare (0: from the start).
 	startFloor int64
 
-	// Set by Prepare and Launch, for one run, or by FanoutIn, for one call.
-	// Read by the run's (or the call's) own goroutines.
+	// Set by Prepare and Launch, for one run, or by FanoutIn, for one call
+	// (with config, logger, metrics and tracer: configure). Read by the
+	// run's (or the call's) own goroutines. The caller keeps runs and
+	// FanoutIn calls apart, and begins neither while the last one's
+	// goroutines or OnPoison calls run (the root package's lifecycle and
+	// its inTx guard): so these need no lock.
 	run       *startstop.Run // nil for FanoutIn: never stopping
 	client    *river.Client[pgx.Tx]
 	active    []*Subscription // the subscribers served: less the retired ones
@@ -299,9 +314,8 @@ const callbackQueue = 1000
 // database's level.
 var OwnTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite}
 
-var ownTx = OwnTx
-
-// Prepare is the engine's part of a run's start, once the subscribers are
+// Prepare is the engine's part of a run's start (no other run, nor a
+// FanoutIn call, may be running: see the run state), once the subscribers are
 // registered: it takes config (the relay's, as it is now), serves active
 // through client, resets the health, marks the last run's heartbeat
 // stopped, reads where the claims start and makes the run's heartbeat.
@@ -339,6 +353,7 @@ func (r *Relay) Prepare(ctx context.Context, config Config, client *river.Client
 func (r *Relay) serve(active []*Subscription) {
 	r.active, r.known = active, make([]string, len(active))
 	for i, s := range active {
+		s.ready()
 		r.known[i] = s.Name
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,7 +17,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/standmeet/events/internal/backoff"
 	"github.com/standmeet/events/internal/claimfloor"
 	"github.com/standmeet/events/internal/dbutil"
 )
@@ -111,7 +109,7 @@ func collectClaimedFrom(rows pgx.Rows) ([]claimedRow, claimfloor.Position, error
 	return batch, last, err
 }
 
-// lane is where a round claims its rows: pending events, or the owed deliveries
+// Lane is where a round claims its rows: pending events, or the owed deliveries
 // (event, subscriber) of the subscribers this relay knows.
 type Lane int
 
@@ -332,7 +330,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l Lane, c
 		return nil, nil, nil, nil, err
 	}
 	var b pgx.Batch
-	b.BeginTx(ownTx)
+	b.BeginTx(OwnTx)
 	b.Queue(r.sql.RoundSettings).QueryRow(func(row pgx.Row) error {
 		var text string
 		if err := row.Scan(nil, nil, &text); err != nil {
@@ -377,80 +375,6 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l Lane, c
 	return tx, batch, ended, c.Release, nil
 }
 
-// floorLooker looks below the claim floor on the floor's schedule (see
-// package claimfloor), in transactions of its own, so that no claim walks
-// what the look walks: under a held snapshot, the dead index entries of
-// every event fanned out since. A pending row found there lowers the floor
-// to it, and the main loop claims. A look that fails is due again after a
-// backoff; Stop cancels one in flight.
-func (r *Relay) floorLooker(ctx context.Context) {
-	stopping := r.run.Stopping() // read here: the run's field is reset once its goroutines end
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-stopping:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	failures := 0
-	for {
-		if r.sleep(ctx, r.claimFloor.NextLookIn(time.Now()), r.floorLookSoon) == sleepStopped {
-			return
-		}
-		look, ok := r.claimFloor.LookBelow(time.Now())
-		if !ok {
-			continue
-		}
-		found, err := r.lookBelow(ctx, look)
-		if err != nil {
-			if ctx.Err() != nil || r.stopping() {
-				return
-			}
-			failures++
-			delay := backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
-			r.claimFloor.LookFailed(look, time.Now().Add(delay))
-			r.logger.WarnContext(ctx, "events: looking below the claim floor failed; looking again after a pause",
-				slog.String("err", err.Error()), slog.Duration("pause", delay))
-			continue
-		}
-		failures = 0
-		if found != nil {
-			r.claimFloor.Lower(*found)
-			r.wake.Send()
-		}
-	}
-}
-
-// lookBelow looks for a pending row below the floor that no one holds, and
-// returns its transaction (nil: none). It runs READ COMMITTED whatever the
-// database's default (the look locks the row it finds, which a round may
-// have stamped meanwhile: a snapshot of the transaction's start would fail
-// with a serialization error), and with no statement_timeout: under a held
-// snapshot a look from the start walks every dead entry, and one cut short
-// every time would leave rows below the floor for as long as the snapshot
-// is held.
-func (r *Relay) lookBelow(ctx context.Context, look claimfloor.Below) (found *int64, err error) {
-	err = pgx.BeginTxFunc(ctx, r.pool, ownTx, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, r.sql.PendingBelow, look.From, look.Below, look.BelowSeq, look.Dropped, look.Skip).Scan(&found)
-	})
-	return found, err
-}
-
-// lookBelowSoon makes the look below the claim floor from the start due at
-// once, and the next claim of owed pairs a look: the database restarted or
-// was away, and a crash may have lost the asynchronous commits of rounds
-// that moved the floors.
-func (r *Relay) lookBelowSoon() {
-	r.claimFloor.LookSoon()
-	r.owedFloors.Reset()
-	r.floorLookSoon.Send()
-}
-
 // fanout inserts the jobs of a claimed batch inside tx and returns the stamp
 // to send after them. A delivery whose subscriber's mapping fails (or, with
 // isolate, whose job is refused) is charged a failed attempt in the stamp
@@ -463,7 +387,7 @@ func (r *Relay) fanout(ctx context.Context, tx pgx.Tx, l Lane, isolate bool, bat
 	}
 	// Ordered subscribers' jobs take their places in their chains (a no-op
 	// without any); a job that must wait for an earlier event is taken out
-	// and its deliveries deferred (ordered.go).
+	// and its deliveries deferred (chains.go).
 	chains, err := r.orderChains(ctx, tx, l, batch, &p)
 	if err != nil {
 		return nil, err

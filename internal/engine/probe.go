@@ -10,11 +10,11 @@ import (
 	"github.com/standmeet/events/internal/owedfloor"
 )
 
-// Probes: the steps of the engine's claims, one at a time, for the root
-// package's tests, which run them against a real database in states a
-// relay's loops reach only by chance (a look blocked on a lock, a claim in
-// the window between two snapshots, a floor after a drain). Nothing else
-// calls them.
+// Probes: the steps of the engine's claims, one at a time, for tests (this
+// package's database tests, package engine_test, and the root package's),
+// which run them against a real database in states a relay's loops reach
+// only by chance (a look blocked on a lock, a claim in the window between
+// two snapshots, a floor after a drain). Nothing else calls them.
 
 // LookBelow runs one look below the claim floor (floorLooker's).
 func (r *Relay) LookBelow(ctx context.Context, look claimfloor.Below) (found *int64, err error) {

@@ -8,8 +8,9 @@
 // stamps the rows in the same transaction, charges and poisons what failed
 // (charges.go), and runs the loops that drive the rounds (loop.go), the
 // looks below the claim floor (floor.go) and the background duties of
-// package maintenance (duties.go). probe.go holds the steps that the root
-// package's tests drive one at a time.
+// package maintenance (duties.go). probe.go holds the steps that tests
+// drive one at a time. Its database tests (package engine_test: *_db_test.go)
+// run the engine alone on a real PostgreSQL, migrated by the root package.
 //
 // The root package keeps the user's words: its Relay holds one engine
 // Relay, builds its Config from RelayConfig, and hands it each Subscriber as

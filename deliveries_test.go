@@ -117,22 +117,6 @@ func TestPairErrorsAreStoredSafely(t *testing.T) {
 	}
 }
 
-// oweTo writes n events of type typ, fanned out to every subscriber but
-// sub, and owes each to sub: the rows a relay's stamp leaves while sub is
-// paused, written in one statement so that a large backlog costs the test
-// a second rather than a drain of its own.
-func oweTo(t *testing.T, pool *pgxpool.Pool, sub, typ string, n int) {
-	t.Helper()
-	// Two statements: the pairs' trigger reads each event's subject, which
-	// a data-modifying CTE of the same statement would not show it.
-	var from int64
-	require.NoError(t, pool.QueryRow(context.Background(), "SELECT coalesce(max(seq), 0) FROM outbox_events").Scan(&from))
-	exec(t, pool, `INSERT INTO outbox_events (id, type, subject, fanned_out_at, fanout)
-		SELECT gen_random_uuid(), $1, 'subject:' || (g % 100), now(), '{}' FROM generate_series(1, $2::int) g`, typ, n)
-	exec(t, pool, `INSERT INTO outbox_deliveries (event_seq, subscriber)
-		SELECT seq, $1 FROM outbox_events WHERE seq > $2 AND type = $3`, sub, from, typ)
-}
-
 // pendingBacklog inserts n pending events of type typ with no
 // notification: a backlog that keeps a relay's batches full.
 func pendingBacklog(t *testing.T, pool *pgxpool.Pool, typ string, n int) {
@@ -172,7 +156,7 @@ func TestOwedPairsAreServedWhileBatchesComeBackFull(t *testing.T) {
 	b.start(t)
 	b.settle(t)
 	pendingBacklog(t, b.pool, "fast.changed", 30_000) // full batches for many seconds at 5 a round
-	oweTo(t, b.pool, "slow", "slow.changed", 20)
+	testdb.OweTo(t, b.pool, "slow", "slow.changed", 20)
 	require.Eventually(t, func() bool { return owedCount(t, b.pool) == 0 }, 30*time.Second, 20*time.Millisecond,
 		"owed pairs wait while batches come back full")
 	require.True(t, anyPending(t, b.pool), "the pending backlog drained first: the test proves nothing")
@@ -193,7 +177,7 @@ func TestRetriesRunWhileFullBatchesAndAnOwedBacklogFlow(t *testing.T) {
 			b.start(t)
 			b.settle(t)
 			require.NoError(t, outbox.PauseSubscriber(ctx, b.pool, "slow"))
-			oweTo(t, b.pool, "slow", "slow.changed", 10_000)
+			testdb.OweTo(t, b.pool, "slow", "slow.changed", 10_000)
 			pendingBacklog(t, b.pool, "fast.changed", 30_000)
 			require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
 			require.Eventually(t, func() bool { return owedCount(t, b.pool) < 10_000 }, 30*time.Second, 10*time.Millisecond,
@@ -260,7 +244,7 @@ func TestPairsWithoutAnEventRowDoNotStarveTheSubscriber(t *testing.T) {
 	b.settle(t)
 	exec(t, b.pool, `INSERT INTO outbox_deliveries (event_seq, subscriber, next_attempt_at)
 		SELECT 1000000000 + g, 'slow', now() - interval '1 hour' FROM generate_series(1, 5) g`)
-	oweTo(t, b.pool, "slow", "slow.changed", 3)
+	testdb.OweTo(t, b.pool, "slow", "slow.changed", 3)
 	exec(t, b.pool, "SELECT pg_notify('"+statements.ChannelEvents+"', '')")
 	require.Eventually(t, func() bool {
 		var n int
@@ -297,7 +281,7 @@ func freshBehindBacklog(t *testing.T, rounds int) {
 	b.start(t)
 	b.settle(t)
 	require.NoError(t, outbox.PauseSubscriber(ctx, b.pool, "slow"))
-	oweTo(t, b.pool, "slow", "slow.changed", backlog)
+	testdb.OweTo(t, b.pool, "slow", "slow.changed", backlog)
 	require.Equal(t, backlog, owedCount(t, b.pool))
 
 	require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
@@ -357,7 +341,7 @@ func owedDrainRowsPerPair(t *testing.T, n int) float64 {
 	require.NoError(t, b.relay.Start(ctx, b.client))
 	require.NoError(t, b.relay.Stop(ctx))
 	require.NoError(t, outbox.PauseSubscriber(ctx, pool, "slow"))
-	oweTo(t, pool, "slow", "slow.changed", n)
+	testdb.OweTo(t, pool, "slow", "slow.changed", n)
 	exec(t, pool, "ANALYZE")
 	require.NoError(t, outbox.ResumeSubscriber(ctx, pool, "slow"))
 	pool.Close()
@@ -622,7 +606,7 @@ func TestAHelperLoopYieldsToFreshEventsOnlyWhileTheyMeetTheBacklog(t *testing.T)
 		b.start(t)
 		b.settle(t)
 		require.NoError(t, outbox.PauseSubscriber(ctx, b.pool, "slow"))
-		oweTo(t, b.pool, "slow", "slow.changed", backlog)
+		testdb.OweTo(t, b.pool, "slow", "slow.changed", backlog)
 		resumed := time.Now()
 		require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
 		done := make(chan struct{})
@@ -713,7 +697,7 @@ func TestOwedClaimsStartAfterThePairsServedUnderAHeldSnapshot(t *testing.T) {
 	require.NoError(t, b.relay.Start(ctx, b.client))
 	require.NoError(t, b.relay.Stop(ctx))
 	require.NoError(t, outbox.PauseSubscriber(ctx, admin, "slow"))
-	oweTo(t, admin, "slow", "slow.changed", n)
+	testdb.OweTo(t, admin, "slow", "slow.changed", n)
 	// Owed since the pause, a minute ago: due well before the slack the
 	// floor leaves below the clock (owedfloor.Slack).
 	exec(t, admin, "UPDATE outbox_deliveries SET next_attempt_at = now() - interval '1 minute'")
@@ -798,56 +782,7 @@ func TestOwedClaimsStartAfterThePairsServedUnderAHeldSnapshot(t *testing.T) {
 	require.Less(t, fromFloor, int64(batch), "the idle poll walks the pairs served before the floor")
 
 	require.NoError(t, outbox.PauseSubscriber(ctx, admin, "slow"))
-	oweTo(t, admin, "slow", "slow.changed", 1)
+	testdb.OweTo(t, admin, "slow", "slow.changed", 1)
 	require.NoError(t, outbox.ResumeSubscriber(ctx, admin, "slow"))
 	require.Equal(t, 1, claim(floors[0]), "a pair owed after the drain is below the floor")
-}
-
-// A claim that meets a pair whose event another session holds (another
-// subscriber's round, a Backfill) steps over it and fills its batch from
-// the pairs after it, and moves the floor only to what it claimed. Found by
-// review: the claim dropped such a pair after its limit and came back
-// short, and a short claim moved the floor to the clock less a second, over
-// every pair of a backlog due before it, until the next look.
-func TestAClaimThatMeetsAHeldEventLeavesTheRestAboveTheFloor(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	const n, batch = 300, 100
-	b := setup(t, setupOpts{config: &RelayConfig{BatchSize: batch}}, mapSub("slow", false, "**"))
-	require.NoError(t, b.relay.Start(ctx, b.client))
-	require.NoError(t, b.relay.Stop(ctx))
-	require.NoError(t, outbox.PauseSubscriber(ctx, b.pool, "slow"))
-	oweTo(t, b.pool, "slow", "slow.changed", n)
-	exec(t, b.pool, "UPDATE outbox_deliveries SET next_attempt_at = now() - interval '1 minute'")
-	require.NoError(t, outbox.ResumeSubscriber(ctx, b.pool, "slow"))
-
-	// Another session holds the 50th pair's event, as a Backfill does.
-	var seq50 int64
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT event_seq FROM outbox_deliveries ORDER BY event_seq OFFSET 49 LIMIT 1").Scan(&seq50))
-	holder, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = holder.Exec(ctx, "SELECT 1 FROM outbox_events WHERE seq = $1 FOR KEY SHARE", seq50)
-	require.NoError(t, err)
-
-	r := b.relay
-	floors := &owedfloor.Floors{LookEvery: time.Hour}
-	r.eng.SetOwedFloors(floors)
-	claim := func() int {
-		t.Helper()
-		names := []string{"slow"}
-		from, _ := floors.Next(names, time.Now())
-		tx, err := b.pool.Begin(ctx)
-		require.NoError(t, err)
-		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
-		got, observe, err := r.eng.ClaimOwed(ctx, tx, names, batch, from)
-		require.NoError(t, err)
-		// As if the round had committed (its pairs served): the floor moves.
-		observe()
-		return got
-	}
-	// The claim steps over the held event's pair and fills its batch.
-	require.Equal(t, batch, claim(), "the run's first claim (a look) came back short for a held event")
-	require.NoError(t, holder.Rollback(ctx))
-	require.Equal(t, batch, claim(), "a claim that met a held event moved the floor past the pairs due after it")
 }

@@ -137,8 +137,7 @@ var subscriberNameRE = regexp.MustCompile(`^[a-z0-9_-]{0,63}[a-z0-9_]$`)
 // (package engine).
 type subscription struct {
 	Subscriber
-	patterns []glob.Pattern
-	eng      *engine.Subscription
+	eng *engine.Subscription
 }
 
 func newSubscription(s Subscriber) (*subscription, error) {
@@ -163,17 +162,20 @@ func newSubscription(s Subscriber) (*subscription, error) {
 	if err := validateOrdered(s, bad); err != nil {
 		return nil, err
 	}
-	sub := &subscription{Subscriber: s}
+	var (
+		patterns []glob.Pattern
+		res      []string
+	)
 	for _, t := range s.Types {
 		p, err := glob.Compile(t)
 		if err != nil {
 			return nil, bad("Types", "%v", err)
 		}
-		sub.patterns = append(sub.patterns, p)
+		patterns, res = append(patterns, p), append(res, p.Regexp())
 	}
-	_, re := sub.registryTypes()
+	sub := &subscription{Subscriber: s}
 	sub.eng = engine.NewSubscription(engine.Subscription{
-		Name: s.Name, Patterns: sub.patterns, TypesRE: re, Coalesce: s.Coalesce,
+		Name: s.Name, Patterns: patterns, TypesRE: strings.Join(res, "|"), Coalesce: s.Coalesce,
 		Ordered: s.Ordered, Continue: s.OrderedOnDiscard == OrderedContinue,
 		Job: func(ctx context.Context, e engine.Event) (engine.Mapped, error) { return sub.jobFor(ctx, Event(e)) },
 	})
@@ -184,11 +186,7 @@ func newSubscription(s Subscriber) (*subscription, error) {
 // (comma-separated: a glob has no comma) and one regular expression for all
 // of them, matched in SQL against '.' || type.
 func (s *subscription) registryTypes() (types, re string) {
-	res := make([]string, len(s.patterns))
-	for i, p := range s.patterns {
-		res[i] = p.Regexp()
-	}
-	return strings.Join(s.Types, ","), strings.Join(res, "|")
+	return strings.Join(s.Types, ","), s.eng.TypesRE
 }
 
 // jobFor maps e to the subscriber's job. It also reads what the relay

@@ -41,11 +41,11 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 			}
 			return err
 		})
-		r.metrics.Failures.Add(context.Background(), 1)
+		r.config.Metrics.Failures.Add(context.Background(), 1)
 		if r.Hooks.Charged != nil {
 			r.Hooks.Charged(f.row.Seq, f.row.attempts+1, delay)
 		}
-		r.logger.Warn("events: fanning out an event failed",
+		r.config.Logger.Warn("events: fanning out an event failed",
 			slog.String("event_id", f.row.ID.String()), slog.Int64("seq", f.row.Seq), slog.String("type", f.row.Type),
 			slog.Int("attempt", f.row.attempts+1), slog.Duration("next_in", delay), slog.String("err", msg))
 	}
@@ -66,8 +66,8 @@ func (r *Relay) queueCharges(b *pgx.Batch, failures []rowFailure) func() []rowFa
 func (r *Relay) alert(ctx context.Context, e Event, err error) {
 	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.Int64("seq", e.Seq), slog.String("type", e.Type),
 		slog.String("subject", e.Subject), slog.String("err", storableError(err))}
-	r.logger.LogAttrs(ctx, slog.LevelError, "events: event poisoned: it will not be fanned out until requeued", attrs...)
-	r.metrics.Poisoned.Add(ctx, 1)
+	r.config.Logger.LogAttrs(ctx, slog.LevelError, "events: event poisoned: it will not be fanned out until requeued", attrs...)
+	r.config.Metrics.Poisoned.Add(ctx, 1)
 	if onPoison := r.config.OnPoison; onPoison != nil {
 		r.callbacks.Go("OnPoison", attrs, func(ctx context.Context) { onPoison(ctx, e, err) })
 	}
@@ -98,11 +98,11 @@ func (r *Relay) queueDeliveryCharges(b *pgx.Batch, failures []pairFailure) func(
 		delay := backoff.Delay(f.attempts+1, r.config.RetryBackoff, r.config.MaxRetryBackoff)
 		seqs[i], subs[i], errs[i], delays[i] = f.row.Seq, f.sub.Name, msg, delay.Microseconds()
 		index[[2]any{f.row.Seq, f.sub.Name}] = i
-		r.metrics.Failures.Add(context.Background(), 1)
+		r.config.Metrics.Failures.Add(context.Background(), 1)
 		if r.Hooks.Charged != nil {
 			r.Hooks.Charged(f.row.Seq, f.attempts+1, delay)
 		}
-		r.logger.Warn("events: delivering an event to a subscriber failed",
+		r.config.Logger.Warn("events: delivering an event to a subscriber failed",
 			slog.String("event_id", f.row.ID.String()), slog.Int64("seq", f.row.Seq), slog.String("type", f.row.Type),
 			slog.String("subscriber", f.sub.Name), slog.Int("attempt", f.attempts+1), slog.Duration("next_in", delay),
 			slog.String("err", msg))
@@ -142,9 +142,9 @@ func (r *Relay) alertPair(ctx context.Context, f pairFailure) {
 	e := f.row.Event
 	attrs := []slog.Attr{slog.String("event_id", e.ID.String()), slog.Int64("seq", e.Seq), slog.String("type", e.Type),
 		slog.String("subject", e.Subject), slog.String("subscriber", f.sub.Name), slog.String("err", safetext.Clip(f.err.Error(), MaxPairErrorLength))}
-	r.logger.LogAttrs(ctx, slog.LevelError,
+	r.config.Logger.LogAttrs(ctx, slog.LevelError,
 		"events: delivery poisoned: this subscriber will not receive the event until it is requeued", attrs...)
-	r.metrics.Poisoned.Add(ctx, 1)
+	r.config.Metrics.Poisoned.Add(ctx, 1)
 	if onPoison := r.config.OnPoison; onPoison != nil {
 		err := f.err
 		r.callbacks.Go("OnPoison", attrs, func(ctx context.Context) { onPoison(ctx, e, err) })

@@ -24,7 +24,7 @@ func (r *Relay) pruner(ctx context.Context) {
 		Retention:  r.config.Retention,
 		Interval:   r.config.RetentionInterval,
 		Busy:       func() bool { return r.busy.Load() || r.owedBusy.Load() },
-		Logger:     r.logger,
+		Logger:     r.config.Logger,
 		OnPass:     r.Hooks.PrunePass,
 		OnBatch:    r.Hooks.Pruning,
 		OnTruncate: r.Hooks.Truncated,
@@ -65,7 +65,7 @@ func (r *Relay) newHeartbeat() *maintenance.Heartbeat {
 		Version:     libraryVersion(),
 		ClientID:    r.client.ID(),
 		OrphanAfter: r.config.OrphanAfter,
-		Logger:      r.logger,
+		Logger:      r.config.Logger,
 		Report: func() maintenance.Beat {
 			var lastRound *time.Time
 			if ns := r.lastRound.Load(); ns != 0 {
@@ -114,7 +114,7 @@ func (r *Relay) chainSweeper(ctx context.Context) {
 	}
 	s := &maintenance.ChainSweeper{
 		DB: r.pool, SQL: r.sql, Ordered: subs, Continue: cont, Unordered: unordered, Tag: TagOrdered,
-		DeadWorkerAfter: r.Hooks.DeadWorkerAfter, Logger: r.logger, OnRescued: r.Hooks.Rescued, Stopping: r.run.Stopping(),
+		DeadWorkerAfter: r.Hooks.DeadWorkerAfter, Logger: r.config.Logger, OnRescued: r.Hooks.Rescued, Stopping: r.run.Stopping(),
 	}
 	s.Run(ctx)
 }

@@ -48,7 +48,7 @@ func (r *Relay) floorLooker(ctx context.Context) {
 			failures++
 			delay := backoff.Delay(failures, r.config.RetryBackoff, r.config.MaxRetryBackoff)
 			r.claimFloor.LookFailed(look, time.Now().Add(delay))
-			r.logger.WarnContext(ctx, "events: looking below the claim floor failed; looking again after a pause",
+			r.config.Logger.WarnContext(ctx, "events: looking below the claim floor failed; looking again after a pause",
 				slog.String("err", err.Error()), slog.Duration("pause", delay))
 			continue
 		}

@@ -89,7 +89,7 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		// One bad row must not hold back the rest: retry the batch row by
 		// row, so the bad one is found and charged alone.
 		if err := r.rowByRow(ctx, LanePending, claimed); err != nil && ctx.Err() == nil {
-			r.logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
+			r.config.Logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
 		}
 		return true, true
 	}
@@ -241,7 +241,7 @@ func (l *mainLoop) failed(ctx context.Context, err error) bool {
 		d = min(d, r.config.PollInterval)
 		r.lookBelowSoon()
 	}
-	r.logger.WarnContext(ctx, "events: relay round failed; backing off",
+	r.config.Logger.WarnContext(ctx, "events: relay round failed; backing off",
 		slog.String("err", err.Error()), slog.Int("failures", l.failures), slog.Duration("pause", d))
 	return r.pause(ctx, d, r.reconnected)
 }

@@ -37,7 +37,7 @@ func (r *Relay) startRoundSpan(ctx context.Context, batch []claimedRow) (context
 			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
-	return r.tracer.Start(ctx, "events.fanout", trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(links...),
+	return r.config.Tracer.Start(ctx, "events.fanout", trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(links...),
 		trace.WithAttributes(attribute.Int(attrBatchMessageCount, len(batch)), attribute.String(attrMessagingSystem, "river"),
 			attribute.String(attrMessagingOperation, "send")))
 }

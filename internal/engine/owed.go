@@ -237,7 +237,7 @@ func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) 
 			return false, false
 		}
 		if err := r.rowByRow(ctx, LaneOwed, claimed); err != nil && ctx.Err() == nil {
-			r.logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", err.Error()))
+			r.config.Logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", err.Error()))
 		}
 		return true, true
 	}

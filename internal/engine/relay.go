@@ -170,9 +170,6 @@ type Relay struct {
 
 	pool     *pgxpool.Pool
 	config   Config
-	logger   *slog.Logger
-	metrics  Metrics
-	tracer   trace.Tracer
 	laneAttr [2]metric.MeasurementOption
 	sql      *statements.Set // the statements of the relay's schema
 
@@ -201,7 +198,7 @@ type Relay struct {
 	startFloor int64
 
 	// Set by Prepare and Launch, for one run, or by FanoutIn, for one call
-	// (with config, logger, metrics and tracer: configure). Read by the
+	// (with config). Read by the
 	// run's (or the call's) own goroutines. The caller keeps runs and
 	// FanoutIn calls apart, and begins neither while the last one's
 	// goroutines or OnPoison calls run (the root package's lifecycle and
@@ -286,18 +283,11 @@ type Hooks struct {
 // New returns the engine of a relay that reads events through pool, with
 // the statements of its schema.
 func New(pool *pgxpool.Pool, sql *statements.Set, config Config) *Relay {
-	r := &Relay{pool: pool, sql: sql,
+	return &Relay{pool: pool, sql: sql, config: config,
 		laneAttr: [2]metric.MeasurementOption{
 			metric.WithAttributes(attribute.String(AttrLane, "pending")),
 			metric.WithAttributes(attribute.String(AttrLane, "deliveries")),
 		}}
-	r.configure(config)
-	return r
-}
-
-// configure sets the config of the next run (or FanoutIn call).
-func (r *Relay) configure(config Config) {
-	r.config, r.logger, r.metrics, r.tracer = config, config.Logger, config.Metrics, config.Tracer
 }
 
 // callbackQueue is how many OnPoison calls may wait in line.
@@ -321,7 +311,7 @@ var OwnTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite
 // through client, resets the health, marks the last run's heartbeat
 // stopped, reads where the claims start and makes the run's heartbeat.
 func (r *Relay) Prepare(ctx context.Context, config Config, client *river.Client[pgx.Tx], active []*Subscription) {
-	r.configure(config)
+	r.config = config
 	r.client = client
 	r.serve(active)
 	r.failing.Store(0)
@@ -332,7 +322,7 @@ func (r *Relay) Prepare(ctx context.Context, config Config, client *river.Client
 		// a dead process of this River client, and the dead-worker rescue
 		// (ChainRescue) would take the heads this live process runs.
 		if err := last.MarkStopped(ctx); err != nil {
-			r.logger.WarnContext(ctx, "events: marking the last run stopped failed: until it is, the relays may take this process for dead",
+			r.config.Logger.WarnContext(ctx, "events: marking the last run stopped failed: until it is, the relays may take this process for dead",
 				slog.String("run", last.RunID.String()), slog.String("err", err.Error()))
 		}
 	}
@@ -341,7 +331,7 @@ func (r *Relay) Prepare(ctx context.Context, config Config, client *river.Client
 	r.startFloor, r.serverStart = 0, time.Time{}
 	var floor *int64
 	if err := r.pool.QueryRow(ctx, r.sql.ClaimFloors).Scan(&floor); err != nil {
-		r.logger.WarnContext(ctx, "events: reading the relays' claim floors failed: the first claims start from the start",
+		r.config.Logger.WarnContext(ctx, "events: reading the relays' claim floors failed: the first claims start from the start",
 			slog.String("err", err.Error()))
 	} else if floor != nil {
 		r.startFloor = *floor
@@ -368,7 +358,7 @@ func (r *Relay) Launch(ctx context.Context, run *startstop.Run) {
 	r.claimFloor = &claimfloor.Floor{Schedule: r.Hooks.ClaimFloor}
 	r.claimFloor.Start(r.startFloor, time.Now())
 	r.owedFloors = &owedfloor.Floors{LookEvery: r.Hooks.OwedLook}
-	r.callbacks = hostcall.Start(ctx, r.logger, callbackQueue)
+	r.callbacks = hostcall.Start(ctx, r.config.Logger, callbackQueue)
 	run.Drain(r.callbacks)
 	r.reconnected, r.wake, r.helpWake, r.floorLookSoon = wake.New(), wake.New(), wake.New(), wake.New()
 	r.listener.Store(r.config.Listen(run, &listener.Listener{
@@ -381,7 +371,7 @@ func (r *Relay) Launch(ctx context.Context, run *startstop.Run) {
 		},
 		OnConnect: func(reconnect bool) {
 			if reconnect {
-				r.metrics.Reconnects.Add(context.Background(), 1)
+				r.config.Metrics.Reconnects.Add(context.Background(), 1)
 				// A crash may have lost rounds' commits (synchronous_commit
 				// off) that moved the claim floor: look below it.
 				r.lookBelowSoon()
@@ -411,8 +401,8 @@ func (r *Relay) Launch(ctx context.Context, run *startstop.Run) {
 // active through client, until a batch comes back short. It returns how many events it
 // claimed. The caller keeps any run from starting meanwhile.
 func (r *Relay) FanoutIn(ctx context.Context, tx pgx.Tx, config Config, client *river.Client[pgx.Tx], active []*Subscription) (int, error) {
-	r.configure(config)
-	callbacks := hostcall.Start(ctx, r.logger, callbackQueue)
+	r.config = config
+	callbacks := hostcall.Start(ctx, r.config.Logger, callbackQueue)
 	r.client, r.run, r.callbacks = client, nil, callbacks
 	r.serve(active)
 	defer func() { _ = callbacks.Stop(context.WithoutCancel(ctx)) }() // waits for OnPoison calls; no deadline

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
@@ -160,9 +161,7 @@ func TestFanoutInServesEachMatchingSubscriptionOnce(t *testing.T) {
 
 // record commits events in one transaction and returns them with their
 // seqs.
-func record(t *testing.T, pool interface {
-	Begin(context.Context) (pgx.Tx, error)
-}, es ...events.Event) []events.Event {
+func record(t *testing.T, pool *pgxpool.Pool, es ...events.Event) []events.Event {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)

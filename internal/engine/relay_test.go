@@ -27,7 +27,7 @@ func TestAServedSubscriptionIsReadyHoweverItWasBuilt(t *testing.T) {
 	ms.Jobs, _ = m.Int64Counter("jobs")
 	ms.Fanned, _ = m.Int64Counter("fanned")
 	ms.Coalesced, _ = m.Int64Counter("coalesced")
-	r := &Relay{metrics: ms}
+	r := &Relay{config: Config{Metrics: ms}}
 	r.serve([]*Subscription{lit})
 	require.Equal(t, []string{"ledger"}, r.known)
 

@@ -160,8 +160,8 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l Lane, isolate bool, 
 			span.End()
 		}
 		if len(claimed) > 0 {
-			r.metrics.RoundDuration.Record(ctx, seconds(time.Since(start)), r.laneAttr[l])
-			r.metrics.BatchSize.Record(ctx, int64(len(claimed)), r.laneAttr[l])
+			r.config.Metrics.RoundDuration.Record(ctx, seconds(time.Since(start)), r.laneAttr[l])
+			r.config.Metrics.BatchSize.Record(ctx, int64(len(claimed)), r.laneAttr[l])
 		}
 	}()
 	err = r.roundTx(ctx, db, l, claimSQL, args, func(tx pgx.Tx, batch []claimedRow) (*stamp, error) {
@@ -554,7 +554,7 @@ func (r *Relay) queueNotifyFanned(b *pgx.Batch, ids []uuid.UUID) {
 // may; nothing else does.
 func (r *Relay) countFanout(ctx context.Context, fanned int, jobs []plannedJob, results []*rivertype.JobInsertResult) {
 	if fanned > 0 {
-		r.metrics.Fanned.Add(ctx, int64(fanned))
+		r.config.Metrics.Fanned.Add(ctx, int64(fanned))
 	}
 	for i, j := range jobs {
 		if results[i] == nil {
@@ -562,12 +562,12 @@ func (r *Relay) countFanout(ctx context.Context, fanned int, jobs []plannedJob, 
 		}
 		if j.chain.replacing() {
 			// No job inserted: the waiting one took this job's events.
-			r.metrics.Coalesced.Add(ctx, int64(len(j.covers)), j.sub.metricAttrs)
+			r.config.Metrics.Coalesced.Add(ctx, int64(len(j.covers)), j.sub.metricAttrs)
 			continue
 		}
-		r.metrics.Jobs.Add(ctx, 1, j.sub.metricAttrs)
+		r.config.Metrics.Jobs.Add(ctx, 1, j.sub.metricAttrs)
 		if n := len(j.covers) - 1; n > 0 {
-			r.metrics.Coalesced.Add(ctx, int64(n), j.sub.metricAttrs)
+			r.config.Metrics.Coalesced.Add(ctx, int64(n), j.sub.metricAttrs)
 		}
 	}
 }

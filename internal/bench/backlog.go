@@ -27,9 +27,9 @@ import (
 //   - owed ÷ fresh: pairs delivered per second from the deliveries lane ÷
 //     events fanned out per second from the pending lane, one job each, same
 //     subscriber, same batch;
-//   - fresh during a drain: commit→fanned of another subscriber's events
-//     recorded at a steady 200/s while 4n pairs drain ÷ the same with no
-//     backlog;
+//   - fresh during a drain: commit→fanned p99 of another subscriber's
+//     events recorded at a steady 200/s while 4n pairs drain ÷ the same
+//     with no backlog, the median of three such pairs of runs;
 //   - a drain with a trickle of fresh events (10/s) ÷ the same drain alone:
 //     fresh events that leave room must not slow the backlog down;
 //   - several relays: commit→job of an ordered subscriber's events, written
@@ -345,6 +345,15 @@ func orderedCommitToJob(ctx context.Context, h *harness, o Options, relays, rate
 	return lat, lost, err
 }
 
+// freshRatioRuns is how many pairs of runs (during a drain, alone) the
+// fresh p99 ratio takes: three, or one for small backlogs (-smoke).
+func (o Options) freshRatioRuns() int {
+	if o.BacklogPairs < 10_000 {
+		return 1
+	}
+	return 3
+}
+
 // trickleRate is the fresh events' rate while the backlog section times
 // a drain that they should barely slow.
 const trickleRate = 10
@@ -385,24 +394,32 @@ func runBacklog(ctx context.Context, h *harness, o Options, rep *Report) error {
 	}
 
 	// Fresh events of another subscriber during a drain of n pairs, and the
-	// same writer with no backlog for as long.
-	tDrain, during, lostDuring, err := owedDrain(ctx, h, o, n, false, 200)
-	if err != nil {
-		return err
+	// same writer with no backlog for as long, in pairs (freshRatioRuns).
+	// The ratio of one pair of runs moves between 1.3 and 4 on two cores
+	// (docs/benchmarks.md, "What the fresh p99 during a drain is made of"):
+	// the median of the pairs counts.
+	var ratios, d99s, a99s []float64
+	for range o.freshRatioRuns() {
+		tDrain, during, lostDuring, err := owedDrain(ctx, h, o, n, false, 200)
+		if err != nil {
+			return err
+		}
+		alone, lostAlone, err := freshAlone(ctx, h, o, 200, max(tDrain, 2*time.Second))
+		if err != nil {
+			return err
+		}
+		rep.Lost += lostDuring + lostAlone
+		d50, _, d99 := percentiles(during)
+		a50, _, a99 := percentiles(alone)
+		fmt.Fprintf(o.Log, "fresh at 200/s: alone p50 %.2fms p99 %.2fms; during a %d-pair drain (%v) p50 %.2fms p99 %.2fms (%.2f×)\n",
+			ms(a50), ms(a99), n, tDrain, ms(d50), ms(d99), ms(d99)/max(ms(a99), 0.001))
+		ratios = append(ratios, ms(d99)/max(ms(a99), 0.001))
+		d99s, a99s = append(d99s, ms(d99)), append(a99s, ms(a99))
 	}
-	alone, lostAlone, err := freshAlone(ctx, h, o, 200, max(tDrain, 2*time.Second))
-	if err != nil {
-		return err
-	}
-	rep.Lost += lostDuring + lostAlone
-	d50, _, d99 := percentiles(during)
-	a50, _, a99 := percentiles(alone)
-	fmt.Fprintf(o.Log, "fresh at 200/s: alone p50 %.2fms p99 %.2fms; during a %d-pair drain (%v) p50 %.2fms p99 %.2fms\n",
-		ms(a50), ms(a99), n, tDrain, ms(d50), ms(d99))
-	rep.add(section, "fresh commit→fanned at 200/s, no backlog, p99", ms(a99), "ms")
-	rep.add(section, fmt.Sprintf("fresh commit→fanned at 200/s during a %d-pair drain, p99", n), ms(d99), "ms")
-	r99 := ms(d99) / max(ms(a99), 0.001)
-	rep.addTarget(section, "fresh p99 during a drain ÷ no backlog", r99, "×", "≤ 2", r99 <= 2)
+	rep.add(section, "fresh commit→fanned at 200/s, no backlog, p99 (median)", median(a99s), "ms")
+	rep.add(section, fmt.Sprintf("fresh commit→fanned at 200/s during a %d-pair drain, p99 (median)", n), median(d99s), "ms")
+	r99 := median(ratios)
+	rep.addTarget(section, fmt.Sprintf("fresh p99 during a drain ÷ no backlog (median of %d)", len(ratios)), r99, "×", "≤ 2", r99 <= 2)
 
 	// The same drain with a trickle of fresh events: it leaves room, and
 	// the backlog should drain at about full speed.

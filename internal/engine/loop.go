@@ -73,11 +73,11 @@ type mainLoop struct {
 }
 
 // claimPass runs a batch round of the pending lane, then, while the
-// deliveries lane has a backlog, one round of it — unless fresh events flow
-// and the helper loops drain the backlog (owedHelped), when this loop stays
-// on the pending lane. It reports whether to claim again at once (a batch
-// came back full, or owed deliveries may still be due, or a batch failed and was
-// retried row by row) and whether to go on at all.
+// deliveries lane has a backlog, one round of it: a short one while fresh
+// events flow (owedBatch), when the helper loops leave the backlog to this
+// loop. It reports whether to claim again at once (a batch came back full,
+// or owed deliveries may still be due, or a batch failed and was retried
+// row by row) and whether to go on at all.
 func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	r := l.r
 	listened := r.listening()
@@ -112,31 +112,20 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	if full {
 		r.helpWake.Send() // plenty of work: a helper loop may join
 	}
-	helped := r.owedHelped()
 	// The busy turn's round of the deliveries lane looks for a backlog
 	// nobody has found yet; one that is known gets its round below, and two
 	// rounds in a row would hold the next fresh event back twice.
 	owedDue := r.owedBusy.Load()
-	if (full || owedDue) && !l.otherTurns(ctx, !helped && !owedDue) {
+	if (full || owedDue) && !l.otherTurns(ctx, !owedDue) {
 		return false, false
 	}
-	owed := false
-	switch {
-	case helped:
-		// The deliveries lane has a backlog while fresh events flow, and
-		// the helper loops serve it: this loop stays on the pending lane,
-		// so a fresh event never waits for a round of the backlog.
-		r.helpWake.Send()
-		return full, true
-	case owedDue:
-		// A backlog and room for it (no fresh events, or one round in
-		// flight): its round follows every pending one.
-		owed, ok = r.owedPass(ctx, l.failed)
-	default:
+	if !owedDue {
 		return full, true // the idle pass serves the deliveries lane
 	}
+	// A backlog: its round follows every pending one.
+	owed, ok := r.owedPass(ctx, l.failed)
 	if owed {
-		r.helpWake.Send()
+		r.helpWake.Send() // the helper loops join while no fresh events flow
 	}
 	return full || owed, ok
 }
@@ -144,10 +133,9 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 // otherTurns keeps a busy main loop (full batches, or a backlog of owed
 // deliveries, back to back: it never idles, where the poll would run them) from
 // starving its other duties: four times a second it also runs the retries
-// that are due and, with owed, a round of the deliveries lane (retention
-// runs on its own goroutine and takes its own turns). Without owed the
-// helper loops serve that lane while fresh events flow: a round of it here
-// would hold the fresh events back. It reports whether to go on.
+// that are due and, with owed, a round of the deliveries lane, to find a
+// backlog nobody has found yet (retention runs on its own goroutine and
+// takes its own turns). It reports whether to go on.
 func (l *mainLoop) otherTurns(ctx context.Context, owed bool) bool {
 	if !time.Now().After(l.turnsAt) {
 		return true
@@ -169,7 +157,7 @@ func (l *mainLoop) otherTurns(ctx context.Context, owed bool) bool {
 // next pass does and reports whether to go on.
 func (l *mainLoop) idlePass(ctx context.Context) bool {
 	r := l.r
-	if !l.recheck && !r.owedHelped() {
+	if !l.recheck {
 		owed, ok := r.owedPass(ctx, l.failed)
 		if !ok {
 			return false
@@ -258,9 +246,10 @@ func (l *mainLoop) succeeded() {
 
 // helper is an extra loop for rounds in flight: woken by a loop whose batch
 // came back full, or whose deliveries round found deliveries, it runs rounds of
-// the busy lanes alongside, in turn, while they stay busy. Waiting for
-// notifications, polling, retries and the row-by-row retries are the main
-// loop's.
+// the busy lanes alongside, in turn, while they stay busy. It leaves a
+// backlog of the deliveries lane to the main loop while fresh events flow
+// (owedBatch says why). Waiting for notifications, polling, retries and the
+// row-by-row retries are the main loop's.
 func (r *Relay) helper(ctx context.Context) {
 	failures := 0
 	for !r.stopping() && ctx.Err() == nil {
@@ -272,10 +261,10 @@ func (r *Relay) helper(ctx context.Context) {
 			return
 		}
 		pending := r.busy.Load()
-		contended := false // the last round of the backlog met fresh events
 		for !r.stopping() && ctx.Err() == nil {
-			// Read each time: the lane may have found a backlog since.
-			owed := r.owedBusy.Load()
+			// Read each time: the lane may have found a backlog since, and
+			// fresh events may have started or stopped.
+			owed := r.owedBusy.Load() && !r.freshFlowing()
 			if !pending && !owed {
 				break
 			}
@@ -287,33 +276,10 @@ func (r *Relay) helper(ctx context.Context) {
 				r.fresh.claimed(time.Now(), len(claimed))
 			}
 			if err == nil && owed {
-				batch := r.config.BatchSize
-				if contended {
-					batch = r.shortOwedBatch()
+				if r.Hooks.OwedRound != nil {
+					r.Hooks.OwedRound(true, r.config.BatchSize)
 				}
-				began := time.Now()
-				_, owed, err = r.owedRound(ctx, batch)
-				took := time.Since(began)
-				// Fresh events come first: a round of the backlog that met
-				// them (a pending round found rows while it ran, or just
-				// before) is followed by short rounds that rest owedYield
-				// times as long as they took, at most OwedRestMax, so that
-				// the backlog takes at most a third of this loop's time
-				// while fresh events contend for the machine. A trickle of
-				// them does not flow (freshFlowing): the backlog drains at
-				// full speed. So does a loop that has pending rounds of
-				// its own to run.
-				contended = err == nil && owed && !pending && r.freshFlowing() && !r.fresh.last().Before(began.Add(-took))
-				rest := time.Duration(0)
-				if contended {
-					rest = min(owedYield*took, OwedRestMax)
-				}
-				if r.Hooks.HelperOwedRound != nil {
-					r.Hooks.HelperOwedRound(batch, rest)
-				}
-				if rest > 0 && r.sleep(ctx, rest, nil) == sleepStopped {
-					return
-				}
+				_, owed, err = r.owedRound(ctx, r.config.BatchSize)
 			}
 			if err != nil {
 				// The main loop retries row by row, and serves the

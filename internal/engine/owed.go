@@ -102,12 +102,11 @@ func decayed(rows float64, d time.Duration) float64 {
 // owedRound runs one round of the deliveries lane: at most a batch of due
 // deliveries, claimed one subscriber after another in the order of owedOrder.
 // It never drains the lane: once a round finds deliveries, the main loop runs
-// one after each pending round and the helper loops (MaxRoundsInFlight > 1)
-// join, so a backlog drains at full speed while no fresh events come; while
-// they flow, the helpers drain it and the main loop stays on the pending
-// lane (owedHelped), so a fresh event never waits for a round of the
-// backlog; with one round in flight the lanes take turns, and a fresh event
-// waits for at most one (short: owedBatch). A round claims at most batch
+// one after each pending round, and the helper loops (MaxRoundsInFlight > 1)
+// join while no fresh events flow, so a backlog drains at full speed when
+// it has the relay to itself; while fresh events flow, the main loop alone
+// serves it, in short rounds (owedBatch), so a fresh event waits for at
+// most one short round of the backlog. A round claims at most batch
 // deliveries. It returns the seqs it claimed and whether more may be due.
 func (r *Relay) owedRound(ctx context.Context, batch int) (claimed []int64, full bool, err error) {
 	if len(r.known) == 0 {
@@ -175,41 +174,27 @@ func (r *Relay) owedOrder() (names []string, ordered []bool) {
 	return names, ordered
 }
 
-// owedYield is how long a helper loop rests after a round of the
-// deliveries lane that met fresh events, in multiples of the time that
-// round took, and OwedRestMax the longest rest (a round slowed by a lock
-// must not idle the loop for twice as long). The backlog then takes short
-// rounds and at most a third of the loop's time, and the two cores the
-// drain shares with the fresh path (PostgreSQL's included) are free for
-// fresh rounds two thirds of it. Measured with eventsbench's backlog
-// section: resting once as long, in full rounds, whenever fresh events had
-// flowed in the last 100 ms, fresh commit→fanned p99 during a 40,000-pair
-// drain was 2.4–4.0× the figure with no backlog.
-const (
-	owedYield   = 2
-	OwedRestMax = 100 * time.Millisecond
-)
+// owedShare is the part of a batch that a round of the deliveries lane
+// claims while fresh events flow (freshFlowing): an eighth. The main loop
+// alone serves the backlog then, one such round after each pending round,
+// so a fresh event waits for at most one short round of the backlog, and
+// the backlog keeps one server backend busy, not two. Measured with
+// eventsbench's backlog section on two cores (docs/benchmarks.md, "One loop
+// serves a backlog while fresh events flow"): a 40,000-pair drain with
+// fresh events at 200/s took 6–8 s, against 15–22 s with the helper loops
+// draining it in quarter batches and resting twice as long as each round
+// took, for the same fresh p99; in quarter batches on the main loop alone
+// the p99 doubled.
+const owedShare = 8
 
 // owedBatch is how many deliveries a round of the main loop's deliveries
-// lane claims: a batch, or a quarter of one while fresh events flow
-// (freshFlowing), so that a fresh event waits for a short round of the
-// backlog, not a full one.
+// lane claims: a batch, or an eighth of one while fresh events flow
+// (owedShare).
 func (r *Relay) owedBatch() int {
 	if r.freshFlowing() {
-		return r.shortOwedBatch()
+		return max(1, r.config.BatchSize/owedShare)
 	}
 	return r.config.BatchSize
-}
-
-// shortOwedBatch is a round of the deliveries lane while fresh events
-// contend: a quarter batch.
-func (r *Relay) shortOwedBatch() int { return max(1, r.config.BatchSize/4) }
-
-// owedHelped reports whether the helper loops drain the deliveries lane's
-// backlog alone, the main loop leaving it to them: while fresh events flow,
-// with more than one round in flight.
-func (r *Relay) owedHelped() bool {
-	return r.owedBusy.Load() && r.config.MaxRoundsInFlight > 1 && r.freshFlowing()
 }
 
 // freshFlowing reports whether fresh events flow (freshMeter).
@@ -228,7 +213,11 @@ func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) 
 	if err := r.convertCatchUp(ctx); err != nil {
 		return false, fail(ctx, err)
 	}
-	claimed, full, err := r.owedRound(ctx, r.owedBatch())
+	batch := r.owedBatch()
+	if r.Hooks.OwedRound != nil {
+		r.Hooks.OwedRound(false, batch)
+	}
+	claimed, full, err := r.owedRound(ctx, batch)
 	if r.Hooks.MainRound != nil && err == nil {
 		r.Hooks.MainRound(LaneOwed, len(claimed))
 	}

@@ -242,9 +242,10 @@ type Hooks struct {
 	// OwedLook is how often the deliveries lane's claims look from the
 	// start (zero: owedfloor.LookEvery).
 	OwedLook time.Duration
-	// HelperOwedRound is told the batch of each round of the deliveries
-	// lane that a helper loop runs, and how long the loop rests after it.
-	HelperOwedRound func(batch int, rest time.Duration)
+	// OwedRound is told, before each round of the deliveries lane a loop
+	// runs, whether a helper loop runs it and how many deliveries it may
+	// claim.
+	OwedRound func(helper bool, batch int)
 	// MainRound is told the lane of each round the main loop runs, and how
 	// many rows (pending) or events (deliveries) it claimed.
 	MainRound func(l Lane, claimed int)

@@ -262,8 +262,9 @@ func TestPairsWithoutAnEventRowDoNotStarveTheSubscriber(t *testing.T) {
 // of the backlog must still be owed (before, the deliveries lane was
 // drained to the end first: nothing was left).
 //
-// With more than one round in flight the extra rounds drain the backlog and
-// the main loop stays on fresh events; with one, the lanes take turns.
+// The main loop serves the backlog, a round after each pending round (one
+// fresh event is no flow: full rounds), and with more than one round in
+// flight the extra rounds join it.
 func TestAFreshEventIsNotHeldBehindAnOwedBacklog(t *testing.T) {
 	t.Parallel()
 	for _, rounds := range []int{1, 2} {

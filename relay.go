@@ -59,9 +59,10 @@ type RelayConfig struct {
 	// in its own transaction, all sharing one listening connection. One
 	// round claims, maps, inserts and stamps; while it waits on PostgreSQL
 	// another can work, so a busy relay goes faster with two. Extra rounds
-	// join only while batches come back full, or while owed deliveries are due
-	// (they drain a backlog of owed deliveries while fresh events flow, so that
-	// no fresh event waits for a round of it). Defaults to
+	// join only while batches come back full, or while owed deliveries are
+	// due and no fresh events flow (while they flow, the first round alone
+	// serves a backlog, in short rounds between theirs, so that a fresh
+	// event waits for at most one short round of it). Defaults to
 	// MaxRoundsInFlightDefault (2, measured: see docs/benchmarks.md).
 	MaxRoundsInFlight int
 

@@ -68,6 +68,7 @@ type mainLoop struct {
 	lull      time.Duration // how long the idle relay waits before its next re-check (0: no re-checks)
 	activeAt  time.Time     // the last wake-up, or round that found rows
 	foundNone bool          // the last claim found nothing (the rows the poll saw are locked, or taken)
+	owedRan   bool          // the last claim pass ended with a round of the deliveries lane
 	claim     bool          // whether the next pass starts with a batch round
 	recheck   bool          // the next pass is a re-check (see firstRecheck): poll only
 }
@@ -80,6 +81,7 @@ type mainLoop struct {
 // row by row) and whether to go on at all.
 func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	r := l.r
+	l.owedRan = false
 	listened := r.listening()
 	claimed, err := r.round(ctx, LanePending, r.sql.ClaimBatch, int64(r.config.BatchSize))
 	if err != nil {
@@ -124,7 +126,8 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 	}
 	// A backlog: its round follows every pending one.
 	owed, ok := r.owedPass(ctx, l.failed)
-	if owed {
+	l.owedRan = true
+	if owed && !r.freshFlowing() {
 		r.helpWake.Send() // the helper loops join while no fresh events flow
 	}
 	return full || owed, ok
@@ -152,12 +155,15 @@ func (l *mainLoop) otherTurns(ctx context.Context, owed bool) bool {
 }
 
 // idlePass follows a batch that was not full: it serves the deliveries lane
-// (unless this pass is a re-check), polls, and waits — for a notification,
-// the next re-check, or the next poll. It sets what the
-// next pass does and reports whether to go on.
+// (unless this pass is a re-check, or the claim pass before it ended with a
+// round of that lane: two in a row would hold a fresh event back twice),
+// polls, and waits — for a notification, the next re-check, or the next
+// poll. It sets what the next pass does and reports whether to go on.
 func (l *mainLoop) idlePass(ctx context.Context) bool {
 	r := l.r
-	if !l.recheck {
+	owedRan := l.owedRan
+	l.owedRan = false
+	if !l.recheck && !owedRan {
 		owed, ok := r.owedPass(ctx, l.failed)
 		if !ok {
 			return false

@@ -42,10 +42,10 @@ const owedLockClass = 7365111
 // freshFlowing, reach freshFlowRows: about 20 events a second or more, or a
 // burst of three (rows, not rounds: a round slow enough to find three rows
 // of a trickle at once counts them as a burst). A trickle does not flow:
-// with the main loop leaving the backlog to the helpers for 100 ms after any
-// fresh row, ten fresh events a second made a 40,000-pair drain 2.45 times
-// as long as alone; a fresh event of a trickle waits for at most one round
-// of the backlog instead.
+// taking a fresh row in the last 100 ms as a flow, ten fresh events a
+// second made a 40,000-pair drain 2.45 times as long as alone (it was
+// served as beside a flow); a fresh event of a trickle waits for at most
+// one full round of the backlog instead.
 const (
 	freshFlowing  = 100 * time.Millisecond
 	freshFlowRows = 2.5
@@ -178,7 +178,11 @@ func (r *Relay) owedOrder() (names []string, ordered []bool) {
 // claims while fresh events flow (freshFlowing): an eighth. The main loop
 // alone serves the backlog then, one such round after each pending round,
 // so a fresh event waits for at most one short round of the backlog, and
-// the backlog keeps one server backend busy, not two. Measured with
+// the relay's backlog keeps one server backend busy, not one per round in
+// flight (another relay whose own fresh events do not flow serves it in
+// full rounds, helpers joining). While fresh events flow, the drain no
+// longer grows with MaxRoundsInFlight: a backlog gets an eighth of the
+// main loop's batches. Measured with
 // eventsbench's backlog section on two cores (docs/benchmarks.md, "One loop
 // serves a backlog while fresh events flow"): a 40,000-pair drain with
 // fresh events at 200/s took 6–8 s, against 15–22 s with the helper loops

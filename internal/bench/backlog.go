@@ -411,9 +411,10 @@ func runBacklog(ctx context.Context, h *harness, o Options, rep *Report) error {
 		rep.Lost += lostDuring + lostAlone
 		d50, _, d99 := percentiles(during)
 		a50, _, a99 := percentiles(alone)
+		ratio := ms(d99) / max(ms(a99), 0.001)
 		fmt.Fprintf(o.Log, "fresh at 200/s: alone p50 %.2fms p99 %.2fms; during a %d-pair drain (%v) p50 %.2fms p99 %.2fms (%.2f×)\n",
-			ms(a50), ms(a99), n, tDrain, ms(d50), ms(d99), ms(d99)/max(ms(a99), 0.001))
-		ratios = append(ratios, ms(d99)/max(ms(a99), 0.001))
+			ms(a50), ms(a99), n, tDrain, ms(d50), ms(d99), ratio)
+		ratios = append(ratios, ratio)
 		d99s, a99s = append(d99s, ms(d99)), append(a99s, ms(a99))
 	}
 	rep.add(section, "fresh commit→fanned at 200/s, no backlog, p99 (median)", median(a99s), "ms")

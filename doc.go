@@ -22,9 +22,15 @@
 // A [Relay] runs in every process. Each round claims up to [RelayConfig.BatchSize]
 // rows that are not yet fanned out, with FOR UPDATE SKIP LOCKED (never a
 // sequence cursor, which loses events whose transactions commit out of
-// order), inserts one River job per matching [Subscriber] with a single
-// InsertManyTx, and stamps the rows' fanned_out_at and fanout (subscriber name
-// to River job ID) in the same transaction. Relays need no leader: a row
+// order), inserts one River job per matching [Subscriber] in one call of
+// River's insert, and stamps the rows' fanned_out_at and fanout (subscriber
+// name to River job ID) in the same transaction. A round of 32 jobs or more,
+// none of them unique, is inserted with InsertManyFastTx (a COPY) and its
+// IDs read back; a smaller round, or one with a unique job, with
+// InsertManyTx. Both run the client's insert hooks and middleware, but a
+// COPY returns no rows: an insert middleware sees nil results, as with any
+// InsertManyFast (one that panics on them makes the relay fall back to
+// InsertManyTx for good, with a warning). Relays need no leader: a row
 // claimed by one is skipped by the others. A crash mid-round rolls back the
 // jobs and the stamps together, and the rows are claimed again.
 //

@@ -2,7 +2,9 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -10,10 +12,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/riverqueue/river/riverdriver"
+	"github.com/riverqueue/river/rivershared/baseservice"
+	"github.com/riverqueue/river/rivershared/riverpilot"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/standmeet/events/internal/claimfloor"
@@ -1246,4 +1255,515 @@ func TestTheStampsKeptPlanProbesAPartitionAnalyzedEmpty(t *testing.T) {
 	var fanned int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_events WHERE seq = ANY($1) AND fanned_out_at IS NOT NULL", seqs).Scan(&fanned))
 	require.Equal(t, len(seqs), fanned)
+}
+
+// copyCounter counts the COPYs into river_job a pool starts (River's
+// InsertManyFastTx; pgx reports a COPY to the connection's tracer).
+type copyCounter struct{ n atomic.Int64 }
+
+func (c *copyCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (c *copyCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *copyCounter) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceCopyFromStartData) context.Context {
+	if len(d.TableName) > 0 && d.TableName[len(d.TableName)-1] == "river_job" {
+		c.n.Add(1)
+	}
+	return ctx
+}
+func (c *copyCounter) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopyFromEndData) {}
+
+// copyCountingPool is a pool on a new database whose COPYs into river_job
+// copies counts.
+func copyCountingPool(t *testing.T) (string, *pgxpool.Pool, *copyCounter) {
+	t.Helper()
+	url := testdb.URL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	copies := &copyCounter{}
+	cfg.ConnConfig.Tracer = copies
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return url, pool, copies
+}
+
+// manyEvents returns n events of type "a", subject "s<i>".
+func manyEvents(n int) []Event {
+	es := make([]Event, n)
+	for i := range es {
+		es[i] = Event{Type: "a", Subject: fmt.Sprintf("s%d", i)}
+	}
+	return es
+}
+
+// requireEachFanoutNamesItsJobs checks every event: fanned out, its fanout
+// naming exactly subs, each by a job of that subscriber whose args carry the
+// event's ID.
+func requireEachFanoutNamesItsJobs(t *testing.T, pool *pgxpool.Pool, subs ...string) {
+	t.Helper()
+	jobs := loadJobs(t, pool)
+	for id, row := range loadRows(t, pool) {
+		require.True(t, row.FannedOut, "event %s not fanned out", id)
+		require.Len(t, row.Fanout, len(subs), "event %s: fanout %v", id, row.Fanout)
+		for _, sub := range subs {
+			j, ok := jobs[row.Fanout[sub]]
+			require.True(t, ok, "event %s: %s's job %d does not exist", id, sub, row.Fanout[sub])
+			require.Equal(t, jobRow{ID: row.Fanout[sub], Subscriber: sub, EventID: id}, j,
+				"event %s: its fanout names another event's or subscriber's job", id)
+		}
+	}
+}
+
+// A round with many jobs inserts them with River's COPY insert
+// (InsertManyFastTx), and each event's fanout still names its own job of each
+// subscriber: the IDs a COPY does not return are found after it. A round
+// with few jobs inserts them with River's INSERT (fewer round trips).
+func TestABigRoundInsertsItsJobsByCopyAndNamesEachJob(t *testing.T) {
+	t.Parallel()
+	url, pool, copies := copyCountingPool(t)
+	b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 100}},
+		mapSub("audit", false, "**"), mapSub("mail", false, "**"), mapSub("search", false, "**"))
+	b.record(t, manyEvents(250)...)
+	b.start(t)
+	waitFannedOut(t, b.pool, 30*time.Second)
+	requireEachFanoutNamesItsJobs(t, b.pool, "audit", "mail", "search")
+	require.Positive(t, copies.n.Load(), "no round inserted its jobs by COPY")
+
+	b.settle(t)
+	before := copies.n.Load()
+	ev := b.record(t, Event{Type: "a", Subject: "alone"})[0]
+	fannedWithin(t, b, ev.ID, 30*time.Second, "the lone event")
+	requireEachFanoutNamesItsJobs(t, b.pool, "audit", "mail", "search")
+	require.Equal(t, before, copies.n.Load(), "a round of 3 jobs inserted them by COPY")
+}
+
+// The jobs of a COPY take their IDs from river_job's sequence one row after
+// the other, so jobs other transactions insert meanwhile can take IDs
+// between them: the round's lookup of its IDs must step over those. Here a
+// trigger holds the COPY at the batch's middle event (on an advisory lock
+// the test holds) while another transaction inserts and commits jobs.
+func TestJobsInsertedByCopyAreToldFromJobsInsertedMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, copies := copyCountingPool(t)
+	b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1}},
+		mapSub("audit", false, "**"))
+	_, err := b.pool.Exec(ctx, `
+		CREATE FUNCTION hold_marked_job() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.args->>'subject' = 'hold' THEN PERFORM pg_advisory_xact_lock_shared(4242); END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER hold_marked_job BEFORE INSERT ON river_job FOR EACH ROW EXECUTE FUNCTION hold_marked_job()`)
+	require.NoError(t, err)
+	holder, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock(4242)")
+	require.NoError(t, err)
+
+	es := manyEvents(100)
+	es[50].Subject = "hold"
+	b.record(t, es...)
+	b.start(t)
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := b.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted)").Scan(&waiting)
+		return err == nil && waiting
+	}, 30*time.Second, 5*time.Millisecond, "the round's COPY never reached the held event")
+	others := make([]river.InsertManyParams, 5)
+	for i := range others {
+		others[i] = river.InsertManyParams{Args: testArgs{EventID: uuid.New(), Subject: "other"}}
+	}
+	_, err = b.client.InsertMany(ctx, others)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock(4242)")
+	require.NoError(t, err)
+
+	waitFannedOut(t, b.pool, 30*time.Second)
+	requireEachFanoutNamesItsJobs(t, b.pool, "audit")
+	require.Positive(t, copies.n.Load(), "the round did not insert by COPY")
+	var between int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM river_job o,
+		(SELECT min(id) lo, max(id) hi FROM river_job WHERE args->>'subject' <> 'other') r
+		WHERE o.args->>'subject' = 'other' AND o.id BETWEEN r.lo AND r.hi`).Scan(&between))
+	require.Equal(t, len(others), between, "the other jobs' IDs are not among the round's")
+}
+
+// uniqueArgs is a job args type that asks River for uniqueness itself.
+type uniqueArgs struct {
+	Subject string `json:"subject"`
+}
+
+func (uniqueArgs) Kind() string { return "test.unique" }
+func (uniqueArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
+}
+
+// A unique job is inserted with River's INSERT, which skips a duplicate and
+// returns the job it duplicates, never by COPY (which fails on one): events
+// that map to one unique job share it, whether the subscriber's options or
+// the args' own ask for uniqueness.
+func TestUniqueJobsAreNeverInsertedByCopy(t *testing.T) {
+	t.Parallel()
+	for name, sub := range map[string]Subscriber{
+		"subscriber's options": {Name: "digest", Types: []string{"**"},
+			Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+				return testArgs{Subject: e.Subject[:2]}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}, nil
+			}},
+		"args' own options": {Name: "digest", Types: []string{"**"},
+			Map: func(_ context.Context, e Event) (river.JobArgs, *river.InsertOpts, error) {
+				return uniqueArgs{Subject: e.Subject[:2]}, nil, nil
+			}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			url, pool, copies := copyCountingPool(t)
+			b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 100}}, sub)
+			recorded := b.record(t, manyEvents(100)...) // subjects s0…s99: ten prefixes
+			b.start(t)
+			waitFannedOut(t, b.pool, 30*time.Second)
+			require.Zero(t, copies.n.Load(), "unique jobs were inserted by COPY")
+			var jobs int
+			require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&jobs))
+			require.Equal(t, 10, jobs, "one unique job per subject prefix")
+			rows := loadRows(t, b.pool)
+			byPrefix := map[string]int64{}
+			for _, e := range recorded {
+				id, ok := rows[e.ID].Fanout["digest"]
+				require.True(t, ok, "event %s names no job", e.Subject)
+				if first, seen := byPrefix[e.Subject[:2]]; seen {
+					require.Equal(t, first, id, "events of one prefix name different jobs")
+				}
+				byPrefix[e.Subject[:2]] = id
+			}
+		})
+	}
+}
+
+// kindRenamer is an insert middleware that changes every job's kind: what a
+// COPY inserted then differs from what the round planned.
+type kindRenamer struct{ river.MiddlewareDefaults }
+
+func (*kindRenamer) InsertMany(ctx context.Context, params []*rivertype.JobInsertParams,
+	doInner func(context.Context) ([]*rivertype.JobInsertResult, error),
+) ([]*rivertype.JobInsertResult, error) {
+	for _, p := range params {
+		p.Kind = "renamed." + p.Kind
+	}
+	return doInner(ctx)
+}
+
+// When the jobs a COPY inserted are not the round's (here an insert
+// middleware renamed their kinds), the round fails without naming a wrong
+// job, its rows are fanned out job by job with River's INSERT, the relay
+// warns once, and its later rounds insert with River's INSERT.
+func TestACopyWhoseJobsAreNotTheRoundsFallsBackToRiversInsert(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, copies := copyCountingPool(t)
+	var logs syncBuffer
+	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, mapSub("audit", false, "**"))
+	var err error
+	b.client, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{Logger: quietLogger(),
+		Middleware: []rivertype.Middleware{&kindRenamer{}}})
+	require.NoError(t, err)
+	b.record(t, manyEvents(300)...)
+	b.start(t)
+	waitFannedOut(t, b.pool, 30*time.Second)
+	requireEachFanoutNamesItsJobs(t, b.pool, "audit")
+	require.Equal(t, int64(1), copies.n.Load(), "COPYs after the first failed")
+	require.Equal(t, 1, strings.Count(logs.String(), "could not be told apart"), "logs: %s", logs.String())
+	var unrenamed int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind NOT LIKE 'renamed.%'").Scan(&unrenamed))
+	require.Zero(t, unrenamed)
+}
+
+// A round whose COPY fails because of one job's own host code (here the job
+// args' MarshalJSON panics for one event) is retried row by row; that row
+// fails with River's INSERT too, so the fault is the row's: COPY stays on
+// for the rounds after it, and nothing is logged about it.
+func TestAJobThatFailsOnItsOwnInACopiedRoundLeavesCopyOn(t *testing.T) {
+	t.Parallel()
+	url, pool, copies := copyCountingPool(t)
+	var logs syncBuffer
+	cfg := poisonAtOnce(nil)
+	cfg.BatchSize, cfg.MaxRoundsInFlight = 100, 1
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, panicSub("marshals", false, false))
+	es := make([]Event, 100)
+	for i := range es {
+		es[i] = panicEvent(fmt.Sprint("s", i), "")
+	}
+	es[50] = panicEvent("boom", "marshal")
+	b.record(t, es...)
+	b.start(t)
+	waitFannedOut(t, b.pool, 30*time.Second)
+
+	later := make([]Event, 100)
+	for i := range later {
+		later[i] = panicEvent(fmt.Sprint("later", i), "")
+	}
+	b.record(t, later...)
+	waitFannedOut(t, b.pool, 30*time.Second)
+	require.NotContains(t, logs.String(), "InsertManyTx from now on", "one poison event turned COPY off")
+	require.Positive(t, copies.n.Load(), "after one poison event no round inserts by COPY any more")
+}
+
+// nilResultRefuser is a host's insert middleware that checks River's
+// results and returns an error (rather than panicking) on a nil one, as a
+// COPY insert returns.
+type nilResultRefuser struct{ river.MiddlewareDefaults }
+
+func (*nilResultRefuser) InsertMany(ctx context.Context, _ []*rivertype.JobInsertParams,
+	doInner func(context.Context) ([]*rivertype.JobInsertResult, error),
+) ([]*rivertype.JobInsertResult, error) {
+	res, err := doInner(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range res {
+		if r == nil || r.Job == nil {
+			return nil, errors.New("nilResultRefuser: River returned no job")
+		}
+	}
+	return res, nil
+}
+
+// An insert middleware that refuses the nil results a COPY returns (with an
+// error, not a panic) fails the first big round; its rows, retried row by
+// row, go in with River's INSERT, so the fault was COPY's: the relay warns
+// once and inserts with InsertManyTx from then on, rather than fail (and
+// back off) at every big round.
+func TestAMiddlewareThatRefusesCopysResultsTurnsCopyOffOnce(t *testing.T) {
+	t.Parallel()
+	url, pool, copies := copyCountingPool(t)
+	var logs syncBuffer
+	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, mapSub("audit", false, "**"))
+	var err error
+	b.client, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{Logger: quietLogger(),
+		Middleware: []rivertype.Middleware{&nilResultRefuser{}}})
+	require.NoError(t, err)
+	b.record(t, manyEvents(300)...)
+	b.start(t)
+	waitFannedOut(t, b.pool, 60*time.Second)
+	requireEachFanoutNamesItsJobs(t, b.pool, "audit")
+	require.Equal(t, int64(1), copies.n.Load(), "COPY kept being tried after it failed; logs: %s", logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "relay round failed"), "rounds kept failing")
+	require.Equal(t, 1, strings.Count(logs.String(), "InsertManyTx from now on"), "logs: %s", logs.String())
+}
+
+// countingPilot is a River pilot (the plugin point River Pro's drivers
+// fill) that counts the jobs River inserts through it.
+type countingPilot struct {
+	riverpilot.StandardPilot
+	jobs atomic.Int64
+}
+
+func (p *countingPilot) JobInsertMany(ctx context.Context, execTx riverdriver.ExecutorTx,
+	params *riverdriver.JobInsertFastManyParams,
+) ([]*riverdriver.JobInsertFastResult, error) {
+	p.jobs.Add(int64(len(params.Jobs)))
+	return p.StandardPilot.JobInsertMany(ctx, execTx, params)
+}
+
+// pilotDriver is riverpgxv5's driver with a pilot of its own, as a plugin
+// driver (River Pro's) has.
+type pilotDriver struct {
+	*riverpgxv5.Driver
+	pilot *countingPilot
+}
+
+func (*pilotDriver) PluginInit(*baseservice.Archetype) {}
+func (d *pilotDriver) PluginPilot() riverpilot.Pilot   { return d.pilot }
+
+// River's COPY insert calls the driver itself, not the client's pilot,
+// whose JobInsertMany "must keep related writes" in the transaction: with a
+// driver that brings a pilot of its own (River Pro's), every job of the
+// relay goes through it (no COPY).
+func TestAPluginDriversPilotSeesEveryJob(t *testing.T) {
+	t.Parallel()
+	url, pool, copies := copyCountingPool(t)
+	b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1}},
+		mapSub("audit", false, "**"))
+	pilot := &countingPilot{}
+	var err error
+	b.client, err = river.NewClient[pgx.Tx](&pilotDriver{Driver: riverpgxv5.New(b.pool), pilot: pilot},
+		&river.Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	b.record(t, manyEvents(100)...)
+	b.start(t)
+	waitFannedOut(t, b.pool, 30*time.Second)
+	requireEachFanoutNamesItsJobs(t, b.pool, "audit")
+	require.Equal(t, int64(100), pilot.jobs.Load(), "jobs inserted around the client's pilot (COPYs: %d)", copies.n.Load())
+}
+
+// A relay of a named schema (with River's tables there as well as in
+// public, each with its own sequence) inserts its big rounds by COPY into
+// the schema's river_job and finds their IDs there.
+func TestABigRoundInANamedSchemaInsertsByCopy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool, copies := copyCountingPool(t)
+	billing := Outbox{Schema: "billing"}
+	require.NoError(t, billing.Migrate(ctx, pool))
+	// public.river_job's sequence far ahead of billing's.
+	exec(t, pool, "SELECT setval('public.river_job_id_seq', 100000)")
+	var logs syncBuffer
+	cfg := &RelayConfig{Outbox: billing, BatchSize: 100, MaxRoundsInFlight: 1, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	relay, err := NewRelay(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, relay.Subscribe(mapSub("audit", false, "**")))
+	require.NoError(t, relay.Subscribe(mapSub("mail", false, "**")))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger(), Schema: "billing"})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := billing.RecordMany(ctx, tx, manyEvents(150))
+		return err
+	}))
+	require.NoError(t, relay.Start(ctx, client))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, relay.Stop(sctx))
+	})
+	require.Eventually(t, func() bool {
+		var pending int
+		err := pool.QueryRow(ctx, "SELECT count(*) FROM billing.outbox_events WHERE fanned_out_at IS NULL").Scan(&pending)
+		return err == nil && pending == 0
+	}, 30*time.Second, 10*time.Millisecond)
+	var bad int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM billing.outbox_events e, jsonb_each_text(e.fanout) f
+		WHERE NOT EXISTS (SELECT 1 FROM billing.river_job j WHERE j.id = f.value::bigint
+		                    AND j.args->>'event_id' = e.id::text AND ('events-subscriber-' || f.key) = ANY(j.tags))`).Scan(&bad))
+	require.Zero(t, bad, "fanouts naming another event's or subscriber's job")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM billing.outbox_events WHERE (SELECT count(*) FROM jsonb_each(fanout)) <> 2`).Scan(&bad))
+	require.Zero(t, bad)
+	require.Positive(t, copies.n.Load())
+	require.NotContains(t, logs.String(), "InsertManyTx from now on")
+}
+
+// Through PgBouncer in transaction mode (exec and simple protocol), a big
+// round inserts by COPY and names its jobs.
+func TestABigRoundThroughPgBouncerInsertsByCopy(t *testing.T) {
+	t.Parallel()
+	for name, mode := range map[string]pgx.QueryExecMode{"exec": pgx.QueryExecModeExec, "simple protocol": pgx.QueryExecModeSimpleProtocol} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			url := testdb.URL(t)
+			cfg, err := pgxpool.ParseConfig(testdb.PgBouncer(t).URL(url))
+			require.NoError(t, err)
+			copies := &copyCounter{}
+			cfg.ConnConfig.Tracer = copies
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			var logs syncBuffer
+			b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 100,
+				Listener: ListenerConfig{PollOnly: true, PollInterval: 50 * time.Millisecond},
+				Logger:   slog.New(slog.NewTextHandler(&logs, nil))}},
+				mapSub("audit", false, "**"), mapSub("mail", false, "**"))
+			b.record(t, manyEvents(200)...)
+			b.start(t)
+			waitFannedOut(t, b.pool, 30*time.Second)
+			requireEachFanoutNamesItsJobs(t, b.pool, "audit", "mail")
+			require.Positive(t, copies.n.Load())
+			require.NotContains(t, logs.String(), "InsertManyTx from now on")
+		})
+	}
+}
+
+// Ordered subscribers' big rounds (a coalescing one, whose chains the round
+// locks first, and one appended late) insert by COPY, and every chain link
+// (outbox_chain_jobs) names the job of its own event.
+func TestOrderedChainsOfACopiedRoundNameTheirJobs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, copies := copyCountingPool(t)
+	var logs syncBuffer
+	ordered := mapSub("ordered", false, "**")
+	ordered.Ordered = true
+	coalescing := mapSub("latest", true, "**")
+	coalescing.Ordered = true
+	b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}}, ordered, coalescing, mapSub("audit", false, "**"))
+	es := make([]Event, 200)
+	for i := range es {
+		es[i] = Event{Type: "a", Subject: fmt.Sprint("subj", i%40)}
+	}
+	b.record(t, es...)
+	b.start(t)
+	waitFannedOut(t, b.pool, 30*time.Second)
+	require.Positive(t, copies.n.Load())
+	require.NotContains(t, logs.String(), "InsertManyTx from now on")
+	var bad, links int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE j.id IS NULL OR j.args->>'event_id' <> l.event_id::text
+		                                      OR NOT ('events-subscriber-' || l.subscriber) = ANY(j.tags)), count(*)
+		FROM outbox_chain_jobs l LEFT JOIN river_job j ON j.id = l.job_id`).Scan(&bad, &links))
+	require.Positive(t, links)
+	require.Zero(t, bad, "chain links naming another event's or subscriber's job")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_events e, jsonb_each_text(e.fanout) f
+		WHERE NOT EXISTS (SELECT 1 FROM river_job j WHERE j.id = f.value::bigint AND ('events-subscriber-' || f.key) = ANY(j.tags)
+		                    AND j.args->>'subject' = e.subject)`).Scan(&bad))
+	require.Zero(t, bad, "fanouts naming another subject's or subscriber's job")
+}
+
+// Two relays of one database and a writer of River jobs, all at once, with
+// river_job's sequence caching values per session (so IDs of different
+// sessions are not in commit or even draw order): every fanout names its
+// own event's jobs.
+func TestCopiedRoundsOfTwoRelaysBesideAWriterNameTheirJobs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, copies := copyCountingPool(t)
+	exec(t, pool, "ALTER SEQUENCE river_job_id_seq CACHE 7")
+	subs := []Subscriber{mapSub("audit", false, "**"), mapSub("mail", false, "**"), mapSub("search", false, "**")}
+	var logs syncBuffer
+	cfg := func() *RelayConfig {
+		return &RelayConfig{BatchSize: 100, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	}
+	b1 := setup(t, setupOpts{url: url, pool: pool, config: cfg()}, subs...)
+	copies2 := &copyCounter{}
+	cfg2, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg2.ConnConfig.Tracer = copies2
+	pool2, err := pgxpool.NewWithConfig(ctx, cfg2)
+	require.NoError(t, err)
+	t.Cleanup(pool2.Close)
+	b2 := setup(t, setupOpts{url: url, pool: pool2, config: cfg()}, subs...)
+	b1.record(t, manyEvents(1500)...)
+
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		for wctx.Err() == nil {
+			others := make([]river.InsertManyParams, 7)
+			for i := range others {
+				others[i] = river.InsertManyParams{Args: testArgs{Subject: "other"}}
+			}
+			if _, err := b1.client.InsertMany(wctx, others); err != nil && wctx.Err() == nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	b1.start(t)
+	b2.start(t)
+	for range 5 {
+		b1.record(t, manyEvents(300)...)
+	}
+	waitFannedOut(t, b1.pool, 60*time.Second)
+	stop()
+	require.NoError(t, <-done)
+	requireEachFanoutNamesItsJobs(t, b1.pool, "audit", "mail", "search")
+	require.Positive(t, copies.n.Load())
+	require.Positive(t, copies2.n.Load(), "the second relay never inserted by COPY")
+	require.NotContains(t, logs.String(), "InsertManyTx from now on")
 }

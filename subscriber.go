@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strings"
 
@@ -211,7 +212,8 @@ func (s *subscription) jobFor(ctx context.Context, e Event) (m engine.Mapped, er
 	what = "the job args' Kind or InsertOpts"
 	m.Kind = m.Args.Kind()
 	if a, ok := m.Args.(river.JobArgsWithInsertOpts); ok {
-		m.Tags = a.InsertOpts().Tags
+		opts := a.InsertOpts()
+		m.Tags, m.Unique = opts.Tags, !reflect.ValueOf(opts.UniqueOpts).IsZero()
 	}
 	return m, nil
 }

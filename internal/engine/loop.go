@@ -90,8 +90,11 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		}
 		// One bad row must not hold back the rest: retry the batch row by
 		// row, so the bad one is found and charged alone.
-		if err := r.rowByRow(ctx, LanePending, claimed); err != nil && ctx.Err() == nil {
-			r.config.Logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", err.Error()))
+		faults, rerr := r.rowByRow(ctx, LanePending, claimed)
+		if rerr != nil && ctx.Err() == nil {
+			r.config.Logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", rerr.Error()))
+		} else if rerr == nil {
+			r.copyFailed(ctx, err, faults)
 		}
 		return true, true
 	}

@@ -229,8 +229,11 @@ func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) 
 		if !fail(ctx, err) {
 			return false, false
 		}
-		if err := r.rowByRow(ctx, LaneOwed, claimed); err != nil && ctx.Err() == nil {
-			r.config.Logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", err.Error()))
+		faults, rerr := r.rowByRow(ctx, LaneOwed, claimed)
+		if rerr != nil && ctx.Err() == nil {
+			r.config.Logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", rerr.Error()))
+		} else if rerr == nil {
+			r.copyFailed(ctx, err, faults)
 		}
 		return true, true
 	}

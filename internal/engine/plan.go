@@ -28,6 +28,10 @@ type mapped struct {
 	opts *river.InsertOpts
 	kind string   // args.Kind()
 	tags []string // the args' own InsertOpts' tags
+	// unique is set when the job asks River for uniqueness (its
+	// subscriber's or its args' InsertOpts): River's COPY insert cannot
+	// take it.
+	unique bool
 }
 
 // pairFailure is a delivery whose attempt failed: the

@@ -22,6 +22,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -65,6 +67,8 @@ type Mapped struct {
 	Opts *river.InsertOpts
 	Kind string
 	Tags []string
+	// Unique is set when the args' own InsertOpts ask for a unique job.
+	Unique bool
 }
 
 // Subscription is a validated subscriber, as the engine serves it. Build
@@ -131,7 +135,8 @@ func (s *Subscription) jobFor(ctx context.Context, e Event) (mapped, error) {
 	if err != nil || j.Args == nil {
 		return mapped{}, err
 	}
-	return mapped{sub: s, args: j.Args, opts: j.Opts, kind: j.Kind, tags: j.Tags}, nil
+	unique := j.Unique || (j.Opts != nil && !reflect.ValueOf(j.Opts.UniqueOpts).IsZero())
+	return mapped{sub: s, args: j.Args, opts: j.Opts, kind: j.Kind, tags: j.Tags, unique: unique}, nil
 }
 
 // Config is what the engine takes of the root package's RelayConfig, with
@@ -233,6 +238,11 @@ type Relay struct {
 	// Heartbeats (duties.go): the run's, and what they report.
 	beat      atomic.Pointer[maintenance.Heartbeat]
 	lastRound atomic.Int64 // unix nanoseconds of the last round that fanned out
+
+	// noCopy is set when the run's River client is not on River's own pgx
+	// driver (Prepare), or once a COPY insert failed where River's INSERT
+	// did not (copyFailed): the run's rounds insert with InsertManyTx.
+	noCopy atomic.Bool
 }
 
 // Hooks let tests observe and steer the engine.
@@ -314,6 +324,11 @@ var OwnTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadWrite
 func (r *Relay) Prepare(ctx context.Context, config Config, client *river.Client[pgx.Tx], active []*Subscription) {
 	r.config = config
 	r.client = client
+	// River's COPY insert calls the driver itself, around the client's
+	// pilot, which a plugin driver's (River Pro's) may need to see every
+	// insert: COPY only with River's own pgx driver.
+	_, plain := client.Driver().(*riverpgxv5.Driver)
+	r.noCopy.Store(!plain)
 	r.serve(active)
 	r.failing.Store(0)
 	r.lastSuccess.Store(time.Now().UnixNano())

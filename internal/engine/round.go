@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -176,7 +178,7 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l Lane, isolate bool, 
 		// commit.
 		var spanCtx context.Context
 		spanCtx, span = r.startRoundSpan(ctx, batch)
-		st, err := r.fanout(spanCtx, tx, l, isolate, batch)
+		st, err := r.fanout(spanCtx, tx, l, isolate, !isolate && db == Beginner(r.pool), batch)
 		if err != nil {
 			return nil, &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
 		}
@@ -380,7 +382,7 @@ func (r *Relay) beginClaim(ctx context.Context, db Beginner, own bool, l Lane, c
 // isolate, whose job is refused) is charged a failed attempt in the stamp
 // and stays owed; every other delivery goes ahead, and in the pending lane every
 // event is stamped fanned out.
-func (r *Relay) fanout(ctx context.Context, tx pgx.Tx, l Lane, isolate bool, batch []claimedRow) (*stamp, error) {
+func (r *Relay) fanout(ctx context.Context, tx pgx.Tx, l Lane, isolate, copyable bool, batch []claimedRow) (*stamp, error) {
 	p, err := r.plan(ctx, l, batch)
 	if err != nil {
 		return nil, err
@@ -392,7 +394,7 @@ func (r *Relay) fanout(ctx context.Context, tx pgx.Tx, l Lane, isolate bool, bat
 	if err != nil {
 		return nil, err
 	}
-	results, err := r.insertJobs(ctx, tx, &p, isolate, batch, chains.replaced(p.jobs))
+	results, err := r.insertJobs(ctx, tx, &p, isolate, copyable, batch, chains.replaced(p.jobs))
 	if err != nil {
 		return nil, err
 	}
@@ -422,7 +424,7 @@ func (r *Relay) fanout(ctx context.Context, tx pgx.Tx, l Lane, isolate bool, bat
 // the inserted job's otherwise. With isolate each job is inserted in a
 // savepoint of its own: one refused on its own account has a nil result and
 // its deliveries are added to p.failed.
-func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, p *roundPlan, isolate bool, batch []claimedRow,
+func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, p *roundPlan, isolate, copyable bool, batch []claimedRow,
 	results []*rivertype.JobInsertResult,
 ) ([]*rivertype.JobInsertResult, error) {
 	if isolate {
@@ -447,16 +449,29 @@ func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, p *roundPlan, isolate
 	}
 	params := make([]river.InsertManyParams, 0, len(p.jobs))
 	at := make([]int, 0, len(p.jobs))
+	kinds := make([]string, 0, len(p.jobs))
 	for i, j := range p.jobs {
 		if results[i] == nil {
 			params = append(params, river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)})
 			at = append(at, i)
+			kinds = append(kinds, j.kind)
+			copyable = copyable && !j.unique
 		}
 	}
 	if len(params) == 0 {
 		return results, nil
 	}
-	inserted, err := r.insertMany(ctx, tx, params)
+	var (
+		inserted []*rivertype.JobInsertResult
+		err      error
+	)
+	if copyable && len(params) >= copyMinJobs && !r.noCopy.Load() {
+		if inserted, err = r.insertCopied(ctx, tx, params, kinds); err != nil {
+			err = &copyFailure{err}
+		}
+	} else {
+		inserted, err = r.insertMany(ctx, tx, params)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d jobs: %w", len(params), err)
 	}
@@ -587,6 +602,110 @@ func (r *Relay) insertMany(ctx context.Context, tx pgx.Tx, params []river.Insert
 	return r.client.InsertManyTx(ctx, tx, params)
 }
 
+// copyMinJobs is the fewest jobs a round inserts by COPY. A COPY takes two
+// round trips and the IDs' lookup a third, where River's INSERT takes one: a
+// small round, the common one at low rates, is quicker with the INSERT.
+const copyMinJobs = 32
+
+// insertCopied is insertMany through River's COPY insert, InsertManyFastTx:
+// the same hooks, middleware and insert notifications, without the INSERT's
+// unnest and ON CONFLICT, and without River sending every row back. It
+// takes no unique job (a COPY fails on a conflict rather than skip it), so
+// the caller sends none, and only a round's own transaction: the IDs' lookup
+// knows the jobs by their xmin, which a savepoint's rows do not share.
+//
+// The jobs' IDs are found after it (NewestJobs): a COPY draws them from
+// river_job's sequence one row after the other, so the transaction's newest
+// len(params) jobs are params' jobs, in order. Their kinds are checked
+// against kinds: a mismatch (an insert middleware that changes a kind, or
+// inserts jobs of its own) fails the round and turns COPY off for the run
+// at once. Any other failure is the rows' or COPY's: copyFailed tells.
+func (r *Relay) insertCopied(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, kinds []string) ([]*rivertype.JobInsertResult, error) {
+	n, err := func() (n int, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				n, err = 0, PanicError("River's insert (the job args' methods, insert hooks or middleware)", p)
+			}
+		}()
+		return r.client.InsertManyFastTx(ctx, tx, params)
+	}()
+	if err != nil {
+		return nil, err
+	}
+	if n != len(params) {
+		return nil, r.copyUnsuited(ctx, fmt.Errorf("the COPY inserted %d jobs of %d", n, len(params)))
+	}
+	res := make([]*rivertype.JobInsertResult, n)
+	left, below := n, int64(math.MaxInt64) // res[:left] is still to find
+	for left > 0 {
+		var (
+			id       int64
+			kind     string
+			ours     bool
+			seen     int
+			mismatch error
+		)
+		rows, err := tx.Query(ctx, r.sql.NewestJobs, left+left/4+16, below)
+		if err != nil {
+			return nil, err
+		}
+		_, err = pgx.ForEachRow(rows, []any{&id, &kind, &ours}, func() error {
+			seen++
+			below = id
+			if !ours || left == 0 || mismatch != nil {
+				return nil
+			}
+			left--
+			if kinds[left] != kind {
+				mismatch = fmt.Errorf("job %d is of kind %q where the round inserted %q", id, kind, kinds[left])
+				return nil
+			}
+			res[left] = &rivertype.JobInsertResult{Job: &rivertype.JobRow{ID: id, Kind: kind}}
+			return nil
+		})
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("finding the IDs of %d jobs inserted by COPY: %w", n, err)
+		case mismatch != nil:
+			return nil, r.copyUnsuited(ctx, mismatch)
+		case seen == 0:
+			return nil, r.copyUnsuited(ctx, fmt.Errorf("%d of the %d jobs inserted by COPY not found", left, n))
+		}
+	}
+	return res, nil
+}
+
+// copyFailure is a round's failure in its COPY insert (insertCopied).
+type copyFailure struct{ err error }
+
+func (e *copyFailure) Error() string { return e.err.Error() }
+func (e *copyFailure) Unwrap() error { return e.err }
+
+// copyUnsuited turns COPY off for the run, as the jobs a COPY inserted were
+// not the round's (err says how), and returns err.
+func (r *Relay) copyUnsuited(ctx context.Context, err error) error {
+	if !r.noCopy.Swap(true) {
+		r.config.Logger.WarnContext(ctx, "events: the jobs inserted by COPY could not be told apart; the relay inserts with River's InsertManyTx from now on",
+			slog.String("err", err.Error()))
+	}
+	return err
+}
+
+// copyFailed is called once the rows of a round whose COPY insert failed
+// were retried row by row: rows' rounds of a few jobs, inserted with River's
+// INSERT. When none of them failed, the COPY's failure was COPY's alone (an
+// insert middleware that refuses the results a COPY does not return, a
+// unique index of the host's own), and COPY is turned off for the run; when
+// a row failed on its own, it was that row's, and COPY stays on.
+func (r *Relay) copyFailed(ctx context.Context, err error, rowFaults int) {
+	var cf *copyFailure
+	if rowFaults > 0 || !errors.As(err, &cf) || r.noCopy.Swap(true) {
+		return
+	}
+	r.config.Logger.WarnContext(ctx, "events: inserting jobs by COPY failed where River's InsertManyTx did not; the relay inserts with River's InsertManyTx from now on",
+		slog.String("err", cf.err.Error()))
+}
+
 // insertIsolated inserts one job in a savepoint of tx. A refusal that is
 // the job's own fault comes back as a *roundError with rowFault set, and tx
 // is usable again.
@@ -685,29 +804,32 @@ func notifyPayloads(ids []uuid.UUID) []string {
 // A row that fails on its own is retried with each job in a savepoint, so
 // the refused delivery is charged alone; a failure of the database stops the
 // pass (the rows stay pending, and nothing is charged).
-func (r *Relay) rowByRow(ctx context.Context, l Lane, seqs []int64) error {
+func (r *Relay) rowByRow(ctx context.Context, l Lane, seqs []int64) (rowFaults int, err error) {
 	for _, seq := range seqs {
 		if r.stopping() || ctx.Err() != nil {
-			return ctx.Err()
+			return rowFaults, ctx.Err()
 		}
-		var err error
+		var faulted bool
 		if l == LaneOwed {
-			_, err = r.singleClaimed(ctx, l, r.sql.ClaimOwedOne, r.known, seq)
+			_, faulted, err = r.singleClaimed(ctx, l, r.sql.ClaimOwedOne, r.known, seq)
 		} else {
-			_, err = r.singleClaimed(ctx, l, r.sql.ClaimOne, seq)
+			_, faulted, err = r.singleClaimed(ctx, l, r.sql.ClaimOne, seq)
+		}
+		if faulted {
+			rowFaults++
 		}
 		if err != nil {
-			return err
+			return rowFaults, err
 		}
 	}
-	return nil
+	return rowFaults, nil
 }
 
 // retryDue fans out, one per transaction, the failed events whose retry time
 // has come.
 func (r *Relay) retryDue(ctx context.Context) error {
 	for !r.stopping() && ctx.Err() == nil {
-		seq, err := r.singleClaimed(ctx, LanePending, r.sql.ClaimDue, 1)
+		seq, _, err := r.singleClaimed(ctx, LanePending, r.sql.ClaimDue, 1)
 		if err != nil {
 			return err
 		}
@@ -718,41 +840,41 @@ func (r *Relay) retryDue(ctx context.Context) error {
 	return nil
 }
 
-// singleClaimed runs a one-row round; if the row fails on its own, it runs
-// it again with every job isolated (each delivery that River or PostgreSQL
-// refuses is charged alone), and if even that fails on the row's own
-// account (its stamp), charges the event as a whole. It returns the claimed
-// seq (0 for none) and any error that is not the row's fault.
-func (r *Relay) singleClaimed(ctx context.Context, l Lane, claimSQL string, args ...any) (int64, error) {
+// singleClaimed runs a one-row round; if the row fails on its own (faulted),
+// it runs it again with every job isolated (each delivery that River or
+// PostgreSQL refuses is charged alone), and if even that fails on the row's
+// own account (its stamp), charges the event as a whole. It returns the
+// claimed seq (0 for none) and any error that is not the row's fault.
+func (r *Relay) singleClaimed(ctx context.Context, l Lane, claimSQL string, args ...any) (seq int64, faulted bool, err error) {
 	claimed, err := r.round(ctx, l, claimSQL, args...)
 	if len(claimed) == 0 {
-		return 0, err
+		return 0, false, err
 	}
 	var re *roundError
 	if err == nil || !errors.As(err, &re) || !re.rowFault {
-		return claimed[0], err
+		return claimed[0], false, err
 	}
 	again, err := r.roundIn(ctx, r.pool, l, true, claimSQL, args...)
 	if len(again) == 0 || err == nil || !errors.As(err, &re) || !re.rowFault {
-		return claimed[0], err
+		return claimed[0], true, err
 	}
 	if l == LaneOwed {
-		return claimed[0], err // the stamp of owed pairs failed: the database's business
+		return claimed[0], true, err // the stamp of owed pairs failed: the database's business
 	}
 	// The row's own transaction is gone; record the failure in a new one.
 	row, err2 := r.loadRow(ctx, claimed[0])
 	if err2 != nil {
-		return claimed[0], err2
+		return claimed[0], true, err2
 	}
 	var b pgx.Batch
 	poisoned := r.queueCharges(&b, []rowFailure{{row: row, err: re.err}})
 	if err2 := r.pool.SendBatch(ctx, &b).Close(); err2 != nil {
-		return claimed[0], err2
+		return claimed[0], true, err2
 	}
 	for _, p := range poisoned() {
 		r.alert(ctx, p.row.Event, p.err)
 	}
-	return claimed[0], nil
+	return claimed[0], true, nil
 }
 
 func (r *Relay) loadRow(ctx context.Context, seq int64) (claimedRow, error) {

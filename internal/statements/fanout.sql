@@ -111,6 +111,18 @@ SELECT /* TEMPLATE: schema */outbox_pending_from($2::bigint::text::xid8, $3::big
 -- function, so that its plan is kept, generic, for the session).
 SELECT /* TEMPLATE: schema */outbox_stamp($1::bigint[], $2::text[], $3::text[], $4::smallint[]);
 
+-- name: NewestJobs
+-- $1 how many, $2 the ID they are below: River's newest jobs this
+-- transaction sees, newest first, and whether this transaction wrote each
+-- (a round's COPY insert, River's InsertManyFastTx, returns no IDs:
+-- insertCopied finds them here; nothing in a round writes river_job before
+-- its insert). An index scan of river_job's primary key from $2 down,
+-- whatever the table holds.
+SELECT id, kind, xmin = pg_current_xact_id()::xid AS ours
+  FROM /* TEMPLATE: schema */river_job
+ WHERE id < $2
+ ORDER BY id DESC LIMIT $1;
+
 -- name: Charge
 -- A failed attempt of a whole event ($1 seq, $2 error, $3 pause in µs, $4
 -- MaxAttempts), poisoning the row at the last one: a failure no

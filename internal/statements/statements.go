@@ -55,7 +55,7 @@ type Set struct {
 	// subscribers the relay knows).
 	ClaimBatch, ClaimFrom, PendingBelow, ClaimOne, ClaimDue string
 	ClaimOwed, ClaimOwedOne                                 string
-	Poll, Stamp, StampOwed                                  string
+	Poll, Stamp, StampOwed, NewestJobs                      string
 	Charge, ChargeDeliveries, Load                          string
 	ConvertCatchUp                                          string
 	NotifyFanned                                            string

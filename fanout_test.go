@@ -1767,3 +1767,165 @@ func TestCopiedRoundsOfTwoRelaysBesideAWriterNameTheirJobs(t *testing.T) {
 	require.Positive(t, copies2.n.Load(), "the second relay never inserted by COPY")
 	require.NotContains(t, logs.String(), "InsertManyTx from now on")
 }
+
+// The row-by-row retry that tells a COPY's failure from a row's inserts with
+// River's INSERT, even for an event of 32 jobs (32 subscribers): were its
+// one-row rounds copied too, each would fail like the batch with an insert
+// middleware that refuses COPY's nil results, count as the row's fault, and
+// leave COPY on, every later big round failing and backing off for the run.
+func TestAnEventOf32JobsDoesNotKeepAFailingCopyOn(t *testing.T) {
+	t.Parallel()
+	url, pool, copies := copyCountingPool(t)
+	var logs syncBuffer
+	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	subs := make([]Subscriber, 32)
+	names := make([]string, len(subs))
+	for i := range subs {
+		names[i] = fmt.Sprintf("sub%02d", i)
+		subs[i] = mapSub(names[i], false, "**")
+	}
+	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, subs...)
+	var err error
+	b.client, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{Logger: quietLogger(),
+		Middleware: []rivertype.Middleware{&nilResultRefuser{}}})
+	require.NoError(t, err)
+	b.record(t, manyEvents(5)...) // 160 jobs: one COPY round
+	b.start(t)
+	waitFannedOut(t, b.pool, 60*time.Second)
+	requireEachFanoutNamesItsJobs(t, b.pool, names...)
+	before := copies.n.Load()
+
+	b.record(t, manyEvents(5)...)
+	waitFannedOut(t, b.pool, 60*time.Second)
+	requireEachFanoutNamesItsJobs(t, b.pool, names...)
+	require.Equal(t, before, copies.n.Load(), "COPY was tried again after it failed where River's INSERT did not; logs: %s", logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "relay round failed"), "big rounds keep failing: logs: %s", logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "InsertManyTx from now on"), "logs: %s", logs.String())
+}
+
+// A COPY round that fails for the database's sake (here a deadlock, 40P01,
+// raised once by a trigger; equally a statement or lock timeout) blames
+// neither its rows nor COPY: the rows' retry succeeds, and COPY stays on.
+func TestADatabaseFailureOfACopiedRoundLeavesCopyOn(t *testing.T) {
+	t.Parallel()
+	url, pool, copies := copyCountingPool(t)
+	exec(t, pool, `
+		CREATE SEQUENCE copyreview_fail_once;
+		CREATE FUNCTION copyreview_fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('copyreview_fail_once') = 1 THEN
+				RAISE EXCEPTION 'simulated deadlock' USING ERRCODE = 'deadlock_detected';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER copyreview_fail_once BEFORE INSERT ON river_job FOR EACH ROW EXECUTE FUNCTION copyreview_fail_once()`)
+	var logs syncBuffer
+	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, mapSub("audit", false, "**"))
+	b.record(t, manyEvents(100)...)
+	b.start(t)
+	waitFannedOut(t, b.pool, 60*time.Second)
+	require.Contains(t, logs.String(), "simulated deadlock", "the first round did not fail")
+	before := copies.n.Load()
+
+	b.record(t, manyEvents(100)...)
+	waitFannedOut(t, b.pool, 60*time.Second)
+	requireEachFanoutNamesItsJobs(t, b.pool, "audit")
+	require.NotContains(t, logs.String(), "InsertManyTx from now on", "a deadlock was blamed on COPY")
+	require.Greater(t, copies.n.Load(), before, "after one deadlock no round inserts by COPY any more")
+}
+
+// The row whose job made a COPY round fail is charged (here poisoned) by
+// another relay, or held by another round, while this relay backs off: this
+// relay's row-by-row retry cannot claim it, so it cannot tell whether the
+// row was at fault, and COPY stays on.
+func TestABadRowTakenByAnotherRelayDoesNotTurnCopyOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, copies := copyCountingPool(t)
+	var logs syncBuffer
+	cfg := poisonAtOnce(nil)
+	cfg.BatchSize, cfg.MaxRoundsInFlight = 100, 1
+	cfg.RetryBackoff, cfg.MaxRetryBackoff = 5*time.Millisecond, 5*time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, panicSub("marshals", false, false))
+	es := make([]Event, 100)
+	for i := range es {
+		es[i] = panicEvent(fmt.Sprint("s", i), "")
+	}
+	es[50] = panicEvent("boom", "marshal")
+	es = b.record(t, es...)
+	bad := es[50].ID
+	var once sync.Once
+	b.relay.eng.Hooks.Pause = func(context.Context, time.Duration) bool {
+		once.Do(func() {
+			// What another relay's row-by-row retry does meanwhile (Charge,
+			// at MaxAttempts 1).
+			_, err := b.pool.Exec(ctx, `UPDATE outbox_events SET attempts = attempts + 1, last_error = 'charged by another relay',
+				next_attempt_at = now(), poisoned_at = now() WHERE id = $1 AND fanned_out_at IS NULL AND poisoned_at IS NULL`, bad)
+			if err != nil {
+				panic(err)
+			}
+		})
+		return true
+	}
+	b.start(t)
+	waitFannedOut(t, b.pool, 30*time.Second)
+	before := copies.n.Load()
+
+	later := make([]Event, 100)
+	for i := range later {
+		later[i] = panicEvent(fmt.Sprint("later", i), "")
+	}
+	b.record(t, later...)
+	waitFannedOut(t, b.pool, 30*time.Second)
+	require.NotContains(t, logs.String(), "InsertManyTx from now on", "one poison event, charged elsewhere, turned COPY off")
+	require.Greater(t, copies.n.Load(), before, "after one poison event no round inserts by COPY any more")
+}
+
+// A graceful Stop during the row-by-row retry ends it before the row at
+// fault (its job args' MarshalJSON panics) is retried: the rows retried so
+// far prove nothing against COPY, and the stopping relay blames nothing on
+// it.
+func TestAStopDuringTheRowByRowRetryBlamesNothingOnCopy(t *testing.T) {
+	t.Parallel()
+	url, pool, _ := copyCountingPool(t)
+	var logs syncBuffer
+	cfg := poisonAtOnce(nil)
+	cfg.BatchSize, cfg.MaxRoundsInFlight = 100, 1
+	cfg.RetryBackoff, cfg.MaxRetryBackoff = 5*time.Millisecond, 5*time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, panicSub("marshals", false, false))
+	es := make([]Event, 100)
+	for i := range es {
+		es[i] = panicEvent(fmt.Sprint("s", i), "")
+	}
+	es[50] = panicEvent("boom", "marshal")
+	b.record(t, es...)
+	stopped := make(chan error, 1)
+	var once sync.Once
+	b.relay.eng.Hooks.AfterInsert = func(context.Context, pgx.Tx) {
+		// The first round that inserts is the row-by-row retry's first row
+		// (the batch round failed in its COPY).
+		once.Do(func() {
+			run := b.relay.svc.Current()
+			go func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				stopped <- b.relay.Stop(sctx)
+			}()
+			<-run.Stopping()
+		})
+	}
+	b.start(t)
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay never stopped")
+	}
+	require.Contains(t, logs.String(), "relay round failed", "the batch round did not fail")
+	require.NotContains(t, logs.String(), "InsertManyTx from now on", "a stop mid retry blamed COPY")
+}

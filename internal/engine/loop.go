@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -91,10 +92,11 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		// One bad row must not hold back the rest: retry the batch row by
 		// row, so the bad one is found and charged alone.
 		faults, rerr := r.rowByRow(ctx, LanePending, claimed)
-		if rerr != nil && ctx.Err() == nil {
-			r.config.Logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", rerr.Error()))
-		} else if rerr == nil {
+		switch {
+		case rerr == nil:
 			r.copyFailed(ctx, err, faults)
+		case ctx.Err() == nil && !errors.Is(rerr, errStopping):
+			r.config.Logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", rerr.Error()))
 		}
 		return true, true
 	}

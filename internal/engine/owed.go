@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"sync"
@@ -230,10 +231,11 @@ func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) 
 			return false, false
 		}
 		faults, rerr := r.rowByRow(ctx, LaneOwed, claimed)
-		if rerr != nil && ctx.Err() == nil {
-			r.config.Logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", rerr.Error()))
-		} else if rerr == nil {
+		switch {
+		case rerr == nil:
 			r.copyFailed(ctx, err, faults)
+		case ctx.Err() == nil && !errors.Is(rerr, errStopping):
+			r.config.Logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", rerr.Error()))
 		}
 		return true, true
 	}

@@ -178,7 +178,11 @@ func (r *Relay) roundIn(ctx context.Context, db Beginner, l Lane, isolate bool, 
 		// commit.
 		var spanCtx context.Context
 		spanCtx, span = r.startRoundSpan(ctx, batch)
-		st, err := r.fanout(spanCtx, tx, l, isolate, !isolate && db == Beginner(r.pool), batch)
+		// Only a batch round of the relay's own may insert by COPY: the
+		// one-row rounds of a retry are what tells a COPY's failure from a
+		// row's (copyFailed), so they keep River's INSERT.
+		copyable := !isolate && db == Beginner(r.pool) && (claimSQL == r.sql.ClaimBatch || claimSQL == r.sql.ClaimOwed)
+		st, err := r.fanout(spanCtx, tx, l, isolate, copyable, batch)
 		if err != nil {
 			return nil, &roundError{err: err, rowFault: isRowFault(ctx, tx, err)}
 		}
@@ -691,15 +695,20 @@ func (r *Relay) copyUnsuited(ctx context.Context, err error) error {
 	return err
 }
 
-// copyFailed is called once the rows of a round whose COPY insert failed
-// were retried row by row: rows' rounds of a few jobs, inserted with River's
-// INSERT. When none of them failed, the COPY's failure was COPY's alone (an
-// insert middleware that refuses the results a COPY does not return, a
-// unique index of the host's own), and COPY is turned off for the run; when
-// a row failed on its own, it was that row's, and COPY stays on.
+// copyFailed is called once the rows of a round that failed (err) were
+// retried row by row, to the end: one-row rounds, inserted with River's
+// INSERT. When the round failed in its COPY on the rows' account (not the
+// database's: a deadlock, a timeout) and every row then went in (none
+// failed, none was taken meanwhile by another relay), the failure was
+// COPY's alone (an insert middleware that refuses the results a COPY does
+// not return, a unique index of the host's own), and COPY is turned off for
+// the run; when a row failed on its own, or may have, COPY stays on.
 func (r *Relay) copyFailed(ctx context.Context, err error, rowFaults int) {
-	var cf *copyFailure
-	if rowFaults > 0 || !errors.As(err, &cf) || r.noCopy.Swap(true) {
+	var (
+		cf *copyFailure
+		re *roundError
+	)
+	if rowFaults > 0 || !errors.As(err, &cf) || !errors.As(err, &re) || !re.rowFault || r.noCopy.Swap(true) {
 		return
 	}
 	r.config.Logger.WarnContext(ctx, "events: inserting jobs by COPY failed where River's InsertManyTx did not; the relay inserts with River's InsertManyTx from now on",
@@ -803,19 +812,28 @@ func notifyPayloads(ids []uuid.UUID) []string {
 // rowByRow retries the given rows one per transaction, after a failed batch.
 // A row that fails on its own is retried with each job in a savepoint, so
 // the refused delivery is charged alone; a failure of the database stops the
-// pass (the rows stay pending, and nothing is charged).
+// pass (the rows stay pending, and nothing is charged), and so does the
+// relay's stop (errStopping). rowFaults counts the rows that failed on their
+// own, and those it found taken (by another relay, or charged meanwhile):
+// they may have.
 func (r *Relay) rowByRow(ctx context.Context, l Lane, seqs []int64) (rowFaults int, err error) {
 	for _, seq := range seqs {
-		if r.stopping() || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return rowFaults, ctx.Err()
 		}
-		var faulted bool
-		if l == LaneOwed {
-			_, faulted, err = r.singleClaimed(ctx, l, r.sql.ClaimOwedOne, r.known, seq)
-		} else {
-			_, faulted, err = r.singleClaimed(ctx, l, r.sql.ClaimOne, seq)
+		if r.stopping() {
+			return rowFaults, errStopping
 		}
-		if faulted {
+		var (
+			claimed int64
+			faulted bool
+		)
+		if l == LaneOwed {
+			claimed, faulted, err = r.singleClaimed(ctx, l, r.sql.ClaimOwedOne, r.known, seq)
+		} else {
+			claimed, faulted, err = r.singleClaimed(ctx, l, r.sql.ClaimOne, seq)
+		}
+		if faulted || (claimed == 0 && err == nil) {
 			rowFaults++
 		}
 		if err != nil {

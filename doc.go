@@ -29,8 +29,10 @@
 // IDs read back; a smaller round, or one with a unique job, with
 // InsertManyTx. Both run the client's insert hooks and middleware, but a
 // COPY returns no rows: an insert middleware sees nil results, as with any
-// InsertManyFast (one that panics on them makes the relay fall back to
-// InsertManyTx for good, with a warning). Relays need no leader: a row
+// InsertManyFast (one that fails on them, where InsertManyTx does not,
+// makes the relay keep to InsertManyTx for the run, with a warning). A
+// client on another driver than River's own pgx driver always gets
+// InsertManyTx. Relays need no leader: a row
 // claimed by one is skipped by the others. A crash mid-round rolls back the
 // jobs and the stamps together, and the rows are claimed again.
 //

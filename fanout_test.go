@@ -1490,16 +1490,8 @@ func TestAJobThatFailsOnItsOwnInACopiedRoundLeavesCopyOn(t *testing.T) {
 	t.Parallel()
 	url, pool, copies := copyCountingPool(t)
 	var logs syncBuffer
-	cfg := poisonAtOnce(nil)
-	cfg.BatchSize, cfg.MaxRoundsInFlight = 100, 1
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, panicSub("marshals", false, false))
-	es := make([]Event, 100)
-	for i := range es {
-		es[i] = panicEvent(fmt.Sprint("s", i), "")
-	}
-	es[50] = panicEvent("boom", "marshal")
-	b.record(t, es...)
+	b := setup(t, setupOpts{url: url, pool: pool, config: oneBadRowConfig(&logs, false)}, panicSub("marshals", false, false))
+	b.record(t, batchWithOneBadRow()...)
 	b.start(t)
 	waitFannedOut(t, b.pool, 30*time.Second)
 
@@ -1846,16 +1838,8 @@ func TestABadRowTakenByAnotherRelayDoesNotTurnCopyOff(t *testing.T) {
 	ctx := context.Background()
 	url, pool, copies := copyCountingPool(t)
 	var logs syncBuffer
-	cfg := poisonAtOnce(nil)
-	cfg.BatchSize, cfg.MaxRoundsInFlight = 100, 1
-	cfg.RetryBackoff, cfg.MaxRetryBackoff = 5*time.Millisecond, 5*time.Millisecond
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, panicSub("marshals", false, false))
-	es := make([]Event, 100)
-	for i := range es {
-		es[i] = panicEvent(fmt.Sprint("s", i), "")
-	}
-	es[50] = panicEvent("boom", "marshal")
+	b := setup(t, setupOpts{url: url, pool: pool, config: oneBadRowConfig(&logs, true)}, panicSub("marshals", false, false))
+	es := batchWithOneBadRow()
 	es = b.record(t, es...)
 	bad := es[50].ID
 	var once sync.Once
@@ -1893,16 +1877,8 @@ func TestAStopDuringTheRowByRowRetryBlamesNothingOnCopy(t *testing.T) {
 	t.Parallel()
 	url, pool, _ := copyCountingPool(t)
 	var logs syncBuffer
-	cfg := poisonAtOnce(nil)
-	cfg.BatchSize, cfg.MaxRoundsInFlight = 100, 1
-	cfg.RetryBackoff, cfg.MaxRetryBackoff = 5*time.Millisecond, 5*time.Millisecond
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, panicSub("marshals", false, false))
-	es := make([]Event, 100)
-	for i := range es {
-		es[i] = panicEvent(fmt.Sprint("s", i), "")
-	}
-	es[50] = panicEvent("boom", "marshal")
+	b := setup(t, setupOpts{url: url, pool: pool, config: oneBadRowConfig(&logs, true)}, panicSub("marshals", false, false))
+	es := batchWithOneBadRow()
 	b.record(t, es...)
 	stopped := make(chan error, 1)
 	var once sync.Once
@@ -1928,4 +1904,29 @@ func TestAStopDuringTheRowByRowRetryBlamesNothingOnCopy(t *testing.T) {
 	}
 	require.Contains(t, logs.String(), "relay round failed", "the batch round did not fail")
 	require.NotContains(t, logs.String(), "InsertManyTx from now on", "a stop mid retry blamed COPY")
+}
+
+// batchWithOneBadRow is a batch of 100 events for panicSub, the 51st of
+// whose job args' MarshalJSON panics: in River's COPY and in its INSERT
+// alike.
+func batchWithOneBadRow() []Event {
+	es := make([]Event, 100)
+	for i := range es {
+		es[i] = panicEvent(fmt.Sprint("s", i), "")
+	}
+	es[50] = panicEvent("boom", "marshal")
+	return es
+}
+
+// oneBadRowConfig is a relay that claims batchWithOneBadRow in one round,
+// one round at a time, poisons a row at its first failure, and logs to
+// logs; quick retries back off 5 ms.
+func oneBadRowConfig(logs *syncBuffer, quickRetries bool) *RelayConfig {
+	cfg := poisonAtOnce(nil)
+	cfg.BatchSize, cfg.MaxRoundsInFlight = 100, 1
+	if quickRetries {
+		cfg.RetryBackoff, cfg.MaxRetryBackoff = 5*time.Millisecond, 5*time.Millisecond
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	return cfg
 }

@@ -1467,10 +1467,7 @@ func TestACopyWhoseJobsAreNotTheRoundsFallsBackToRiversInsert(t *testing.T) {
 	var logs syncBuffer
 	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, mapSub("audit", false, "**"))
-	var err error
-	b.client, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{Logger: quietLogger(),
-		Middleware: []rivertype.Middleware{&kindRenamer{}}})
-	require.NoError(t, err)
+	useInsertMiddleware(t, b, &kindRenamer{})
 	b.record(t, manyEvents(300)...)
 	b.start(t)
 	waitFannedOut(t, b.pool, 30*time.Second)
@@ -1537,10 +1534,7 @@ func TestAMiddlewareThatRefusesCopysResultsTurnsCopyOffOnce(t *testing.T) {
 	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, mapSub("audit", false, "**"))
-	var err error
-	b.client, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{Logger: quietLogger(),
-		Middleware: []rivertype.Middleware{&nilResultRefuser{}}})
-	require.NoError(t, err)
+	useInsertMiddleware(t, b, &nilResultRefuser{})
 	b.record(t, manyEvents(300)...)
 	b.start(t)
 	waitFannedOut(t, b.pool, 60*time.Second)
@@ -1778,10 +1772,7 @@ func TestAnEventOf32JobsDoesNotKeepAFailingCopyOn(t *testing.T) {
 		subs[i] = mapSub(names[i], false, "**")
 	}
 	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, subs...)
-	var err error
-	b.client, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{Logger: quietLogger(),
-		Middleware: []rivertype.Middleware{&nilResultRefuser{}}})
-	require.NoError(t, err)
+	useInsertMiddleware(t, b, &nilResultRefuser{})
 	b.record(t, manyEvents(5)...) // 160 jobs: one COPY round
 	b.start(t)
 	waitFannedOut(t, b.pool, 60*time.Second)
@@ -1929,4 +1920,12 @@ func oneBadRowConfig(logs *syncBuffer, quickRetries bool) *RelayConfig {
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	return cfg
+}
+
+// useInsertMiddleware gives b a River client whose only middleware is mw.
+func useInsertMiddleware(t *testing.T, b *testBundle, mw rivertype.Middleware) {
+	t.Helper()
+	var err error
+	b.client, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{Logger: quietLogger(), Middleware: []rivertype.Middleware{mw}})
+	require.NoError(t, err)
 }

@@ -1491,15 +1491,7 @@ func TestAJobThatFailsOnItsOwnInACopiedRoundLeavesCopyOn(t *testing.T) {
 	b.record(t, batchWithOneBadRow()...)
 	b.start(t)
 	waitFannedOut(t, b.pool, 30*time.Second)
-
-	later := make([]Event, 100)
-	for i := range later {
-		later[i] = panicEvent(fmt.Sprint("later", i), "")
-	}
-	b.record(t, later...)
-	waitFannedOut(t, b.pool, 30*time.Second)
-	require.NotContains(t, logs.String(), "InsertManyTx from now on", "one poison event turned COPY off")
-	require.Positive(t, copies.n.Load(), "after one poison event no round inserts by COPY any more")
+	requireCopyStaysOn(t, b, copies, &logs, "one poison event")
 }
 
 // nilResultRefuser is a host's insert middleware that checks River's
@@ -1848,16 +1840,7 @@ func TestABadRowTakenByAnotherRelayDoesNotTurnCopyOff(t *testing.T) {
 	}
 	b.start(t)
 	waitFannedOut(t, b.pool, 30*time.Second)
-	before := copies.n.Load()
-
-	later := make([]Event, 100)
-	for i := range later {
-		later[i] = panicEvent(fmt.Sprint("later", i), "")
-	}
-	b.record(t, later...)
-	waitFannedOut(t, b.pool, 30*time.Second)
-	require.NotContains(t, logs.String(), "InsertManyTx from now on", "one poison event, charged elsewhere, turned COPY off")
-	require.Greater(t, copies.n.Load(), before, "after one poison event no round inserts by COPY any more")
+	requireCopyStaysOn(t, b, copies, &logs, "one poison event, charged elsewhere,")
 }
 
 // A graceful Stop during the row-by-row retry ends it before the row at
@@ -1928,4 +1911,19 @@ func useInsertMiddleware(t *testing.T, b *testBundle, mw rivertype.Middleware) {
 	var err error
 	b.client, err = river.NewClient(riverpgxv5.New(b.pool), &river.Config{Logger: quietLogger(), Middleware: []rivertype.Middleware{mw}})
 	require.NoError(t, err)
+}
+
+// requireCopyStaysOn records another batch for panicSub after what (a
+// failure) and requires it inserted by COPY, with no fallback logged.
+func requireCopyStaysOn(t *testing.T, b *testBundle, copies *copyCounter, logs *syncBuffer, what string) {
+	t.Helper()
+	before := copies.n.Load()
+	later := make([]Event, 100)
+	for i := range later {
+		later[i] = panicEvent(fmt.Sprint("later", i), "")
+	}
+	b.record(t, later...)
+	waitFannedOut(t, b.pool, 30*time.Second)
+	require.NotContains(t, logs.String(), "InsertManyTx from now on", "%s turned COPY off", what)
+	require.Greater(t, copies.n.Load(), before, "after %s no round inserts by COPY any more", what)
 }

@@ -3,7 +3,6 @@ package events
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"regexp"
 	"strings"
 
@@ -213,7 +212,7 @@ func (s *subscription) jobFor(ctx context.Context, e Event) (m engine.Mapped, er
 	m.Kind = m.Args.Kind()
 	if a, ok := m.Args.(river.JobArgsWithInsertOpts); ok {
 		opts := a.InsertOpts()
-		m.Tags, m.Unique = opts.Tags, !reflect.ValueOf(opts.UniqueOpts).IsZero()
+		m.Tags, m.Unique = opts.Tags, engine.AsksUnique(&opts)
 	}
 	return m, nil
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -91,13 +90,7 @@ func (l *mainLoop) claimPass(ctx context.Context) (again, ok bool) {
 		}
 		// One bad row must not hold back the rest: retry the batch row by
 		// row, so the bad one is found and charged alone.
-		faults, rerr := r.rowByRow(ctx, LanePending, claimed)
-		switch {
-		case rerr == nil:
-			r.copyFailed(ctx, err, faults)
-		case ctx.Err() == nil && !errors.Is(rerr, errStopping):
-			r.config.Logger.WarnContext(ctx, "events: row-by-row retry interrupted", slog.String("err", rerr.Error()))
-		}
+		r.rowByRow(ctx, LanePending, claimed, err)
 		return true, true
 	}
 	l.succeeded()

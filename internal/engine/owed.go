@@ -2,8 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
-	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -230,13 +228,7 @@ func (r *Relay) owedPass(ctx context.Context, fail func(context.Context, error) 
 		if !fail(ctx, err) {
 			return false, false
 		}
-		faults, rerr := r.rowByRow(ctx, LaneOwed, claimed)
-		switch {
-		case rerr == nil:
-			r.copyFailed(ctx, err, faults)
-		case ctx.Err() == nil && !errors.Is(rerr, errStopping):
-			r.config.Logger.WarnContext(ctx, "events: row-by-row retry of owed deliveries interrupted", slog.String("err", rerr.Error()))
-		}
+		r.rowByRow(ctx, LaneOwed, claimed, err)
 		return true, true
 	}
 	return full, true

@@ -135,8 +135,13 @@ func (s *Subscription) jobFor(ctx context.Context, e Event) (mapped, error) {
 	if err != nil || j.Args == nil {
 		return mapped{}, err
 	}
-	unique := j.Unique || (j.Opts != nil && !reflect.ValueOf(j.Opts.UniqueOpts).IsZero())
-	return mapped{sub: s, args: j.Args, opts: j.Opts, kind: j.Kind, tags: j.Tags, unique: unique}, nil
+	return mapped{sub: s, args: j.Args, opts: j.Opts, kind: j.Kind, tags: j.Tags, unique: j.Unique || AsksUnique(j.Opts)}, nil
+}
+
+// AsksUnique reports whether opts ask River for a unique job (any of its
+// UniqueOpts set, as River reads them).
+func AsksUnique(opts *river.InsertOpts) bool {
+	return opts != nil && !reflect.ValueOf(opts.UniqueOpts).IsZero()
 }
 
 // Config is what the engine takes of the root package's RelayConfig, with

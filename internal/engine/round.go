@@ -453,12 +453,10 @@ func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, p *roundPlan, isolate
 	}
 	params := make([]river.InsertManyParams, 0, len(p.jobs))
 	at := make([]int, 0, len(p.jobs))
-	kinds := make([]string, 0, len(p.jobs))
 	for i, j := range p.jobs {
 		if results[i] == nil {
 			params = append(params, river.InsertManyParams{Args: j.args, InsertOpts: j.insertOpts(batch[j.event].traceContext)})
 			at = append(at, i)
-			kinds = append(kinds, j.kind)
 			copyable = copyable && !j.unique
 		}
 	}
@@ -470,7 +468,8 @@ func (r *Relay) insertJobs(ctx context.Context, tx pgx.Tx, p *roundPlan, isolate
 		err      error
 	)
 	if copyable && len(params) >= copyMinJobs && !r.noCopy.Load() {
-		if inserted, err = r.insertCopied(ctx, tx, params, kinds); err != nil {
+		kind := func(k int) string { return p.jobs[at[k]].kind }
+		if inserted, err = r.insertCopied(ctx, tx, params, kind); err != nil {
 			err = &copyFailure{err}
 		}
 	} else {
@@ -591,19 +590,27 @@ func (r *Relay) countFanout(ctx context.Context, fanned int, jobs []plannedJob, 
 	}
 }
 
-// insertMany is River's InsertManyTx, with a panic turned into an error.
-// River calls host code there: the job args' own methods (Kind, InsertOpts,
-// MarshalJSON) and the client's insert hooks and middleware. A panic in it
-// must fail its job, not crash the host's process. The error is handled as
-// any refusal is: a batch is rolled back and retried job by job, and a job
-// inserted alone rolls back its savepoint and is charged to its deliveries.
-func (r *Relay) insertMany(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (res []*rivertype.JobInsertResult, err error) {
+// insertMany is River's InsertManyTx, with a panic turned into an error
+// (riverInsert).
+func (r *Relay) insertMany(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) ([]*rivertype.JobInsertResult, error) {
+	return riverInsert(func() ([]*rivertype.JobInsertResult, error) { return r.client.InsertManyTx(ctx, tx, params) })
+}
+
+// riverInsert runs one of River's inserts, with a panic turned into an
+// error. River calls host code there: the job args' own methods (Kind,
+// InsertOpts, MarshalJSON) and the client's insert hooks and middleware. A
+// panic in it must fail its job, not crash the host's process. The error is
+// handled as any refusal is: a batch is rolled back and retried job by job,
+// and a job inserted alone rolls back its savepoint and is charged to its
+// deliveries.
+func riverInsert[T any](insert func() (T, error)) (res T, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			res, err = nil, PanicError("River's insert (the job args' methods, insert hooks or middleware)", p)
+			var zero T
+			res, err = zero, PanicError("River's insert (the job args' methods, insert hooks or middleware)", p)
 		}
 	}()
-	return r.client.InsertManyTx(ctx, tx, params)
+	return insert()
 }
 
 // copyMinJobs is the fewest jobs a round inserts by COPY. A COPY takes two
@@ -621,18 +628,11 @@ const copyMinJobs = 32
 // The jobs' IDs are found after it (NewestJobs): a COPY draws them from
 // river_job's sequence one row after the other, so the transaction's newest
 // len(params) jobs are params' jobs, in order. Their kinds are checked
-// against kinds: a mismatch (an insert middleware that changes a kind, or
+// against kind(k), params[k]'s: a mismatch (an insert middleware that changes a kind, or
 // inserts jobs of its own) fails the round and turns COPY off for the run
 // at once. Any other failure is the rows' or COPY's: copyFailed tells.
-func (r *Relay) insertCopied(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, kinds []string) ([]*rivertype.JobInsertResult, error) {
-	n, err := func() (n int, err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				n, err = 0, PanicError("River's insert (the job args' methods, insert hooks or middleware)", p)
-			}
-		}()
-		return r.client.InsertManyFastTx(ctx, tx, params)
-	}()
+func (r *Relay) insertCopied(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams, kind func(k int) string) ([]*rivertype.JobInsertResult, error) {
+	n, err := riverInsert(func() (int, error) { return r.client.InsertManyFastTx(ctx, tx, params) })
 	if err != nil {
 		return nil, err
 	}
@@ -644,7 +644,7 @@ func (r *Relay) insertCopied(ctx context.Context, tx pgx.Tx, params []river.Inse
 	for left > 0 {
 		var (
 			id       int64
-			kind     string
+			got      string
 			ours     bool
 			seen     int
 			mismatch error
@@ -653,18 +653,18 @@ func (r *Relay) insertCopied(ctx context.Context, tx pgx.Tx, params []river.Inse
 		if err != nil {
 			return nil, err
 		}
-		_, err = pgx.ForEachRow(rows, []any{&id, &kind, &ours}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&id, &got, &ours}, func() error {
 			seen++
 			below = id
 			if !ours || left == 0 || mismatch != nil {
 				return nil
 			}
 			left--
-			if kinds[left] != kind {
-				mismatch = fmt.Errorf("job %d is of kind %q where the round inserted %q", id, kind, kinds[left])
+			if want := kind(left); got != want {
+				mismatch = fmt.Errorf("job %d is of kind %q where the round inserted %q", id, got, want)
 				return nil
 			}
-			res[left] = &rivertype.JobInsertResult{Job: &rivertype.JobRow{ID: id, Kind: kind}}
+			res[left] = &rivertype.JobInsertResult{Job: &rivertype.JobRow{ID: id, Kind: got}}
 			return nil
 		})
 		switch {
@@ -688,11 +688,15 @@ func (e *copyFailure) Unwrap() error { return e.err }
 // copyUnsuited turns COPY off for the run, as the jobs a COPY inserted were
 // not the round's (err says how), and returns err.
 func (r *Relay) copyUnsuited(ctx context.Context, err error) error {
-	if !r.noCopy.Swap(true) {
-		r.config.Logger.WarnContext(ctx, "events: the jobs inserted by COPY could not be told apart; the relay inserts with River's InsertManyTx from now on",
-			slog.String("err", err.Error()))
-	}
+	r.copyOff(ctx, "the jobs inserted by COPY could not be told apart", err)
 	return err
+}
+
+// copyOff turns COPY off for the run, warning once why.
+func (r *Relay) copyOff(ctx context.Context, why string, err error) {
+	if !r.noCopy.Swap(true) {
+		r.config.Logger.WarnContext(ctx, "events: "+why+"; the relay inserts with River's InsertManyTx from now on", slog.String("err", err.Error()))
+	}
 }
 
 // copyFailed is called once the rows of a round that failed (err) were
@@ -708,11 +712,9 @@ func (r *Relay) copyFailed(ctx context.Context, err error, rowFaults int) {
 		cf *copyFailure
 		re *roundError
 	)
-	if rowFaults > 0 || !errors.As(err, &cf) || !errors.As(err, &re) || !re.rowFault || r.noCopy.Swap(true) {
-		return
+	if rowFaults == 0 && errors.As(err, &cf) && errors.As(err, &re) && re.rowFault {
+		r.copyOff(ctx, "inserting jobs by COPY failed where River's InsertManyTx did not", cf.err)
 	}
-	r.config.Logger.WarnContext(ctx, "events: inserting jobs by COPY failed where River's InsertManyTx did not; the relay inserts with River's InsertManyTx from now on",
-		slog.String("err", cf.err.Error()))
 }
 
 // insertIsolated inserts one job in a savepoint of tx. A refusal that is
@@ -809,14 +811,31 @@ func notifyPayloads(ids []uuid.UUID) []string {
 	return out
 }
 
-// rowByRow retries the given rows one per transaction, after a failed batch.
-// A row that fails on its own is retried with each job in a savepoint, so
-// the refused delivery is charged alone; a failure of the database stops the
-// pass (the rows stay pending, and nothing is charged), and so does the
-// relay's stop (errStopping). rowFaults counts the rows that failed on their
-// own, and those it found taken (by another relay, or charged meanwhile):
-// they may have.
-func (r *Relay) rowByRow(ctx context.Context, l Lane, seqs []int64) (rowFaults int, err error) {
+// rowByRow retries the given rows one per transaction, after their batch
+// failed with failure. A row that fails on its own is retried with each job
+// in a savepoint, so the refused delivery is charged alone; a failure of the
+// database stops the pass (the rows stay pending, and nothing is charged,
+// and it is logged), and so does the relay's stop. A pass that ends tells
+// copyFailed what it proved.
+func (r *Relay) rowByRow(ctx context.Context, l Lane, seqs []int64, failure error) {
+	faults, err := r.retryRows(ctx, l, seqs)
+	switch {
+	case err == nil:
+		r.copyFailed(ctx, failure, faults)
+	case ctx.Err() == nil && !errors.Is(err, errStopping):
+		what := "events: row-by-row retry interrupted"
+		if l == LaneOwed {
+			what = "events: row-by-row retry of owed deliveries interrupted"
+		}
+		r.config.Logger.WarnContext(ctx, what, slog.String("err", err.Error()))
+	}
+}
+
+// retryRows is rowByRow's pass: it stops at a failure of the database, or
+// at the relay's stop (errStopping). rowFaults counts the rows that failed
+// on their own, and those it found taken (by another relay, or charged
+// meanwhile): they may have.
+func (r *Relay) retryRows(ctx context.Context, l Lane, seqs []int64) (rowFaults int, err error) {
 	for _, seq := range seqs {
 		if ctx.Err() != nil {
 			return rowFaults, ctx.Err()

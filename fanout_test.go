@@ -1278,14 +1278,8 @@ func (c *copyCounter) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopy
 func copyCountingPool(t *testing.T) (string, *pgxpool.Pool, *copyCounter) {
 	t.Helper()
 	url := testdb.URL(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
 	copies := &copyCounter{}
-	cfg.ConnConfig.Tracer = copies
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return url, pool, copies
+	return url, poolWith(t, url, func(c *pgx.ConnConfig) { c.Tracer = copies }), copies
 }
 
 // manyEvents returns n events of type "a", subject "s<i>".
@@ -1634,14 +1628,10 @@ func TestABigRoundThroughPgBouncerInsertsByCopy(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			url := testdb.URL(t)
-			cfg, err := pgxpool.ParseConfig(testdb.PgBouncer(t).URL(url))
-			require.NoError(t, err)
 			copies := &copyCounter{}
-			cfg.ConnConfig.Tracer = copies
-			cfg.ConnConfig.DefaultQueryExecMode = mode
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
+			pool := poolWith(t, testdb.PgBouncer(t).URL(url), func(c *pgx.ConnConfig) {
+				c.Tracer, c.DefaultQueryExecMode = copies, mode
+			})
 			var logs syncBuffer
 			b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 100,
 				Listener: ListenerConfig{PollOnly: true, PollInterval: 50 * time.Millisecond},
@@ -1708,12 +1698,7 @@ func TestCopiedRoundsOfTwoRelaysBesideAWriterNameTheirJobs(t *testing.T) {
 	}
 	b1 := setup(t, setupOpts{url: url, pool: pool, config: cfg()}, subs...)
 	copies2 := &copyCounter{}
-	cfg2, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	cfg2.ConnConfig.Tracer = copies2
-	pool2, err := pgxpool.NewWithConfig(ctx, cfg2)
-	require.NoError(t, err)
-	t.Cleanup(pool2.Close)
+	pool2 := poolWith(t, url, func(c *pgx.ConnConfig) { c.Tracer = copies2 })
 	b2 := setup(t, setupOpts{url: url, pool: pool2, config: cfg()}, subs...)
 	b1.record(t, manyEvents(1500)...)
 

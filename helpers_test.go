@@ -39,9 +39,16 @@ func quietLogger() *slog.Logger {
 // poolInMode opens a pool to url whose queries run in mode.
 func poolInMode(t *testing.T, url string, mode pgx.QueryExecMode) *pgxpool.Pool {
 	t.Helper()
+	return poolWith(t, url, func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = mode })
+}
+
+// poolWith opens a pool to url whose connections' config set shapes (a
+// tracer, an exec mode), closed when t ends.
+func poolWith(t *testing.T, url string, set func(*pgx.ConnConfig)) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
-	cfg.ConnConfig.DefaultQueryExecMode = mode
+	set(cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

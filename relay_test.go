@@ -419,13 +419,8 @@ func TestARoundTakesTwoRoundTripsBesideItsInsert(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.URL(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
 	trips := &roundTrips{}
-	cfg.ConnConfig.Tracer = trips
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := poolWith(t, url, func(c *pgx.ConnConfig) { c.Tracer = trips })
 	b := setup(t, setupOpts{url: url, pool: pool}, mapSub("audit", false, "**"), mapSub("mail", false, "**"))
 	b.start(t)
 	b.settle(t)

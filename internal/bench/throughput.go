@@ -101,25 +101,26 @@ func pending(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 // drainWithRelays times relays (with the default rounds in flight) draining
 // the backlog in pool.
 func drainWithRelays(ctx context.Context, pool *pgxpool.Pool, relays, batch int) (time.Duration, error) {
-	return drainWithRelaysRounds(ctx, pool, subscriberNames, relays, batch, 0)
+	s, err := drainWithRelaysRounds(ctx, pool, subscriberNames, relays, batch, 0)
+	return s.wall, err
 }
 
 // drainWithRelaysRounds is drainWithRelays with the subscribers named names
 // and rounds in flight per relay (0: the default).
-func drainWithRelaysRounds(ctx context.Context, pool *pgxpool.Pool, names []string, relays, batch, rounds int) (time.Duration, error) {
+func drainWithRelaysRounds(ctx context.Context, pool *pgxpool.Pool, names []string, relays, batch, rounds int) (span, error) {
 	client, err := riverClient(pool)
 	if err != nil {
-		return 0, err
+		return span{}, err
 	}
 	var rs []*events.Relay
 	for range relays {
 		r, err := events.NewRelay(pool, &events.RelayConfig{BatchSize: batch, MaxRoundsInFlight: rounds, Logger: quiet})
 		if err != nil {
-			return 0, err
+			return span{}, err
 		}
 		for _, s := range subscribersOf(names) {
 			if err := r.Subscribe(s); err != nil {
-				return 0, err
+				return span{}, err
 			}
 		}
 		rs = append(rs, r)
@@ -130,12 +131,12 @@ func drainWithRelaysRounds(ctx context.Context, pool *pgxpool.Pool, names []stri
 	// time, taken from the relays. It runs once the last event is out.
 	var last int64
 	if err := pool.QueryRow(ctx, "SELECT coalesce(max(seq), 0) FROM outbox_events").Scan(&last); err != nil {
-		return 0, err
+		return span{}, err
 	}
-	start := time.Now()
+	start := startSpan()
 	for _, r := range rs {
 		if err := r.Start(ctx, client); err != nil {
-			return 0, err
+			return span{}, err
 		}
 	}
 	defer func() {
@@ -147,15 +148,15 @@ func drainWithRelaysRounds(ctx context.Context, pool *pgxpool.Pool, names []stri
 		var out bool
 		err := pool.QueryRow(ctx, "SELECT coalesce(bool_or(fanned_out_at IS NOT NULL OR poisoned_at IS NOT NULL), true) FROM outbox_events WHERE seq = $1", last).Scan(&out)
 		if err != nil {
-			return 0, err
+			return span{}, err
 		}
 		if out {
 			more, err := pending(ctx, pool)
 			if err != nil {
-				return 0, err
+				return span{}, err
 			}
 			if !more {
-				return time.Since(start), nil
+				return start.end(), nil
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -171,12 +172,12 @@ type claimed struct {
 // drainBare is baseline (b): the same claim → InsertManyTx → stamp → commit
 // loop written directly against pgx and River, with no library code, run by
 // workers goroutines at once.
-func drainBare(ctx context.Context, pool *pgxpool.Pool, workers, batch int) (time.Duration, error) {
+func drainBare(ctx context.Context, pool *pgxpool.Pool, workers, batch int) (span, error) {
 	client, err := riverClient(pool)
 	if err != nil {
-		return 0, err
+		return span{}, err
 	}
-	start := time.Now()
+	start := startSpan()
 	var g errgroup.Group
 	for range workers {
 		g.Go(func() error {
@@ -222,14 +223,14 @@ func drainBare(ctx context.Context, pool *pgxpool.Pool, workers, batch int) (tim
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return 0, err
+		return span{}, err
 	}
-	return time.Since(start), nil
+	return start.end(), nil
 }
 
 // insertOnly is baseline (a): River's InsertManyTx inserting the same jobs in
 // transactions of the same batch size, with no claiming and no stamping.
-func insertOnly(ctx context.Context, pool *pgxpool.Pool, names []string, workers, batch int) (time.Duration, error) {
+func insertOnly(ctx context.Context, pool *pgxpool.Pool, names []string, workers, batch int) (span, error) {
 	return insertJobsOnly(ctx, pool, names, workers, batch, func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, params []river.InsertManyParams) error {
 		_, err := client.InsertManyTx(ctx, tx, params)
 		return err
@@ -238,7 +239,7 @@ func insertOnly(ctx context.Context, pool *pgxpool.Pool, names []string, workers
 
 // copyOnly is baseline (c): insertOnly with River's InsertManyFastTx, which
 // inserts by COPY and returns no rows.
-func copyOnly(ctx context.Context, pool *pgxpool.Pool, names []string, workers, batch int) (time.Duration, error) {
+func copyOnly(ctx context.Context, pool *pgxpool.Pool, names []string, workers, batch int) (span, error) {
 	return insertJobsOnly(ctx, pool, names, workers, batch, func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, params []river.InsertManyParams) error {
 		_, err := client.InsertManyFastTx(ctx, tx, params)
 		return err
@@ -250,28 +251,28 @@ func copyOnly(ctx context.Context, pool *pgxpool.Pool, names []string, workers, 
 // workers goroutines at once.
 func insertJobsOnly(ctx context.Context, pool *pgxpool.Pool, names []string, workers, batch int,
 	insert func(context.Context, *river.Client[pgx.Tx], pgx.Tx, []river.InsertManyParams) error,
-) (time.Duration, error) {
+) (span, error) {
 	client, err := riverClient(pool)
 	if err != nil {
-		return 0, err
+		return span{}, err
 	}
 	rows, err := pool.Query(ctx, "SELECT seq, id, subject FROM outbox_events ORDER BY seq")
 	if err != nil {
-		return 0, err
+		return span{}, err
 	}
 	all, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
 		return c, row.Scan(&c.seq, &c.id, &c.subject)
 	})
 	if err != nil {
-		return 0, err
+		return span{}, err
 	}
 	work := make(chan []claimed, len(all)/batch+1)
 	for i := 0; i < len(all); i += batch {
 		work <- all[i:min(i+batch, len(all))]
 	}
 	close(work)
-	start := time.Now()
+	start := startSpan()
 	var g errgroup.Group
 	for range workers {
 		g.Go(func() error {
@@ -290,9 +291,9 @@ func insertJobsOnly(ctx context.Context, pool *pgxpool.Pool, names []string, wor
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return 0, err
+		return span{}, err
 	}
-	return time.Since(start), nil
+	return start.end(), nil
 }
 
 // checkFanout counts events that are not fanned out with exactly one job per
@@ -343,15 +344,15 @@ func (o Options) throughputRounds() int {
 func runThroughput(ctx context.Context, h *harness, o Options, rep *Report) error {
 	type variant struct {
 		name   string
-		drain  func(ctx context.Context, pool *pgxpool.Pool, names []string, relays, batch int) (time.Duration, error)
+		drain  func(ctx context.Context, pool *pgxpool.Pool, names []string, relays, batch int) (span, error)
 		verify bool
 	}
-	relay := func(rounds int) func(context.Context, *pgxpool.Pool, []string, int, int) (time.Duration, error) {
-		return func(ctx context.Context, pool *pgxpool.Pool, names []string, relays, batch int) (time.Duration, error) {
+	relay := func(rounds int) func(context.Context, *pgxpool.Pool, []string, int, int) (span, error) {
+		return func(ctx context.Context, pool *pgxpool.Pool, names []string, relays, batch int) (span, error) {
 			return drainWithRelaysRounds(ctx, pool, names, relays, batch, rounds)
 		}
 	}
-	bare := func(ctx context.Context, pool *pgxpool.Pool, _ []string, workers, batch int) (time.Duration, error) {
+	bare := func(ctx context.Context, pool *pgxpool.Pool, _ []string, workers, batch int) (span, error) {
 		return drainBare(ctx, pool, workers, batch)
 	}
 	var (
@@ -373,21 +374,27 @@ func runThroughput(ctx context.Context, h *harness, o Options, rep *Report) erro
 		{subscriberNames, 2, []variant{full, one, a, b, c}},
 		{subscriberNames[:1], 1, []variant{full, a, c}},
 	} {
-		rates := make(map[string][]float64)
+		// Rates, and CPU time per event in µs: the machine's and this
+		// process's (the relay or the baseline's client side).
+		rates, cpus, clients := make(map[string][]float64), make(map[string][]float64), make(map[string][]float64)
 		for round := range o.throughputRounds() {
 			for k := range run.variants {
 				// Rotate the order so no variant always runs first.
 				v := run.variants[(k+round)%len(run.variants)]
-				drain := func(ctx context.Context, pool *pgxpool.Pool, relays, batch int) (time.Duration, error) {
+				drain := func(ctx context.Context, pool *pgxpool.Pool, relays, batch int) (span, error) {
 					return v.drain(ctx, pool, run.names, relays, batch)
 				}
-				rate, err := drainOnce(ctx, h, o, run.workers, len(run.names), drain, v.verify, rep)
+				d, err := drainOnce(ctx, h, o, run.workers, len(run.names), drain, v.verify, rep)
 				if err != nil {
 					return fmt.Errorf("%s: %w", v.name, err)
 				}
-				fmt.Fprintf(o.Log, "%-31s %d job(s)/event, %d worker(s): %8.0f events/s  %8.0f jobs/s\n",
-					v.name, len(run.names), run.workers, rate, rate*float64(len(run.names)))
-				rates[v.name] = append(rates[v.name], rate)
+				fmt.Fprintf(o.Log, "%-31s %d job(s)/event, %d worker(s): %8.0f events/s  %8.0f jobs/s  CPU/event %5.1f µs (this process %4.1f)\n",
+					v.name, len(run.names), run.workers, d.rate, d.rate*float64(len(run.names)), us(d.cpu), us(d.client))
+				rates[v.name] = append(rates[v.name], d.rate)
+				if d.cpuOK {
+					cpus[v.name] = append(cpus[v.name], us(d.cpu))
+					clients[v.name] = append(clients[v.name], us(d.client))
+				}
 			}
 		}
 		m := func(v variant) float64 { return median(rates[v.name]) }
@@ -411,41 +418,62 @@ func runThroughput(ctx context.Context, h *harness, o Options, rep *Report) erro
 			rep.add("throughput", "relay, 1 round ÷ (a) InsertManyTx"+sfx, m(one)/m(a), "×")
 			rep.addTarget("throughput", "relay, 1 round ÷ (b) bare loop"+sfx, m(one)/m(b), "×", "≥ 0.9", m(one)/m(b) >= 0.9)
 		}
+		// What each event cost in CPU, whatever the machine's speed: where
+		// the relay is short of a baseline because it does more work per
+		// event, not because it waits.
+		if len(cpus[full.name]) > 0 && len(cpus[a.name]) > 0 {
+			for _, v := range run.variants {
+				rep.add("throughput", "CPU per event, "+v.name+sfx, median(cpus[v.name]), "µs")
+			}
+			rep.add("throughput", "CPU per event in the relay's process"+sfx, median(clients[full.name]), "µs")
+			rep.add("throughput", "CPU per event, (a) ÷ relay"+sfx, median(cpus[a.name])/median(cpus[full.name]), "×")
+		}
 	}
 	return nil
 }
 
 // drainOnce loads a backlog into a fresh database and times one drain.
 func drainOnce(ctx context.Context, h *harness, o Options, workers, subs int,
-	drain func(context.Context, *pgxpool.Pool, int, int) (time.Duration, error), verify bool, rep *Report,
-) (float64, error) {
+	drain func(context.Context, *pgxpool.Pool, int, int) (span, error), verify bool, rep *Report,
+) (drained, error) {
 	pool, err := h.database(ctx, 20)
 	if err != nil {
-		return 0, err
+		return drained{}, err
 	}
 	defer h.drop(ctx)
 	defer pool.Close()
 	if err := backlog(ctx, pool, o.Events); err != nil {
-		return 0, err
+		return drained{}, err
 	}
 	// Start every drain from the same state: statistics fresh, no dirty
 	// buffers from loading.
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_events"); err != nil {
-		return 0, err
+		return drained{}, err
 	}
 	_, _ = pool.Exec(ctx, "CHECKPOINT") // superuser only; best effort
 	d, err := drain(ctx, pool, workers, o.Batch)
 	if err != nil {
-		return 0, err
+		return drained{}, err
 	}
 	if verify {
 		bad, err := checkFanoutOf(ctx, pool, subs)
 		if err != nil {
-			return 0, err
+			return drained{}, err
 		}
 		rep.Lost += bad
 	}
-	return float64(o.Events) / d.Seconds(), nil
+	n := time.Duration(o.Events)
+	return drained{rate: float64(o.Events) / d.wall.Seconds(), cpu: d.machine / n, client: d.self / n, cpuOK: d.cpuOK}, nil
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// drained is one timed drain: its rate, and the CPU time it cost per event,
+// on the whole machine and in this process (the client's share).
+type drained struct {
+	rate        float64
+	cpu, client time.Duration
+	cpuOK       bool
 }
 
 func median(xs []float64) float64 {

@@ -1459,8 +1459,7 @@ func TestACopyWhoseJobsAreNotTheRoundsFallsBackToRiversInsert(t *testing.T) {
 	ctx := context.Background()
 	url, pool, copies := copyCountingPool(t)
 	var logs syncBuffer
-	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
-	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{url: url, pool: pool, config: copyRoundConfig(&logs)}, mapSub("audit", false, "**"))
 	useInsertMiddleware(t, b, &kindRenamer{})
 	b.record(t, manyEvents(300)...)
 	b.start(t)
@@ -1481,7 +1480,7 @@ func TestAJobThatFailsOnItsOwnInACopiedRoundLeavesCopyOn(t *testing.T) {
 	t.Parallel()
 	url, pool, copies := copyCountingPool(t)
 	var logs syncBuffer
-	b := setup(t, setupOpts{url: url, pool: pool, config: oneBadRowConfig(&logs, false)}, panicSub("marshals", false, false))
+	b := setup(t, setupOpts{url: url, pool: pool, config: oneBadRowConfig(&logs)}, panicSub("marshals", false, false))
 	b.record(t, batchWithOneBadRow()...)
 	b.start(t)
 	waitFannedOut(t, b.pool, 30*time.Second)
@@ -1517,9 +1516,7 @@ func TestAMiddlewareThatRefusesCopysResultsTurnsCopyOffOnce(t *testing.T) {
 	t.Parallel()
 	url, pool, copies := copyCountingPool(t)
 	var logs syncBuffer
-	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
-	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{url: url, pool: pool, config: copyRoundConfig(&logs)}, mapSub("audit", false, "**"))
 	useInsertMiddleware(t, b, &nilResultRefuser{})
 	b.record(t, manyEvents(300)...)
 	b.start(t)
@@ -1587,7 +1584,8 @@ func TestABigRoundInANamedSchemaInsertsByCopy(t *testing.T) {
 	// public.river_job's sequence far ahead of billing's.
 	exec(t, pool, "SELECT setval('public.river_job_id_seq', 100000)")
 	var logs syncBuffer
-	cfg := &RelayConfig{Outbox: billing, BatchSize: 100, MaxRoundsInFlight: 1, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	cfg := copyRoundConfig(&logs)
+	cfg.Outbox = billing
 	relay, err := NewRelay(pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, relay.Subscribe(mapSub("audit", false, "**")))
@@ -1659,8 +1657,7 @@ func TestOrderedChainsOfACopiedRoundNameTheirJobs(t *testing.T) {
 	ordered.Ordered = true
 	coalescing := mapSub("latest", true, "**")
 	coalescing.Ordered = true
-	b := setup(t, setupOpts{url: url, pool: pool, config: &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))}}, ordered, coalescing, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{url: url, pool: pool, config: copyRoundConfig(&logs)}, ordered, coalescing, mapSub("audit", false, "**"))
 	es := make([]Event, 200)
 	for i := range es {
 		es[i] = Event{Type: "a", Subject: fmt.Sprint("subj", i%40)}
@@ -1740,8 +1737,7 @@ func TestAnEventOf32JobsDoesNotKeepAFailingCopyOn(t *testing.T) {
 	t.Parallel()
 	url, pool, copies := copyCountingPool(t)
 	var logs syncBuffer
-	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	cfg := copyRoundConfig(&logs)
 	subs := make([]Subscriber, 32)
 	names := make([]string, len(subs))
 	for i := range subs {
@@ -1781,9 +1777,7 @@ func TestADatabaseFailureOfACopiedRoundLeavesCopyOn(t *testing.T) {
 		END $$;
 		CREATE TRIGGER copyreview_fail_once BEFORE INSERT ON river_job FOR EACH ROW EXECUTE FUNCTION copyreview_fail_once()`)
 	var logs syncBuffer
-	cfg := &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
-	b := setup(t, setupOpts{url: url, pool: pool, config: cfg}, mapSub("audit", false, "**"))
+	b := setup(t, setupOpts{url: url, pool: pool, config: copyRoundConfig(&logs)}, mapSub("audit", false, "**"))
 	b.record(t, manyEvents(100)...)
 	b.start(t)
 	waitFannedOut(t, b.pool, 60*time.Second)
@@ -1806,7 +1800,7 @@ func TestABadRowTakenByAnotherRelayDoesNotTurnCopyOff(t *testing.T) {
 	ctx := context.Background()
 	url, pool, copies := copyCountingPool(t)
 	var logs syncBuffer
-	b := setup(t, setupOpts{url: url, pool: pool, config: oneBadRowConfig(&logs, true)}, panicSub("marshals", false, false))
+	b := setup(t, setupOpts{url: url, pool: pool, config: oneBadRowConfig(&logs)}, panicSub("marshals", false, false))
 	es := batchWithOneBadRow()
 	es = b.record(t, es...)
 	bad := es[50].ID
@@ -1836,7 +1830,7 @@ func TestAStopDuringTheRowByRowRetryBlamesNothingOnCopy(t *testing.T) {
 	t.Parallel()
 	url, pool, _ := copyCountingPool(t)
 	var logs syncBuffer
-	b := setup(t, setupOpts{url: url, pool: pool, config: oneBadRowConfig(&logs, true)}, panicSub("marshals", false, false))
+	b := setup(t, setupOpts{url: url, pool: pool, config: oneBadRowConfig(&logs)}, panicSub("marshals", false, false))
 	es := batchWithOneBadRow()
 	b.record(t, es...)
 	stopped := make(chan error, 1)
@@ -1877,16 +1871,19 @@ func batchWithOneBadRow() []Event {
 	return es
 }
 
-// oneBadRowConfig is a relay that claims batchWithOneBadRow in one round,
-// one round at a time, poisons a row at its first failure, and logs to
-// logs; quick retries back off 5 ms.
-func oneBadRowConfig(logs *syncBuffer, quickRetries bool) *RelayConfig {
-	cfg := poisonAtOnce(nil)
-	cfg.BatchSize, cfg.MaxRoundsInFlight = 100, 1
-	if quickRetries {
-		cfg.RetryBackoff, cfg.MaxRetryBackoff = 5*time.Millisecond, 5*time.Millisecond
-	}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+// copyRoundConfig is the COPY tests' relay: it claims up to 100 events in
+// one round (a COPY's size), one round at a time, backs off 5 ms after a
+// failed round, and logs to logs.
+func copyRoundConfig(logs *syncBuffer) *RelayConfig {
+	return &RelayConfig{BatchSize: 100, MaxRoundsInFlight: 1, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}
+}
+
+// oneBadRowConfig is copyRoundConfig poisoning a row at its first failure:
+// batchWithOneBadRow's relay.
+func oneBadRowConfig(logs *syncBuffer) *RelayConfig {
+	cfg := copyRoundConfig(logs)
+	cfg.MaxAttempts = 1
 	return cfg
 }
 

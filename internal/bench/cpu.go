@@ -114,16 +114,20 @@ func selfCPU() (time.Duration, bool) {
 type span struct {
 	wall, machine, self time.Duration
 	cpuOK               bool
-	began               time.Time
-	cpu                 cpuMeter
 }
 
-func startSpan() span {
-	return span{began: time.Now(), cpu: startCPU()}
+// stopwatch times a span from startSpan to end.
+type stopwatch struct {
+	began time.Time
+	cpu   cpuMeter
 }
 
-// end closes the span that began at s.
-func (s span) end() span {
-	machine, self, ok := s.cpu.spent()
-	return span{wall: time.Since(s.began), machine: machine, self: self, cpuOK: ok}
+func startSpan() stopwatch {
+	return stopwatch{began: time.Now(), cpu: startCPU()}
+}
+
+// end is the span from w's start until now.
+func (w stopwatch) end() span {
+	machine, self, ok := w.cpu.spent()
+	return span{wall: time.Since(w.began), machine: machine, self: self, cpuOK: ok}
 }

@@ -418,9 +418,9 @@ func runThroughput(ctx context.Context, h *harness, o Options, rep *Report) erro
 			rep.add("throughput", "relay, 1 round ÷ (a) InsertManyTx"+sfx, m(one)/m(a), "×")
 			rep.addTarget("throughput", "relay, 1 round ÷ (b) bare loop"+sfx, m(one)/m(b), "×", "≥ 0.9", m(one)/m(b) >= 0.9)
 		}
-		// What each event cost in CPU, whatever the machine's speed: where
-		// the relay is short of a baseline because it does more work per
-		// event, not because it waits.
+		// What each event cost in CPU: it tells a relay short of a baseline
+		// because it does more work per event from one short because it
+		// waits, and it moves less from run to run than a ratio of rates.
 		if len(cpus[full.name]) > 0 && len(cpus[a.name]) > 0 {
 			for _, v := range run.variants {
 				rep.add("throughput", "CPU per event, "+v.name+sfx, median(cpus[v.name]), "µs")

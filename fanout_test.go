@@ -1457,15 +1457,7 @@ func (*kindRenamer) InsertMany(ctx context.Context, params []*rivertype.JobInser
 func TestACopyWhoseJobsAreNotTheRoundsFallsBackToRiversInsert(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, pool, copies := copyCountingPool(t)
-	var logs syncBuffer
-	b := setup(t, setupOpts{url: url, pool: pool, config: copyRoundConfig(&logs)}, mapSub("audit", false, "**"))
-	useInsertMiddleware(t, b, &kindRenamer{})
-	b.record(t, manyEvents(300)...)
-	b.start(t)
-	waitFannedOut(t, b.pool, 30*time.Second)
-	requireEachFanoutNamesItsJobs(t, b.pool, "audit")
-	require.Equal(t, int64(1), copies.n.Load(), "COPYs after the first failed")
+	b, logs := fallBackOnceThrough(t, &kindRenamer{})
 	require.Equal(t, 1, strings.Count(logs.String(), "could not be told apart"), "logs: %s", logs.String())
 	var unrenamed int
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind NOT LIKE 'renamed.%'").Scan(&unrenamed))
@@ -1514,15 +1506,7 @@ func (*nilResultRefuser) InsertMany(ctx context.Context, _ []*rivertype.JobInser
 // back off) at every big round.
 func TestAMiddlewareThatRefusesCopysResultsTurnsCopyOffOnce(t *testing.T) {
 	t.Parallel()
-	url, pool, copies := copyCountingPool(t)
-	var logs syncBuffer
-	b := setup(t, setupOpts{url: url, pool: pool, config: copyRoundConfig(&logs)}, mapSub("audit", false, "**"))
-	useInsertMiddleware(t, b, &nilResultRefuser{})
-	b.record(t, manyEvents(300)...)
-	b.start(t)
-	waitFannedOut(t, b.pool, 60*time.Second)
-	requireEachFanoutNamesItsJobs(t, b.pool, "audit")
-	require.Equal(t, int64(1), copies.n.Load(), "COPY kept being tried after it failed; logs: %s", logs.String())
+	_, logs := fallBackOnceThrough(t, &nilResultRefuser{})
 	require.Equal(t, 1, strings.Count(logs.String(), "relay round failed"), "rounds kept failing")
 	require.Equal(t, 1, strings.Count(logs.String(), "InsertManyTx from now on"), "logs: %s", logs.String())
 }
@@ -1885,6 +1869,25 @@ func oneBadRowConfig(logs *syncBuffer) *RelayConfig {
 	cfg := copyRoundConfig(logs)
 	cfg.MaxAttempts = 1
 	return cfg
+}
+
+// fallBackOnceThrough drains 300 events of one subscriber through a River
+// client whose insert middleware is mw, which makes the first COPY fail, and
+// requires every event fanned out to its own job and no COPY after that
+// first: the relay fell back to River's INSERT for the run. It returns the
+// bundle and the relay's logs.
+func fallBackOnceThrough(t *testing.T, mw rivertype.Middleware) (*testBundle, *syncBuffer) {
+	t.Helper()
+	url, pool, copies := copyCountingPool(t)
+	logs := &syncBuffer{}
+	b := setup(t, setupOpts{url: url, pool: pool, config: copyRoundConfig(logs)}, mapSub("audit", false, "**"))
+	useInsertMiddleware(t, b, mw)
+	b.record(t, manyEvents(300)...)
+	b.start(t)
+	waitFannedOut(t, b.pool, 60*time.Second)
+	requireEachFanoutNamesItsJobs(t, b.pool, "audit")
+	require.Equal(t, int64(1), copies.n.Load(), "COPY was tried again after it failed; logs: %s", logs.String())
+	return b, logs
 }
 
 // useInsertMiddleware gives b a River client whose only middleware is mw.
